@@ -1,0 +1,24 @@
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo bench torture clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m controller.demo
+
+bench: $(STAMP)
+	$(PY) -m bench.run $(if $(BENCH_JSON),--json $(BENCH_JSON),)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""The daemon, intents, the guarded adapter, reconciliation, reports and the CLI."""

@@ -1,0 +1,34 @@
+"""The ledger's exception vocabulary. Backends translate driver errors into these in
+exactly one place (their transaction context manager), so callers never catch
+``sqlite3`` errors themselves."""
+
+
+class LedgerError(Exception):
+    """Base of everything the ledger raises."""
+
+
+class OperationalError(LedgerError):
+    """The store cannot be written right now (busy, locked, read-only, disk full).
+
+    The daemon stops dispatching while this persists: it never acts without a record.
+    """
+
+
+class IntegrityError(LedgerError):
+    """The stored chain or sequence is damaged, or a write would damage it."""
+
+
+class IllegalTransition(LedgerError):
+    """An intent transition outside the table; nothing was written."""
+
+
+class UnknownIntent(LedgerError):
+    """No intent with that id exists in the ledger."""
+
+
+class SchemaError(LedgerError):
+    """The ledger file is from a newer tillerman, or is not a tillerman ledger."""
+
+
+class LedgerLocked(LedgerError):
+    """Another daemon already owns this ledger."""

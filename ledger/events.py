@@ -1,0 +1,260 @@
+"""The normalized event vocabulary: every fact tillerman records is one of these.
+
+Each event is a frozen msgspec Struct tagged by its ``kind`` (the name used in the
+ledger's ``kind`` column and in DESIGN.md). Sources map whatever they read into
+these; the ledger stores them; folds read them back. New fields always get defaults
+so that old ledgers keep decoding (msgspec schema evolution).
+
+Privacy: observations carry digests and sizes of prompts, tool arguments and
+outputs, never their text. ``text`` fields exist only for payloads the user asked
+to retain (``--retain-payloads``) and for tillerman's own intent texts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ledger.intents import Intent
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base of every normalized fact. ``thread_id``/``turn_id`` locate it."""
+
+    thread_id: str | None = None
+    turn_id: str | None = None
+
+
+# -- sessions, turns, items ------------------------------------------------------
+
+
+class ThreadStarted(Event, tag="thread_started"):
+    parent_thread_id: str | None = None
+    originator: str | None = None
+    cli_version: str | None = None
+    source_format: str | None = None
+
+
+TurnStatus = Literal["completed", "interrupted", "failed"]
+
+
+class TurnStarted(Event, tag="turn_started"):
+    pass
+
+
+class TurnCompleted(Event, tag="turn_completed"):
+    status: TurnStatus = "completed"
+    duration_ms: int | None = None
+
+
+class ItemStarted(Event, tag="item_started"):
+    item_id: str
+    item_type: str
+    tool: str | None = None
+    args_digest: str | None = None
+    critical: bool = False
+    external: bool = False
+
+
+class ItemCompleted(Event, tag="item_completed"):
+    item_id: str
+    item_type: str
+    status: str = "completed"
+    exit_code: int | None = None
+    tool: str | None = None
+    args_digest: str | None = None
+    output_digest: str | None = None
+    output_size: int | None = None
+    critical: bool = False
+    external: bool = False
+
+
+class UserMessage(Event, tag="user_message"):
+    digest: str
+    size: int
+    client_id: str | None = None
+    item_id: str | None = None
+    text: str | None = None  # only with --retain-payloads
+
+
+class AgentMessage(Event, tag="agent_message"):
+    digest: str
+    size: int
+    item_id: str | None = None
+    ack_tokens: tuple[str, ...] = ()
+    text: str | None = None  # only with --retain-payloads
+
+
+class ApprovalRequested(Event, tag="approval_requested"):
+    item_id: str
+    approval_kind: str = "command"
+
+
+class ApprovalResolved(Event, tag="approval_resolved"):
+    item_id: str
+    decision: str | None = None
+
+
+class QueueEntry(msgspec.Struct, frozen=True):
+    id: str
+    client_id: str | None = None
+    digest: str | None = None
+
+
+class QueueChanged(Event, tag="queue_changed"):
+    entries: tuple[QueueEntry, ...] = ()
+    known: bool = True  # False: the source said "changed" without the contents
+
+
+class StatusChanged(Event, tag="status_changed"):
+    status: str
+    flags: tuple[str, ...] = ()
+
+
+class Error(Event, tag="error"):
+    message_digest: str
+    will_retry: bool = False
+    code: str | None = None
+
+
+class Quarantined(Event, tag="quarantined"):
+    """Bad input kept as evidence: where it was, how long, and why it was refused."""
+
+    source: str
+    offset: int
+    length: int
+    reason: str
+
+
+# -- intents and decisions (tillerman's own facts) -------------------------------
+
+
+class IntentProposed(Event, tag="intent_proposed"):
+    """The durable creation record of an intent; ``intent`` is its full record."""
+
+    intent: Intent
+
+
+class IntentTransition(Event, tag="intent_transition"):
+    """An intent moved from one state to another, with the reason and its evidence."""
+
+    intent_id: str
+    from_state: str
+    to_state: str
+    reason: str
+    evidence: dict[str, str | int | float | bool | None] = {}
+
+
+class IntentEvidence(Event, tag="intent_evidence"):
+    """Repeated evidence for a state already reached (a late reply, a second echo)."""
+
+    intent_id: str
+    state: str
+    reason: str
+    evidence: dict[str, str | int | float | bool | None] = {}
+
+
+class DecisionRecorded(Event, tag="decision"):
+    intent_id: str
+    action: str
+    reason: str
+    rule_id: str | None = None
+    rule_version: int | None = None
+    ruleset_digest: str | None = None
+    shadow: bool = False
+
+
+class Report(Event, tag="report"):
+    """A finding for a person (stall, approval wait, overdue intent); never dispatched."""
+
+    rule_id: str
+    rule_version: int
+    finding: str
+    ruleset_digest: str | None = None
+    detail: dict[str, str | int | float | bool | None] = {}
+
+
+class Conflict(Event, tag="conflict"):
+    """An append reused an existing ``event_id`` with different content."""
+
+    event_id: str
+    existing_digest: str
+    offered_digest: str
+
+
+AnyEvent = (
+    ThreadStarted
+    | TurnStarted
+    | TurnCompleted
+    | ItemStarted
+    | ItemCompleted
+    | UserMessage
+    | AgentMessage
+    | ApprovalRequested
+    | ApprovalResolved
+    | QueueChanged
+    | StatusChanged
+    | Error
+    | Quarantined
+    | IntentProposed
+    | IntentTransition
+    | IntentEvidence
+    | DecisionRecorded
+    | Report
+    | Conflict
+)
+
+#: Kinds that describe the observed session (as opposed to tillerman's own acts).
+OBSERVATION_KINDS = frozenset(
+    cls.__struct_config__.tag
+    for cls in (
+        ThreadStarted, TurnStarted, TurnCompleted, ItemStarted, ItemCompleted,
+        UserMessage, AgentMessage, ApprovalRequested, ApprovalResolved,
+        QueueChanged, StatusChanged, Error,
+    )
+)
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: AnyEvent) -> bytes:
+    """Canonical JSON of an event (deterministic key order: the hash chain relies on it)."""
+    return _encoder.encode(event)
+
+
+def decode(payload: bytes | str) -> AnyEvent:
+    return _decoder.decode(payload)
+
+
+def kind_of(event: Event) -> str:
+    return event.__struct_config__.tag
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """An event with its provenance, as a source hands it to the ledger.
+
+    ``event_id`` is deterministic per source (file identity + byte offset + index
+    within the record, or an app-server natural key), so re-reading, reconnecting or
+    replaying never appends a fact twice. ``at`` is the source's time (epoch
+    seconds, None when the format has none); ``offset``/``length`` give the byte
+    range of a file-derived event.
+    """
+
+    event_id: str
+    event: AnyEvent
+    source: str
+    at: float | None = None
+    observed_at: float | None = None
+    offset: int | None = None
+    length: int | None = None
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """A ledger row read back: the envelope plus its place in the chain."""
+
+    seq: int
+    envelope: Envelope
+    prev_hash: str
+    hash: str

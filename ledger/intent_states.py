@@ -1,0 +1,85 @@
+"""The intent state machine, as data.
+
+Every legal move is one row of ``TRANSITIONS``: (from, to) -> the reasons that may
+carry it. A move not in the table is refused with ``IllegalTransition`` before
+anything is written. Evidence for a state already reached (a late ``{"turnId"}``
+reply after the echo, a second echo) is not a transition: it is recorded as an
+``intent_evidence`` event and never refused.
+
+    proposed ──▶ dispatch_unknown ──▶ queued ──▶ acknowledged ──▶ action_started
+        │               │  │            │            │   │              │
+        ▼               ▼  ▼            ▼            ▼   ▼              ▼
+    rejected/expired  rejected/expired  expired   effect_verified / effect_failed / expired
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from ledger.errors import IllegalTransition
+from ledger.intents import Intent
+
+
+class State(StrEnum):
+    PROPOSED = "proposed"
+    DISPATCH_UNKNOWN = "dispatch_unknown"
+    QUEUED = "queued"
+    ACKNOWLEDGED = "acknowledged"
+    ACTION_STARTED = "action_started"
+    EFFECT_VERIFIED = "effect_verified"
+    EFFECT_FAILED = "effect_failed"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+
+
+S = State
+
+#: (from, to) -> reasons allowed for that move. The table in DESIGN.md, row by row.
+TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
+    # the dispatcher is about to call the transport (committed first)
+    (S.PROPOSED, S.DISPATCH_UNKNOWN): frozenset({"dispatching"}),
+    # refused before any request
+    (S.PROPOSED, S.REJECTED): frozenset({"no_grant", "invalid", "thread_unknown", "not_dispatchable"}),
+    (S.PROPOSED, S.EXPIRED): frozenset({"expires_at_passed", "turn_ended", "cancelled", "superseded"}),
+    # the transport accepted it: steer {"turnId"}, queue a submission id, interrupt {}
+    (S.DISPATCH_UNKNOWN, S.QUEUED): frozenset({"accepted"}),
+    # the echo arrived before the reply, or a readback after a crash found it
+    (S.DISPATCH_UNKNOWN, S.ACKNOWLEDGED): frozenset({"echo", "readback_found", "ack_token", "turn_interrupted"}),
+    # a definite refusal; a failed steer has no side effects
+    (S.DISPATCH_UNKNOWN, S.REJECTED): frozenset(
+        {"stale_turn", "no_active_turn", "thread_not_found", "invalid_input", "queue_busy", "refused"}
+    ),
+    # the expected turn ended and a readback shows our clientId absent
+    (S.DISPATCH_UNKNOWN, S.EXPIRED): frozenset({"not_delivered"}),
+    (S.QUEUED, S.ACKNOWLEDGED): frozenset({"echo", "ack_token", "turn_interrupted", "queue_turn_started"}),
+    (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed"}),
+    (S.ACKNOWLEDGED, S.ACTION_STARTED): frozenset({"expect_matched"}),
+    (S.ACKNOWLEDGED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
+    (S.ACKNOWLEDGED, S.EFFECT_FAILED): frozenset({"verify_failed"}),
+    (S.ACKNOWLEDGED, S.EXPIRED): frozenset({"effect_deadline_passed"}),
+    (S.ACTION_STARTED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
+    (S.ACTION_STARTED, S.EFFECT_FAILED): frozenset({"verify_failed"}),
+    (S.ACTION_STARTED, S.EXPIRED): frozenset({"effect_deadline_passed"}),
+}
+
+ALWAYS_TERMINAL = frozenset({S.EFFECT_VERIFIED, S.EFFECT_FAILED, S.EXPIRED, S.REJECTED})
+
+
+def is_terminal(state: State, intent: Intent) -> bool:
+    """``acknowledged`` is terminal only for an intent with nothing left to check."""
+    if state in ALWAYS_TERMINAL:
+        return True
+    return state is S.ACKNOWLEDGED and not intent.has_check
+
+
+def check_transition(from_state: State, to_state: State, reason: str) -> None:
+    """Raise ``IllegalTransition`` unless the table allows this move for this reason."""
+    allowed = TRANSITIONS.get((from_state, to_state))
+    if allowed is None:
+        legal = sorted(to for (frm, to) in TRANSITIONS if frm is from_state)
+        hint = f"legal next states: {', '.join(legal)}" if legal else f"{from_state} is terminal"
+        raise IllegalTransition(f"intent cannot move from {from_state} to {to_state} ({hint})")
+    if reason not in allowed:
+        raise IllegalTransition(
+            f"{from_state} -> {to_state} needs one of the reasons {', '.join(sorted(allowed))}; got {reason!r}"
+        )

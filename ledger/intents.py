@@ -1,0 +1,68 @@
+"""The intent record: an intervention tillerman wants delivered, bound to its target.
+
+An intent never changes its target: thread, expected turn, mode and text are fixed at
+creation. A different target needs a new intent (optionally ``supersedes`` the old).
+Its state is not stored here; it is the fold of its transition events
+(``ledger.intent_states``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import msgspec
+
+Mode = Literal["steer", "queue", "interrupt"]
+MODES: tuple[Mode, ...] = ("steer", "queue", "interrupt")
+
+
+class Intent(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    thread_id: str
+    mode: Mode
+    text: str
+    text_digest: str
+    created_at: float
+    ack_deadline: float
+    expires_at: float
+    expected_turn_id: str | None = None  # required for steer and interrupt
+    effect_deadline: float | None = None  # set when a check (expect/verify) is set
+    owner: str | None = None
+    producer: str = "owner:unknown"  # "owner:NAME" | "rule:ID" | "reviewer:NAME"
+    rule_id: str | None = None
+    rule_version: int | None = None
+    ruleset_digest: str | None = None
+    expect: str | None = None  # item predicate marking action_started
+    verify: str | None = None  # readback command whose exit status proves the effect
+    supersedes: str | None = None
+    ack_token: str | None = None  # when set, acknowledged waits for it in an agent message
+    resume_queue: bool = False  # interrupt: resume the server's paused queue afterwards
+    force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
+    replayed: bool = False  # simulated by replay: never dispatchable
+
+    @property
+    def client_user_message_id(self) -> str:
+        """The ``clientUserMessageId`` sent with the steer/queue; echoed as ``clientId``."""
+        return f"tillerman-{self.id}"
+
+    @property
+    def has_check(self) -> bool:
+        return self.expect is not None or self.verify is not None
+
+
+def text_digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def intent_id_from(*parts: object) -> str:
+    """A deterministic intent id from the facts that make it unique."""
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8"))
+    return "in-" + h.hexdigest()[:20]
+
+
+def client_id_to_intent_id(client_id: str | None) -> str | None:
+    """Inverse of ``Intent.client_user_message_id``: our echo, or None for anyone else's."""
+    if client_id and client_id.startswith("tillerman-in-"):
+        return client_id[len("tillerman-"):]
+    return None

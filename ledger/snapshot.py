@@ -1,0 +1,38 @@
+"""What the policy and the detection rules may know about one thread: a small frozen
+value built from the projections. ``rules`` sees only this, never the ledger."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ledger.events import QueueEntry
+
+#: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
+#: "failed"), or "unclosed" (the next turn started, or the source ended, first).
+TURN_STATES = ("active", "completed", "interrupted", "failed", "unclosed")
+
+
+class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    thread_id: str
+    known: bool = True  # any event for this thread was seen
+    steerable: bool = False  # a live app-server connection observes it (not file-only)
+    active_turn_id: str | None = None
+    active_turn_started_at: float | None = None
+    turn_states: dict[str, str] = {}  # turn id -> one of TURN_STATES
+    last_event_at: float | None = None
+    last_progress_at: float | None = None  # last item/message activity in the active turn
+    approval_pending: bool = False
+    approval_pending_since: float | None = None
+    critical_tool: bool = False  # a critical item is running
+    critical_tool_since: float | None = None
+    external_effect_unknown: bool = False  # an external item started without completion
+    queue: tuple[QueueEntry, ...] = ()
+    queue_paused: bool = False
+    # repeated failures in the active turn: args digest -> (count, tool, last exit code)
+    failures: dict[str, tuple[int, str | None, int | None]] = {}
+
+    def turn_state(self, turn_id: str | None) -> str | None:
+        """The state of ``turn_id``: one of TURN_STATES, or None when never seen."""
+        if turn_id is None:
+            return None
+        return self.turn_states.get(turn_id)

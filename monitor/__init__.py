@@ -1,0 +1,1 @@
+"""Sources -> normalized events: format parsers, file tailers, the app-server tap."""
