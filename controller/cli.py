@@ -1,0 +1,254 @@
+"""The ``tillerman`` command line. Each command opens the ledger, calls one library
+function and prints; the logic lives in the library modules it names."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+import msgspec
+
+from controller import intents as intent_lib
+from controller.output import (
+    EXIT_CHECK_FAILED,
+    Fail,
+    errors_to_exit_codes,
+    json_option,
+    print_json,
+    print_table,
+)
+from controller.overdue import overdue as find_overdue
+from controller.render import intent_json, overdue_json
+from controller.timefmt import format_duration, parse_duration, parse_time
+from ledger import projections
+from ledger.intent_states import State
+from ledger.sqlite import SQLiteRecorder
+
+LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
+
+
+def default_ledger_path() -> Path:
+    if env := os.environ.get("TILLERMAN_LEDGER"):
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "tillerman" / "ledger.sqlite3"
+
+
+def open_ledger(path: str | None, *, must_exist: bool = False) -> SQLiteRecorder:
+    target = Path(path) if path else default_ledger_path()
+    if must_exist and not target.exists():
+        raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
+    return SQLiteRecorder(target)
+
+
+def ledger_option(fn):
+    return click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), help=LEDGER_HELP)(fn)
+
+
+def _duration(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tillerman")
+def main() -> None:
+    """Supervise AI coding agents: deliver steers, queued messages and interrupts
+    exactly once, to the right turn, with evidence, and report what is overdue."""
+
+
+# -- intents -----------------------------------------------------------------------
+
+
+@main.group()
+def intent() -> None:
+    """Propose, inspect and cancel interventions."""
+
+
+@intent.command("propose")
+@click.option("--thread", required=True, help="Thread (session) id to deliver into.")
+@click.option("--expected-turn", help="Turn id the intervention is for, or 'active' (required for steer/interrupt).")
+@click.option("--mode", type=click.Choice(["steer", "queue", "interrupt"]), required=True)
+@click.option("--text", required=True, help="What the agent should do, stated precisely.")
+@click.option("--ack-deadline", callback=_duration, default="2m", show_default=True)
+@click.option("--effect-deadline", callback=_duration, help="Deadline for the effect check (default 10m with --expect/--verify).")
+@click.option("--expires", callback=_duration, default="30m", show_default=True)
+@click.option("--expect", help="Item predicate that marks the action as started.")
+@click.option("--verify", help="Readback command whose exit status proves the effect.")
+@click.option("--supersedes", help="Intent id this one replaces.")
+@click.option("--owner", default=lambda: os.environ.get("USER", "unknown"), help="Who owns it (default $USER).")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadline, expires,
+                   expect, verify, supersedes, owner, as_json, ledger_path):
+    """Record a new intent (state: proposed); the daemon delivers it.
+
+    Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
+    --text "Stop the recursive grep; read src/api/ and src/db/ instead."
+    """
+    with open_ledger(ledger_path) as ledger:
+        new = intent_lib.propose(
+            ledger, thread_id=thread, expected_turn=expected_turn, mode=mode, text=text,
+            ack_deadline=ack_deadline, effect_deadline=effect_deadline, expires=expires,
+            expect=expect, verify=verify, supersedes=supersedes, owner=owner,
+        )
+        view = intent_lib.intent_view(ledger, new.id)
+    _print_intent(view, as_json, history=False)
+
+
+@intent.command("cancel")
+@click.argument("intent_id")
+@ledger_option
+@errors_to_exit_codes
+def intent_cancel(intent_id, ledger_path):
+    """Expire a still-proposed intent with reason "cancelled".
+
+    Example: tillerman intent cancel in-3f2a9c0d1e2b4a5f6c7d
+    """
+    with open_ledger(ledger_path, must_exist=True) as ledger:
+        try:
+            intent_lib.cancel(ledger, intent_id)
+        except intent_lib.IntentError as exc:
+            raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
+    click.echo(f"cancelled {intent_id}")
+
+
+@intent.command("show")
+@click.argument("intent_id")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def intent_show(intent_id, as_json, ledger_path):
+    """One intent with its history of state events and their evidence.
+
+    Example: tillerman intent show in-3f2a9c0d1e2b4a5f6c7d --json
+    """
+    with open_ledger(ledger_path, must_exist=True) as ledger:
+        view = intent_lib.intent_view(ledger, intent_id)
+    _print_intent(view, as_json, history=True)
+
+
+def _print_intent(view, as_json: bool, history: bool) -> None:
+    data = intent_json(view, history=history)
+    if as_json:
+        print_json(data)
+        return
+    for key in ("id", "thread", "expected_turn", "mode", "state", "owner", "ack_deadline",
+                "effect_deadline", "expires_at", "text"):
+        if data.get(key) is not None:
+            click.echo(f"{key:>16}: {data[key]}")
+    for item in data.get("history", []):
+        extra = " ".join(f"{k}={v}" for k, v in item["evidence"].items())
+        click.echo(f"  {item['at']}  {item['kind']:<10} {item['state']:<16} {item['reason']} {extra}".rstrip())
+
+
+@main.command("intents")
+@click.option("--state", type=click.Choice([s.value for s in State]), help="Only intents in this state.")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def intents_list(state, as_json, ledger_path):
+    """List intents, newest first.
+
+    Example: tillerman intents --state queued --json
+    """
+    with open_ledger(ledger_path) as ledger:
+        projection = projections.load(ledger)
+    views = [v for v in projection.intents.values() if state is None or v.state == state]
+    views.sort(key=lambda v: (-v.intent.created_at, v.intent.id))
+    rows = [intent_json(v, history=False) for v in views]
+    if as_json:
+        print_json(rows)
+    else:
+        print_table(rows, ("id", "thread", "expected_turn", "mode", "state", "owner", "created_at"), "no intents")
+
+
+# -- overdue -----------------------------------------------------------------------
+
+
+@main.command("overdue")
+@click.option("--now", "now_text", help="Evaluate at this ISO-8601 time instead of now.")
+@click.option("--check", is_flag=True, help="Exit 1 when anything is overdue.")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def overdue_cmd(now_text, check, as_json, ledger_path):
+    """Intents past their acknowledgement or effect deadline: thread, expected turn,
+    state, age, owner and why.
+
+    Example: tillerman overdue --check --json
+    """
+    now = parse_time(now_text) if now_text else time.time()
+    with open_ledger(ledger_path) as ledger:
+        found = find_overdue(projections.load(ledger), now)
+    rows = [overdue_json(o) for o in found]
+    if as_json:
+        print_json(rows)
+    else:
+        print_table(
+            [dict(r, age=format_duration(r["age_seconds"]), late=format_duration(r["overdue_seconds"])) for r in rows],
+            ("intent", "thread", "expected_turn", "state", "deadline", "late", "age", "owner", "why"),
+            "nothing overdue",
+        )
+    if check and found:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+# -- ledger ------------------------------------------------------------------------
+
+
+@main.group()
+def ledger() -> None:
+    """Check and export the ledger."""
+
+
+@ledger.command("verify")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def ledger_verify(as_json, ledger_path):
+    """Check the hash chain, the sequence, the head anchor and SQLite's integrity;
+    name the first bad seq. Exit 1 on damage.
+
+    Example: tillerman ledger verify --ledger ./ledger.sqlite3
+    """
+    with open_ledger(ledger_path, must_exist=True) as recorder:
+        report = recorder.verify()
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(f"{'ok' if report.ok else 'DAMAGED'}: {report.rows} rows, last seq {report.last_seq}")
+        for line in report.problems:
+            click.echo(f"problem: {line}")
+        for line in report.notes:
+            click.echo(f"note: {line}")
+    if not report.ok:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+@ledger.command("export")
+@click.option("--after", type=int, default=0, help="Only entries after this seq.")
+@ledger_option
+@errors_to_exit_codes
+def ledger_export(after, ledger_path):
+    """Every entry as one JSON object per line (seq, event_id, times, source, event,
+    hashes), streamed.
+
+    Example: tillerman ledger export > ledger.jsonl
+    """
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    with open_ledger(ledger_path, must_exist=True) as recorder:
+        for entry in recorder.read(after_seq=after):
+            out.write(encoder.encode(entry))
+            out.write(b"\n")
+    out.flush()
+

@@ -1,0 +1,158 @@
+"""Creating intents and moving them through the ledger's state table.
+
+These functions are the library behind ``tillerman intent …``; the daemon's delivery
+machine drives the same ``transition``. Every change is one ledger append; the ledger
+itself refuses a move outside the table, so a race between two writers (the daemon
+settling an intent while a person cancels it) leaves exactly one winner on record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+from ledger import projections
+from ledger.errors import UnknownIntent
+from ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
+from ledger.intent_states import State
+from ledger.intents import MODES, Intent, intent_id_from, text_digest
+from ledger.projections import IntentView, Projection
+from ledger.recorder import Recorder
+
+DEFAULT_ACK_DEADLINE = 120.0
+DEFAULT_EFFECT_DEADLINE = 600.0
+DEFAULT_EXPIRES = 1800.0
+SOURCE = "tillerman"
+
+
+class IntentError(ValueError):
+    """A request that cannot become an intent, with what to do instead."""
+
+
+def build_intent(
+    projection: Projection,
+    *,
+    thread_id: str,
+    mode: str,
+    text: str,
+    now: float,
+    expected_turn: str | None = None,
+    ack_deadline: float = DEFAULT_ACK_DEADLINE,
+    effect_deadline: float | None = None,
+    expires: float = DEFAULT_EXPIRES,
+    expect: str | None = None,
+    verify: str | None = None,
+    supersedes: str | None = None,
+    owner: str | None = None,
+    producer: str | None = None,
+    intent_id: str | None = None,
+    **fields,
+) -> Intent:
+    """Validate a request and bind it to its target; ``expected_turn='active'`` resolves
+    to the turn active now and records it."""
+    if mode not in MODES:
+        raise IntentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if not text.strip():
+        raise IntentError("the intent text is empty; say precisely what should change")
+    if mode in ("steer", "interrupt") and not expected_turn:
+        raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
+    if expected_turn == "active":
+        expected_turn = projection.snapshot(thread_id).active_turn_id
+        if expected_turn is None:
+            raise IntentError(
+                f"thread {thread_id} has no active turn in the ledger; give a turn id, or use --mode queue"
+            )
+    if supersedes is not None and supersedes not in projection.intents:
+        raise IntentError(f"--supersedes names no known intent: {supersedes}")
+    has_check = expect is not None or verify is not None
+    if effect_deadline is None and has_check:
+        effect_deadline = DEFAULT_EFFECT_DEADLINE
+    producer = producer or f"owner:{owner or 'unknown'}"
+    return Intent(
+        id=intent_id or intent_id_from(thread_id, expected_turn, mode, text, now, os.urandom(8).hex()),
+        thread_id=thread_id, mode=mode, text=text, text_digest=text_digest(text),
+        created_at=now, ack_deadline=now + ack_deadline, expires_at=now + expires,
+        expected_turn_id=expected_turn,
+        effect_deadline=None if effect_deadline is None else now + effect_deadline,
+        owner=owner, producer=producer, expect=expect, verify=verify, supersedes=supersedes,
+        **fields,
+    )
+
+
+def proposal_envelopes(intent: Intent, projection: Projection) -> list[Envelope]:
+    """The creation record, plus the expiry of the intent it supersedes (when still
+    proposed: a replacement never races the original's delivery)."""
+    batch = [_envelope(f"{intent.id}:proposed", IntentProposed(
+        thread_id=intent.thread_id, turn_id=intent.expected_turn_id, intent=intent), intent.created_at)]
+    old = projection.intents.get(intent.supersedes) if intent.supersedes else None
+    if old is not None and old.state == State.PROPOSED:
+        batch.append(transition_envelope(old.intent, State.PROPOSED, State.EXPIRED, "superseded",
+                                         {"by": intent.id}, intent.created_at))
+    return batch
+
+
+def propose(recorder: Recorder, now: float | None = None, **request) -> Intent:
+    now = time.time() if now is None else now
+    projection = projections.load(recorder)
+    intent = build_intent(projection, now=now, **request)
+    recorder.append(proposal_envelopes(intent, projection), durable=True)
+    return intent
+
+
+def transition_envelope(
+    intent: Intent, from_state: State, to_state: State, reason: str,
+    evidence: Mapping[str, object] | None = None, at: float | None = None,
+) -> Envelope:
+    event = IntentTransition(
+        thread_id=intent.thread_id, turn_id=intent.expected_turn_id, intent_id=intent.id,
+        from_state=from_state, to_state=to_state, reason=reason, evidence=dict(evidence or {}),
+    )
+    return _envelope(f"{intent.id}:{from_state}>{to_state}", event, at)
+
+
+def evidence_envelope(
+    intent: Intent, state: State, reason: str, evidence: Mapping[str, object], key: str, at: float | None = None,
+) -> Envelope:
+    """Repeated evidence for a state already reached; ``key`` makes re-recording idempotent."""
+    event = IntentEvidence(
+        thread_id=intent.thread_id, turn_id=intent.expected_turn_id, intent_id=intent.id,
+        state=state, reason=reason, evidence=dict(evidence),
+    )
+    return _envelope(f"{intent.id}:evidence:{key}", event, at)
+
+
+def transition(
+    recorder: Recorder, intent_id: str, to_state: State, reason: str,
+    evidence: Mapping[str, object] | None = None, *, durable: bool = False, at: float | None = None,
+) -> State:
+    """Move one intent; the ledger refuses the move (``IllegalTransition``) if the
+    table does not allow it from the state the intent is in now."""
+    view = intent_view(recorder, intent_id)
+    current = State(view.state)
+    recorder.append([transition_envelope(view.intent, current, to_state, reason, evidence, at)], durable=durable)
+    return to_state
+
+
+def cancel(recorder: Recorder, intent_id: str, now: float | None = None) -> None:
+    view = intent_view(recorder, intent_id)
+    if view.state != State.PROPOSED:
+        raise IntentError(
+            f"intent {intent_id} is {view.state}: only a proposed intent can be cancelled"
+            + (" (its delivery is under way; propose a new intent with --supersedes to replace it)"
+               if view.state in (State.DISPATCH_UNKNOWN, State.QUEUED) else "")
+        )
+    transition(recorder, intent_id, State.EXPIRED, "cancelled", at=time.time() if now is None else now)
+
+
+def intent_view(recorder: Recorder, intent_id: str) -> IntentView:
+    """One intent, folded from its own events only (cheap: an indexed lookup)."""
+    projection = Projection().fold(recorder.intent_entries(intent_id))
+    view = projection.intents.get(intent_id)
+    if view is None:
+        raise UnknownIntent(f"no intent {intent_id} in this ledger (list them with: tillerman intents)")
+    return view
+
+
+def _envelope(event_id: str, event, at: float | None) -> Envelope:
+    return Envelope(event_id=event_id, event=event, source=SOURCE, at=at)

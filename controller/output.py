@@ -1,0 +1,69 @@
+"""One way to print: a human table by default, ``--json`` for scripts.
+
+A single entity prints one JSON object, a list prints an array, a summary one object
+(DESIGN.md "Command-line conventions"). Library errors become one ``Error:`` line and
+the exit code scripts rely on: 1 a failed check, 2 usage, unreadable input or invalid
+configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+
+import click
+import msgspec
+
+from ledger.errors import LedgerError, OperationalError, SchemaError, UnknownIntent
+
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+
+
+class Fail(click.ClickException):
+    """An error for a person: what was wrong and what to do, with an exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def json_option(fn):
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+def print_json(value) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str], empty: str) -> None:
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def errors_to_exit_codes(fn: Callable) -> Callable:
+    """Turn library exceptions into one ``Error:`` line with the right exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UnknownIntent as exc:
+            raise Fail(str(exc)) from exc
+        except SchemaError as exc:
+            raise Fail(f"{exc}. Point --ledger at a tillerman ledger.") from exc
+        except OperationalError as exc:
+            raise Fail(f"{exc}. Retry when the ledger is writable.") from exc
+        except LedgerError as exc:
+            raise Fail(str(exc)) from exc
+        except ValueError as exc:  # our own validation (durations, times, intent requests)
+            raise Fail(str(exc)) from exc
+
+    return wrapper

@@ -1,0 +1,62 @@
+"""Which owned intents passed their acknowledgement or effect deadline, and why."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ledger.intent_states import State
+from ledger.projections import IntentView, Projection
+
+#: States waiting for the recipient to acknowledge, and those waiting for an effect.
+_AWAITING_ACK = frozenset({State.PROPOSED, State.DISPATCH_UNKNOWN, State.QUEUED})
+_AWAITING_EFFECT = frozenset({State.ACKNOWLEDGED, State.ACTION_STARTED})
+
+_WHY = {
+    State.PROPOSED: "not dispatched yet (held by policy: check its last decision)",
+    State.DISPATCH_UNKNOWN: "delivery outcome unknown; it is never resent, and settles when the echo"
+    " appears or the expected turn ends",
+    State.QUEUED: "accepted by the server but no clientId echo yet",
+    State.ACKNOWLEDGED: "acknowledged, but the expected action has not started",
+    State.ACTION_STARTED: "action started, but the effect is not verified",
+}
+
+
+class Overdue(msgspec.Struct, frozen=True, kw_only=True):
+    intent_id: str
+    thread_id: str
+    expected_turn_id: str | None
+    mode: str
+    state: str
+    owner: str | None
+    deadline: str  # "ack" | "effect"
+    due_at: float
+    overdue_for: float
+    age: float
+    why: str
+
+
+def overdue(projection: Projection, now: float) -> list[Overdue]:
+    found = []
+    for view in projection.open_intents():
+        due = _due(view)
+        if due is None or now < due[1]:
+            continue
+        intent, state = view.intent, State(view.state)
+        why = _WHY.get(state, state.value)
+        if view.last_decision:
+            why += f"; last decision: {view.last_decision[0]} ({view.last_decision[1]})"
+        found.append(Overdue(
+            intent_id=intent.id, thread_id=intent.thread_id, expected_turn_id=intent.expected_turn_id,
+            mode=intent.mode, state=view.state, owner=intent.owner, deadline=due[0], due_at=due[1],
+            overdue_for=now - due[1], age=now - intent.created_at, why=why,
+        ))
+    return sorted(found, key=lambda o: (o.due_at, o.intent_id))
+
+
+def _due(view: IntentView) -> tuple[str, float] | None:
+    state = State(view.state)
+    if state in _AWAITING_ACK:
+        return "ack", view.intent.ack_deadline
+    if state in _AWAITING_EFFECT and view.intent.effect_deadline is not None:
+        return "effect", view.intent.effect_deadline
+    return None

@@ -1,0 +1,59 @@
+"""Schema versions and the migrations between them.
+
+Each migration is a list of statements applied in one transaction; the version is
+kept in ``PRAGMA user_version``. A ledger from a newer tillerman is refused, never
+half-read.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ledger.errors import SchemaError
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the event table, its lookups, and fold snapshots
+    (
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY,
+            event_id TEXT NOT NULL UNIQUE,
+            at REAL,
+            observed_at REAL NOT NULL,
+            source TEXT NOT NULL,
+            thread_id TEXT,
+            turn_id TEXT,
+            kind TEXT NOT NULL,
+            intent_id TEXT,
+            offset INTEGER,
+            length INTEGER,
+            payload BLOB NOT NULL,
+            digest TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        )""",
+        "CREATE INDEX events_thread ON events (thread_id, seq)",
+        "CREATE INDEX events_intent ON events (intent_id, seq) WHERE intent_id IS NOT NULL",
+        "CREATE INDEX events_kind ON events (kind, seq)",
+        "CREATE TABLE snapshots (name TEXT PRIMARY KEY, seq INTEGER NOT NULL, state BLOB NOT NULL)",
+    ),
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Bring the schema up to SCHEMA_VERSION inside the caller's transaction."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"ledger schema version {version} is newer than this tillerman understands"
+            f" ({SCHEMA_VERSION}); upgrade tillerman"
+        )
+    if version == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise SchemaError("the file is a SQLite database but not a tillerman ledger")
+    for statements in MIGRATIONS[version:]:
+        for sql in statements:
+            db.execute(sql)
+    if version != SCHEMA_VERSION:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    return SCHEMA_VERSION

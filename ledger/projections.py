@@ -1,0 +1,306 @@
+"""Folds: the state of threads, turns, tools, approvals, queues and intents, rebuilt
+from events.
+
+The fold is a pure function of the event sequence: ``Projection.apply`` is called
+once per entry, in seq order, and nothing else mutates the state. The state is a
+msgspec Struct, so a snapshot of it (saved with the seq it covers) lets a restart
+fold only the tail instead of starting at seq 0.
+
+The same fact seen by two sources (the app-server connection and the rollout file)
+arrives as two events; every step here is idempotent per natural key (turn id,
+item id), so a turn is one turn.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ledger import events as ev
+from ledger.events import Entry, QueueEntry
+from ledger.intent_states import State, is_terminal
+from ledger.intents import Intent
+from ledger.recorder import Recorder
+from ledger.snapshot import ThreadSnapshot
+
+SNAPSHOT_NAME = "projection-v1"  # bump when Projection changes shape
+_ENDED = frozenset({"completed", "interrupted", "failed", "unclosed"})
+
+
+class RunningItem(msgspec.Struct):
+    turn_id: str | None
+    item_type: str
+    started_at: float | None
+    critical: bool = False
+    external: bool = False
+
+
+class ThreadState(msgspec.Struct):
+    thread_id: str
+    parent_thread_id: str | None = None
+    steerable: bool = False
+    status: str | None = None
+    flags: tuple[str, ...] = ()
+    active_turn_id: str | None = None
+    active_turn_started_at: float | None = None
+    turn_states: dict[str, str] = {}
+    last_event_at: float | None = None
+    last_progress_at: float | None = None
+    running: dict[str, RunningItem] = {}
+    approvals: dict[str, float | None] = {}  # item id -> since
+    queue: tuple[QueueEntry, ...] = ()
+    queue_paused: bool = False
+    failures: dict[str, tuple[int, str | None, int | None]] = {}
+    client_ids: dict[str, str | None] = {}  # our clientId echoes -> the turn they landed in
+
+
+class HistoryItem(msgspec.Struct, frozen=True):
+    seq: int
+    at: float | None
+    kind: str  # "proposed" | "transition" | "evidence" | "decision"
+    state: str
+    reason: str
+    evidence: dict[str, str | int | float | bool | None] = {}
+
+
+class IntentView(msgspec.Struct):
+    intent: Intent
+    state: str = "proposed"
+    updated_at: float | None = None
+    history: list[HistoryItem] = []
+    last_decision: tuple[str, str] | None = None
+
+
+class Projection(msgspec.Struct):
+    seq: int = 0
+    threads: dict[str, ThreadState] = {}
+    intents: dict[str, IntentView] = {}
+
+    # -- the fold ---------------------------------------------------------------
+
+    def apply(self, entry: Entry) -> None:
+        env = entry.envelope
+        at = env.at if env.at is not None else env.observed_at
+        self.seq = entry.seq
+        _APPLY.get(type(env.event), _ignore)(self, env.event, at, entry.seq, env.source)
+
+    def fold(self, entries) -> Projection:
+        for entry in entries:
+            self.apply(entry)
+        return self
+
+    # -- views ------------------------------------------------------------------
+
+    def thread(self, thread_id: str) -> ThreadState:
+        state = self.threads.get(thread_id)
+        if state is None:
+            state = self.threads[thread_id] = ThreadState(thread_id=thread_id)
+        return state
+
+    def snapshot(self, thread_id: str) -> ThreadSnapshot:
+        """The frozen value the policy and the detection rules see for one thread."""
+        t = self.threads.get(thread_id)
+        if t is None:
+            return ThreadSnapshot(thread_id=thread_id, known=False)
+        critical = [i.started_at for i in t.running.values() if i.critical]
+        approvals = [s for s in t.approvals.values()]
+        return ThreadSnapshot(
+            thread_id=thread_id,
+            steerable=t.steerable,
+            active_turn_id=t.active_turn_id,
+            active_turn_started_at=t.active_turn_started_at,
+            turn_states=dict(t.turn_states),
+            last_event_at=t.last_event_at,
+            last_progress_at=t.last_progress_at,
+            approval_pending=bool(t.approvals),
+            approval_pending_since=min((s for s in approvals if s is not None), default=None),
+            critical_tool=bool(critical),
+            critical_tool_since=min((s for s in critical if s is not None), default=None),
+            external_effect_unknown=any(i.external for i in t.running.values()),
+            queue=t.queue,
+            queue_paused=t.queue_paused,
+            failures=dict(t.failures),
+        )
+
+    def open_intents(self) -> list[IntentView]:
+        return [v for v in self.intents.values() if not is_terminal(State(v.state), v.intent)]
+
+
+# -- per-kind steps --------------------------------------------------------------
+
+
+def _touch(p: Projection, e: ev.Event, at: float | None, source: str) -> ThreadState | None:
+    if e.thread_id is None:
+        return None
+    t = p.thread(e.thread_id)
+    if at is not None and (t.last_event_at is None or at > t.last_event_at):
+        t.last_event_at = at
+    if source.startswith("appserver"):
+        t.steerable = True
+    return t
+
+
+def _progress(t: ThreadState, e: ev.Event, at: float | None) -> None:
+    if e.turn_id is not None and e.turn_id == t.active_turn_id and at is not None:
+        t.last_progress_at = at
+
+
+def _ignore(p, e, at, seq, source) -> None:
+    _touch(p, e, at, source)
+
+
+def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None and e.parent_thread_id:
+        t.parent_thread_id = e.parent_thread_id
+
+
+def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) is not None:
+        return  # a second source's copy, or a late start after the end: one turn
+    if t.active_turn_id is not None:
+        t.turn_states[t.active_turn_id] = "unclosed"
+    t.turn_states[e.turn_id] = "active"
+    t.active_turn_id = e.turn_id
+    t.active_turn_started_at = at
+    t.last_progress_at = at
+    t.failures = {}
+    t.queue_paused = False
+
+
+def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) in _ENDED:
+        return
+    t.turn_states[e.turn_id] = e.status
+    if t.active_turn_id == e.turn_id:
+        t.active_turn_id = None
+        t.active_turn_started_at = None
+        t.approvals = {}  # the server resolves pending approvals when the turn ends
+        if e.status == "interrupted" and t.queue:
+            t.queue_paused = True  # the app-server stops draining after an interrupt
+
+
+def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is None:
+        return
+    _progress(t, e, at)
+    if e.item_id not in t.running:
+        t.running[e.item_id] = RunningItem(e.turn_id, e.item_type, at, e.critical, e.external)
+
+
+def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is None:
+        return
+    _progress(t, e, at)
+    t.running.pop(e.item_id, None)
+    t.approvals.pop(e.item_id, None)
+    failed = e.status == "failed" or (e.exit_code not in (None, 0))
+    if failed and e.turn_id == t.active_turn_id and e.args_digest:
+        count, _, _ = t.failures.get(e.args_digest, (0, None, None))
+        t.failures[e.args_digest] = (count + 1, e.tool, e.exit_code)
+
+
+def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is None:
+        return
+    _progress(t, e, at)
+    if e.client_id and e.client_id.startswith("tillerman-"):
+        t.client_ids.setdefault(e.client_id, e.turn_id)
+
+
+def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        _progress(t, e, at)
+
+
+def _approval_requested(p, e: ev.ApprovalRequested, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        t.approvals.setdefault(e.item_id, at)
+
+
+def _approval_resolved(p, e: ev.ApprovalResolved, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        t.approvals.pop(e.item_id, None)
+
+
+def _queue_changed(p, e: ev.QueueChanged, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None and e.known:
+        t.queue = e.entries
+
+
+def _status_changed(p, e: ev.StatusChanged, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        t.status, t.flags = e.status, e.flags
+
+
+def _intent_proposed(p, e: ev.IntentProposed, at, seq, source) -> None:
+    p.intents[e.intent.id] = IntentView(
+        intent=e.intent, state="proposed", updated_at=at,
+        history=[HistoryItem(seq, at, "proposed", "proposed", e.intent.producer)],
+    )
+
+
+def _intent_transition(p, e: ev.IntentTransition, at, seq, source) -> None:
+    view = p.intents.get(e.intent_id)
+    if view is not None:
+        view.state, view.updated_at = e.to_state, at
+        view.history.append(HistoryItem(seq, at, "transition", e.to_state, e.reason, e.evidence))
+
+
+def _intent_evidence(p, e: ev.IntentEvidence, at, seq, source) -> None:
+    view = p.intents.get(e.intent_id)
+    if view is not None:
+        view.history.append(HistoryItem(seq, at, "evidence", e.state, e.reason, e.evidence))
+
+
+def _decision(p, e: ev.DecisionRecorded, at, seq, source) -> None:
+    view = p.intents.get(e.intent_id)
+    if view is not None and not e.shadow:
+        view.last_decision = (e.action, e.reason)
+
+
+_APPLY = {
+    ev.ThreadStarted: _thread_started,
+    ev.TurnStarted: _turn_started,
+    ev.TurnCompleted: _turn_completed,
+    ev.ItemStarted: _item_started,
+    ev.ItemCompleted: _item_completed,
+    ev.UserMessage: _user_message,
+    ev.AgentMessage: _agent_message,
+    ev.ApprovalRequested: _approval_requested,
+    ev.ApprovalResolved: _approval_resolved,
+    ev.QueueChanged: _queue_changed,
+    ev.StatusChanged: _status_changed,
+    ev.IntentProposed: _intent_proposed,
+    ev.IntentTransition: _intent_transition,
+    ev.IntentEvidence: _intent_evidence,
+    ev.DecisionRecorded: _decision,
+}
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(Projection)
+
+
+def load(recorder: Recorder) -> Projection:
+    """The current projection: the saved snapshot plus a fold of the tail after it."""
+    saved = recorder.load_snapshot(SNAPSHOT_NAME)
+    projection = Projection()
+    if saved is not None:
+        try:
+            projection = _state_decoder.decode(saved[1])
+        except msgspec.DecodeError:
+            projection = Projection()  # an unreadable snapshot only costs a full re-fold
+    return projection.fold(recorder.read(after_seq=projection.seq))
+
+
+def save(recorder: Recorder, projection: Projection) -> None:
+    recorder.save_snapshot(SNAPSHOT_NAME, projection.seq, _state_encoder.encode(projection))

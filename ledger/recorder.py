@@ -1,0 +1,93 @@
+"""The recorder contract every ledger backend implements (SQLite now, PostgreSQL later).
+
+A backend stores ``Envelope``s in one total order (``seq``), chains them with SHA-256,
+refuses illegal intent transitions inside the same transaction that would write them,
+and translates its driver's errors into ``ledger.errors`` in exactly one place.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Iterator, Sequence
+
+import msgspec
+
+from ledger import events
+from ledger.events import Entry, Envelope
+
+GENESIS = "0" * 64
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    seqs: tuple[int, ...] = ()  # seqs of the rows written, in order
+    duplicates: int = 0  # identical events already present: silent no-ops
+    conflicts: tuple[str, ...] = ()  # event ids offered again with different content
+
+
+class VerifyReport(msgspec.Struct, frozen=True):
+    ok: bool
+    rows: int
+    last_seq: int
+    problems: tuple[str, ...] = ()  # each names the first bad seq or the anchor mismatch
+    notes: tuple[str, ...] = ()  # benign facts (e.g. the anchor lags after a crash)
+
+
+def content_digest(env: Envelope, payload: bytes) -> str:
+    """What makes two offers of one ``event_id`` the same fact.
+
+    ``observed_at`` is left out on purpose: re-reading a file later observes the same
+    fact at another time, and that must stay a silent no-op.
+    """
+    body = msgspec.json.encode([env.source, env.at, env.offset, env.length]) + payload
+    return hashlib.sha256(body).hexdigest()
+
+
+def row_hash(prev_hash: str, seq: int, env: Envelope, payload: bytes, digest: str) -> str:
+    """The chain link: every stored column of the row, bound to the previous hash."""
+    head = msgspec.json.encode(
+        [seq, env.event_id, env.at, env.observed_at, env.source, digest]
+    )
+    return hashlib.sha256(prev_hash.encode() + head + payload).hexdigest()
+
+
+class Recorder(abc.ABC):
+    """Append-only, hash-chained event store."""
+
+    @abc.abstractmethod
+    def append(self, batch: Sequence[Envelope], *, durable: bool = False) -> AppendResult:
+        """Write the batch atomically, in order. ``durable`` forces a full fsync
+        (dispatch records must be on disk before the transport is called)."""
+
+    @abc.abstractmethod
+    def read(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Entry]:
+        """Entries with ``seq > after_seq`` in order, never skipping a gap."""
+
+    @abc.abstractmethod
+    def max_seq(self) -> int: ...
+
+    @abc.abstractmethod
+    def verify(self) -> VerifyReport: ...
+
+    @abc.abstractmethod
+    def intent_entries(self, intent_id: str) -> list[Entry]:
+        """The creation record and every state/evidence event of one intent."""
+
+    @abc.abstractmethod
+    def load_snapshot(self, name: str) -> tuple[int, bytes] | None: ...
+
+    @abc.abstractmethod
+    def save_snapshot(self, name: str, seq: int, state: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def encode_payload(env: Envelope) -> bytes:
+    return events.encode(env.event)

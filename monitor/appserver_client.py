@@ -1,0 +1,210 @@
+"""The I/O driver for one WebSocket connection to a Codex app-server.
+
+Connects over the app-server's Unix socket (``unix://PATH``: WebSocket frames over the
+socket, not JSON lines) or ``ws://HOST:PORT``, initializes the session, and then
+offers `request()` plus a stream of everything the server sends on its own
+(notifications, server requests such as approvals, and frames that did not parse).
+
+The supervisor observes approval requests but never answers them: every subscriber
+receives each request and the first answer wins, so an unplanned answer would race the
+human. This client therefore has no way to answer one.
+
+Runs on anyio's asyncio backend (websockets' client is asyncio-only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from monitor.jsonrpc import (
+    BadMessage,
+    ErrorResponse,
+    Notification,
+    Response,
+    RpcError,
+    RpcSession,
+    ServerRequest,
+)
+
+DEFAULT_CLIENT_NAME = "tillerman"
+# The server announces 16 MiB unfragmented; a fully hydrated thread/resume can be large.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+Direction = Literal["in", "out"]
+TraceSink = Callable[[Direction, Any], None]
+ServerMessage = Notification | ServerRequest | BadMessage
+
+
+class AppServerDisconnected(ConnectionError):
+    """The connection closed while a request was waiting for its answer."""
+
+
+class JsonlTrace:
+    """A trace sink writing `{"ts", "dir", "msg"}` JSON lines to an owner-only file.
+
+    ``redact`` is applied to each message before it is written (the caller's privacy
+    policy). A frame that was not JSON is written as ``{"ts", "dir", "raw": <text>}``.
+    """
+
+    def __init__(self, path: Path, redact: Callable[[Any], Any] | None = None):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
+        self._redact = redact
+
+    def __call__(self, direction: Direction, message: Any) -> None:
+        record: dict[str, Any] = {"ts": time.time(), "dir": direction}
+        if isinstance(message, BadMessage) and message.decoded is None:
+            record["raw"] = message.frame
+        else:
+            decoded = message.decoded if isinstance(message, BadMessage) else message
+            record["msg"] = self._redact(decoded) if self._redact else decoded
+        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def backoff_delays(initial: float = 0.1, factor: float = 2.0, maximum: float = 5.0) -> Iterator[float]:
+    """Endless exponential delays for reconnect loops: 0.1, 0.2, 0.4, … capped at `maximum`."""
+    delay = initial
+    while True:
+        yield delay
+        delay = min(delay * factor, maximum)
+
+
+async def _open_websocket(url: str) -> ClientConnection:
+    # No Origin header is sent: the app-server answers 403 to any request carrying one.
+    if url.startswith("unix://"):
+        return await unix_connect(url.removeprefix("unix://"), uri="ws://localhost/", max_size=MAX_FRAME_BYTES)
+    if url.startswith(("ws://", "wss://")):
+        return await connect(url, max_size=MAX_FRAME_BYTES)
+    raise ValueError(f"unsupported app-server URL {url!r}: expected unix://PATH or ws://HOST:PORT")
+
+
+async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnection:
+    """Connects, retrying with backoff while the server is not (yet) listening."""
+    delays = backoff_delays()
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                return await _open_websocket(url)
+            except (OSError, InvalidHandshake):
+                await anyio.sleep(next(delays))
+
+
+class AppServerClient:
+    """One initialized app-server connection. Create it with `open_app_server`."""
+
+    def __init__(self, websocket: ClientConnection, trace: TraceSink | None):
+        self._websocket = websocket
+        self._trace = trace
+        self._session = RpcSession()
+        self._answers: dict[str, Response | ErrorResponse | None] = {}
+        self._answered: dict[str, anyio.Event] = {}
+        # Unbounded on purpose: the reader must never block on a slow consumer, or a
+        # request awaiting its response behind a full buffer would deadlock.
+        self._send_incoming: MemoryObjectSendStream[ServerMessage]
+        self.incoming: MemoryObjectReceiveStream[ServerMessage]
+        self._send_incoming, self.incoming = anyio.create_memory_object_stream(math.inf)
+        self.initialize_result: dict[str, Any] = {}
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
+        """Sends a request and returns its result; raises `RpcError`, `TimeoutError` or
+        `AppServerDisconnected`."""
+        request_id, message = self._session.request(method, params)
+        answered = self._answered[request_id] = anyio.Event()
+        try:
+            try:
+                await self._send(message)
+            except ConnectionClosed:
+                raise AppServerDisconnected(f"connection closed before {method} was sent") from None
+            with anyio.fail_after(timeout):
+                await answered.wait()
+        finally:
+            self._answered.pop(request_id, None)
+            answer = self._answers.pop(request_id, None)
+            self._session.forget(request_id)
+        if answer is None:
+            raise AppServerDisconnected(f"connection closed before {method} was answered")
+        if isinstance(answer, ErrorResponse):
+            raise answer.error
+        return answer.result
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        await self._send(RpcSession.notification(method, params))
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self._trace:
+            self._trace("out", message)
+        await self._websocket.send(RpcSession.encode(message))
+
+    async def _initialize(self, client_name: str, timeout: float) -> None:
+        self.initialize_result = await self.request(
+            "initialize",
+            {
+                "clientInfo": {"name": client_name, "title": None, "version": "0.1.0"},
+                # thread/queue/* are experimental methods.
+                "capabilities": {"experimentalApi": True},
+            },
+            timeout=timeout,
+        )
+        await self.notify("initialized")
+
+    async def _read_frames(self) -> None:
+        try:
+            async for frame in self._websocket:
+                self._dispatch(self._session.receive(frame))
+        except ConnectionClosed:
+            pass
+        finally:
+            self._send_incoming.close()
+            for answered in self._answered.values():
+                answered.set()  # with no answer stored: the request raises AppServerDisconnected
+
+    def _dispatch(self, message: Any) -> None:
+        if self._trace:
+            self._trace("in", message if isinstance(message, BadMessage) else message.raw)
+        if isinstance(message, (Response, ErrorResponse)):
+            self._answers[message.id] = message
+            self._answered[message.id].set()
+        else:
+            self._send_incoming.send_nowait(message)
+
+
+@asynccontextmanager
+async def open_app_server(
+    url: str,
+    *,
+    client_name: str = DEFAULT_CLIENT_NAME,
+    trace: TraceSink | None = None,
+    connect_timeout: float = 10.0,
+    client_class: type[AppServerClient] = AppServerClient,
+) -> AsyncIterator[AppServerClient]:
+    """Connects (retrying until `connect_timeout`), initializes, and yields the client.
+
+    The first client to initialize names the originator of every thread the server
+    creates afterwards, so a supervisor that connects before the harness should pass the
+    harness's `client_name`.
+    """
+    websocket = await open_websocket_with_retry(url, connect_timeout)
+    async with websocket, anyio.create_task_group() as tasks:
+        client = client_class(websocket, trace)
+        tasks.start_soon(client._read_frames)
+        try:
+            await client._initialize(client_name, connect_timeout)
+            yield client
+        finally:
+            tasks.cancel_scope.cancel()

@@ -1,0 +1,128 @@
+"""A sans-IO JSON-lines framer and record decoder shared by every format.
+
+``LineFramer.feed(bytes)`` returns the complete lines in that chunk with their
+byte offset and length (newline included), keeping an incomplete last line until
+its newline arrives; ``close()`` hands back an unterminated tail. A line longer
+than ``max_line`` is never held: once the limit is passed the framer only counts
+bytes until the next newline and then reports the whole range as skipped. So the
+memory used is bounded by ``max_line`` plus one chunk, whatever the file size, and
+every byte range comes back either as a line or as a skipped range.
+
+``decode_object`` turns a line into a dict or the reason it is refused.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+MAX_LINE = 64 * 1024 * 1024
+
+# Quarantine reasons (the ``reason`` of a ``quarantined`` event).
+INVALID_UTF8 = "invalid_utf8"
+NUL_BYTES = "nul_bytes"
+INVALID_JSON = "invalid_json"
+NOT_AN_OBJECT = "not_an_object"
+LINE_TOO_LONG = "line_too_long"
+TRUNCATED = "truncated"
+WRONG_TYPE = "wrong_type"
+
+
+class Line(NamedTuple):
+    offset: int
+    length: int  # bytes in the source, newline included
+    data: bytes  # without the newline
+    terminated: bool  # False for a tail that ended without a newline
+
+
+class Skipped(NamedTuple):
+    offset: int
+    length: int
+    reason: str
+
+
+class LineFramer:
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self._pending = bytearray()
+        self._offset = 0  # source offset of the first byte not yet returned
+        self._discarding = False  # inside an over-long line: count, don't keep
+        self._discarded = 0
+
+    def feed(self, data: bytes) -> list[Line | Skipped]:
+        out: list[Line | Skipped] = []
+        start, end = 0, len(data)
+        while start < end:
+            nl = data.find(b"\n", start)
+            if self._discarding:
+                if nl < 0:
+                    self._discarded += end - start
+                    break
+                self._discarded += nl + 1 - start
+                out.append(self._end_discard())
+            else:
+                body_len = len(self._pending) + ((nl if nl >= 0 else end) - start)
+                if body_len > self.max_line:
+                    # Drop what we hold and switch to counting; the line is
+                    # reported once its newline (or the end of input) is seen.
+                    self._discarding = True
+                    self._discarded = len(self._pending)
+                    self._pending = bytearray()
+                    continue
+                if nl < 0:
+                    self._pending += data[start:end]
+                    break
+                if self._pending:
+                    self._pending += data[start:nl]
+                    body = bytes(self._pending)
+                    self._pending = bytearray()
+                else:
+                    body = data[start:nl]
+                out.append(Line(self._offset, len(body) + 1, body, True))
+                self._offset += len(body) + 1
+            start = nl + 1
+        return out
+
+    def close(self) -> list[Line | Skipped]:
+        """End of input: the unterminated tail, if any."""
+        if self._discarding:
+            return [self._end_discard()]
+        if not self._pending:
+            return []
+        body = bytes(self._pending)
+        self._pending = bytearray()
+        line = Line(self._offset, len(body), body, False)
+        self._offset += len(body)
+        return [line]
+
+    def _end_discard(self) -> Skipped:
+        skipped = Skipped(self._offset, self._discarded, LINE_TOO_LONG)
+        self._offset += self._discarded
+        self._discarding = False
+        self._discarded = 0
+        return skipped
+
+
+_decoder = msgspec.json.Decoder()
+
+
+def decode_object(line: Line) -> dict | str | None:
+    """The line's JSON object, a quarantine reason, or None for a blank line."""
+    data = line.data
+    if not data.strip():
+        return None
+    if b"\x00" in data:
+        return NUL_BYTES
+    try:
+        value = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        message = str(exc)
+        if "UTF-8" in message:
+            return INVALID_UTF8
+        if "truncated" in message or not line.terminated:
+            return TRUNCATED
+        return INVALID_JSON
+    if not isinstance(value, dict):
+        return NOT_AN_OBJECT
+    return value

@@ -1,0 +1,163 @@
+"""The rule set the policy and the detection rules see: frozen msgspec values.
+
+Rule and config files are validated by pydantic in ``rules.files``; what comes out
+is a ``RuleSet`` of these structs, so ``decide()`` and ``detect()`` never touch a
+pydantic object and a rule set can be hashed, compared and recorded as is.
+
+Authority lives in ``Grant``s, apart from the rules: a rule names the action it
+wants, and only a grant for its subject (``rule:ID``) lets that action be carried
+out. A rule cannot grant itself anything.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+import hashlib
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from rules.decision import Action
+
+RuleStatus = Literal["proposed", "shadow", "active", "retired"]
+RULE_STATUSES: tuple[RuleStatus, ...] = ("proposed", "shadow", "active", "retired")
+
+#: What a grant may allow: the dispatch actions, plus ``interrupt_critical``, which
+#: lets a forced interrupt through while a critical tool runs (it is checked in
+#: addition to ``interrupt``, never instead of it).
+INTERRUPT_CRITICAL = "interrupt_critical"
+GRANTABLE_ACTIONS: tuple[str, ...] = ("steer", "queue", "interrupt", INTERRUPT_CRITICAL)
+
+#: ``threads`` value (and grant ``subject``) matching everything.
+ANY = "*"
+
+
+def matches_thread(threads: str | tuple[str, ...], thread_id: str) -> bool:
+    """``"*"``, one thread id, or a tuple of ids. Exact ids only: a glob that
+    silently widens an authority grant is worse than a longer list."""
+    if isinstance(threads, str):
+        return threads in (ANY, thread_id)
+    return ANY in threads or thread_id in threads
+
+
+class Grant(msgspec.Struct, frozen=True, kw_only=True):
+    """``subject`` may request ``actions`` on ``threads``.
+
+    subject: ``owner:NAME``, ``rule:ID``, ``reviewer:NAME`` or ``*`` (anyone).
+    """
+
+    subject: str
+    actions: frozenset[str]
+    threads: str | tuple[str, ...] = ANY
+
+    def allows(self, subject: str, action: str, thread_id: str) -> bool:
+        return (
+            self.subject in (ANY, subject)
+            and action in self.actions
+            and matches_thread(self.threads, thread_id)
+        )
+
+
+# -- conditions: a closed set of named observations with parameters ----------------
+
+
+class Condition(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base of the condition kinds; the tag is the kind's name in rule files."""
+
+
+class TurnQuiet(Condition, tag="turn_quiet"):
+    """The active turn made no progress for ``for_seconds`` (not during a critical
+    tool or a pending approval: a quiet build is healthy)."""
+
+    for_seconds: float
+
+
+class RepeatedFailure(Condition, tag="repeated_failure"):
+    """The same command (same arguments digest) failed ``count`` times."""
+
+    count: int
+    within: Literal["turn"] = "turn"
+
+
+class ApprovalWaiting(Condition, tag="approval_waiting"):
+    for_seconds: float
+
+
+class CriticalToolRunning(Condition, tag="critical_tool_running"):
+    for_seconds: float
+
+
+class IntentOverdue(Condition, tag="intent_overdue"):
+    """Owned intents past a deadline: found by ``decide()`` (``report_overdue``);
+    the rule carries who owns the report and until when it is reviewed."""
+
+
+class TurnLong(Condition, tag="turn_long"):
+    for_seconds: float
+
+
+AnyCondition = TurnQuiet | RepeatedFailure | ApprovalWaiting | CriticalToolRunning | IntentOverdue | TurnLong
+CONDITION_KINDS: tuple[str, ...] = (
+    "turn_quiet",
+    "repeated_failure",
+    "approval_waiting",
+    "critical_tool_running",
+    "intent_overdue",
+    "turn_long",
+)
+
+
+class Rule(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    version: int
+    status: RuleStatus
+    condition: AnyCondition
+    action: Action
+    owner: str
+    review_by: datetime.date
+    text: str | None = None  # template: "{count}", "{tool}", … (see rules.detect)
+    ack_deadline: float | None = None  # seconds after the finding
+    expires: datetime.date | None = None  # from 00:00 UTC that day the rule is out of force
+    threads: str | tuple[str, ...] = ANY
+
+    def in_force(self, now: float) -> bool:
+        """Not past ``expires``. (Status is the caller's question: shadow rules are
+        in force for detection but never for dispatch.)"""
+        return self.expires is None or now < calendar.timegm(self.expires.timetuple())
+
+
+class RuleSet(msgspec.Struct, frozen=True, kw_only=True):
+    rules: tuple[Rule, ...]
+    grants: tuple[Grant, ...]
+    digest: str  # sha256 of the canonical encoding of rules and grants
+
+    def allows(self, subject: str, action: str, thread_id: str) -> bool:
+        return any(g.allows(subject, action, thread_id) for g in self.grants)
+
+    def rule(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+
+def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant]) -> str:
+    """Order-insensitive: rules sorted by id, grants and their action sets sorted, so
+    reformatting or reordering a file keeps the digest and any change of meaning
+    changes it."""
+    canonical = {
+        "rules": sorted((msgspec.to_builtins(r) for r in rules), key=lambda r: r["id"]),
+        "grants": sorted(
+            (msgspec.to_builtins(g) | {"actions": sorted(g.actions)} for g in grants),
+            key=lambda g: msgspec.json.encode(g, order="sorted"),
+        ),
+    }
+    return "sha256:" + hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
+
+
+def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant]) -> RuleSet:
+    rules, grants = tuple(rules), tuple(grants)
+    return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants))
+
+
+#: No rules, no grants: nothing is detected and nothing may be dispatched.
+EMPTY = build_ruleset((), ())
