@@ -30,6 +30,8 @@ def verify_rows(rows: Iterator[tuple], integrity: list[str], anchor: tuple[int, 
         if problems:
             break  # the first bad seq is what a person needs; the rest follows from it
         where = f"seq {seq}"
+        if isinstance(payload, str):  # a hand edit can turn the BLOB into TEXT
+            payload = payload.encode("utf-8", "surrogateescape")
         if seq != expected_seq:
             problems.append(f"{where}: expected seq {expected_seq} (rows missing or reordered)")
             break
@@ -38,15 +40,15 @@ def verify_rows(rows: Iterator[tuple], integrity: list[str], anchor: tuple[int, 
             break
         try:
             event = events.decode(payload)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, TypeError) as exc:
             problems.append(f"{where}: payload does not decode ({exc})")
             break
         env = Envelope(event_id=event_id, event=event, source=source, at=at,
                        observed_at=observed_at, offset=offset, length=length)
-        if content_digest(env, bytes(payload)) != digest:
+        if content_digest(env, payload) != digest:
             problems.append(f"{where}: content digest mismatch (row edited)")
             break
-        if row_hash(prev, seq, env, bytes(payload), digest) != link:
+        if row_hash(prev, seq, env, payload, digest) != link:
             problems.append(f"{where}: hash mismatch (row edited)")
             break
         if (thread_id, turn_id, kind) != (event.thread_id, event.turn_id, events.kind_of(event)):

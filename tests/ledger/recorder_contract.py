@@ -1,0 +1,105 @@
+"""The contract every ledger backend must keep. A backend's test module subclasses
+``RecorderContract`` and supplies only ``make_recorder``."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.errors import IllegalTransition
+from ledger.events import Conflict, Envelope, IntentProposed, IntentTransition, TurnStarted
+from ledger.intents import Intent
+
+
+def turn(i: int, *, thread: str = "t1", source: str = "test") -> Envelope:
+    return Envelope(event_id=f"e{i}", event=TurnStarted(thread_id=thread, turn_id=f"u{i}"), source=source, at=float(i))
+
+
+def make_intent(intent_id: str = "in-00000000000000000001") -> Intent:
+    return Intent(id=intent_id, thread_id="t1", mode="steer", text="x", text_digest="d",
+                  created_at=0.0, ack_deadline=10.0, expires_at=100.0, expected_turn_id="u1")
+
+
+def proposed(intent: Intent) -> Envelope:
+    return Envelope(event_id=f"{intent.id}:p", event=IntentProposed(thread_id="t1", intent=intent), source="tillerman")
+
+
+def moved(intent: Intent, frm: str, to: str, reason: str, suffix: str = "") -> Envelope:
+    return Envelope(
+        event_id=f"{intent.id}:{frm}>{to}{suffix}",
+        event=IntentTransition(thread_id="t1", intent_id=intent.id, from_state=frm, to_state=to, reason=reason),
+        source="tillerman",
+    )
+
+
+class RecorderContract:
+    def make_recorder(self, tmp_path):  # pragma: no cover - supplied by each backend
+        raise NotImplementedError
+
+    @pytest.fixture
+    def recorder(self, tmp_path):
+        rec = self.make_recorder(tmp_path)
+        yield rec
+        assert rec.verify().ok, rec.verify().problems  # the chain holds after every case
+        rec.close()
+
+    def test_empty_append_writes_nothing(self, recorder):
+        assert recorder.append([]).seqs == ()
+        assert recorder.max_seq() == 0
+
+    def test_seqs_are_contiguous_and_ordered(self, recorder):
+        assert recorder.append([turn(1), turn(2)]).seqs == (1, 2)
+        assert recorder.append([turn(3)]).seqs == (3,)
+        assert [e.seq for e in recorder.read()] == [1, 2, 3]
+        assert [e.envelope.event_id for e in recorder.read(after_seq=1)] == ["e2", "e3"]
+        assert [e.seq for e in recorder.read(after_seq=0, limit=2)] == [1, 2]
+
+    def test_identical_duplicate_is_a_silent_no_op(self, recorder):
+        recorder.append([turn(1)])
+        result = recorder.append([turn(1), turn(1)])
+        assert result.seqs == () and result.duplicates == 2 and result.conflicts == ()
+        assert recorder.max_seq() == 1
+
+    def test_duplicate_with_new_observed_time_is_still_identical(self, recorder):
+        first = turn(1)
+        recorder.append([first])
+        again = Envelope(event_id="e1", event=first.event, source="test", at=1.0, observed_at=12345.0)
+        assert recorder.append([again]).duplicates == 1
+
+    def test_same_id_different_content_is_recorded_as_conflict(self, recorder):
+        recorder.append([turn(1)])
+        changed = Envelope(event_id="e1", event=TurnStarted(thread_id="t1", turn_id="other"), source="test", at=1.0)
+        result = recorder.append([changed])
+        assert result.conflicts == ("e1",)
+        entries = list(recorder.read())
+        assert entries[0].envelope.event.turn_id == "u1"  # never overwritten
+        assert isinstance(entries[1].envelope.event, Conflict)
+        assert recorder.append([changed]).seqs == ()  # the same conflict is recorded once
+
+    def test_illegal_transition_writes_nothing_of_the_batch(self, recorder):
+        intent = make_intent()
+        recorder.append([proposed(intent)])
+        before = recorder.max_seq()
+        with pytest.raises(IllegalTransition):
+            recorder.append([turn(9), moved(intent, "proposed", "acknowledged", "echo")])
+        assert recorder.max_seq() == before
+
+    def test_transition_must_start_from_the_current_state(self, recorder):
+        intent = make_intent()
+        recorder.append([proposed(intent), moved(intent, "proposed", "dispatch_unknown", "dispatching")])
+        with pytest.raises(IllegalTransition, match="moved meanwhile"):
+            recorder.append([moved(intent, "proposed", "expired", "cancelled")])
+
+    def test_transitions_within_one_batch_chain(self, recorder):
+        intent = make_intent()
+        recorder.append([
+            proposed(intent),
+            moved(intent, "proposed", "dispatch_unknown", "dispatching"),
+            moved(intent, "dispatch_unknown", "queued", "accepted"),
+        ])
+        assert [e.envelope.event_id for e in recorder.intent_entries(intent.id)][-1].endswith("queued")
+
+    def test_snapshot_round_trip_keeps_the_latest(self, recorder):
+        assert recorder.load_snapshot("p") is None
+        recorder.save_snapshot("p", 5, b"five")
+        recorder.save_snapshot("p", 3, b"older")  # a slower writer never moves it back
+        assert recorder.load_snapshot("p") == (5, b"five")

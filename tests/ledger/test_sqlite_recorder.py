@@ -1,0 +1,99 @@
+import os
+import sqlite3
+import stat
+
+import pytest
+
+from ledger.errors import OperationalError, SchemaError
+from ledger.sqlite import SQLiteRecorder
+from tests.ledger.recorder_contract import RecorderContract, turn
+
+
+class TestSQLiteFile(RecorderContract):
+    def make_recorder(self, tmp_path):
+        return SQLiteRecorder(tmp_path / "ledger.sqlite3")
+
+
+class TestSQLiteMemory(RecorderContract):
+    def make_recorder(self, tmp_path):
+        return SQLiteRecorder(":memory:")
+
+
+def test_files_are_private(tmp_path):
+    path = tmp_path / "state" / "ledger.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([turn(1)])
+    for p in (path, path.with_name(path.name + ".head")):
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o600, p
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+
+
+def test_wal_and_busy_timeout(tmp_path):
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        assert rec._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert rec._db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+
+
+def test_a_foreign_sqlite_file_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE x (y)")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaError, match="not a tillerman ledger"):
+        SQLiteRecorder(path)
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    SQLiteRecorder(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(SchemaError, match="upgrade tillerman"):
+        SQLiteRecorder(path)
+
+
+def test_garbage_file_is_refused(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    path.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(SchemaError):
+        SQLiteRecorder(path)
+
+
+def test_busy_ledger_raises_operational_error(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    rec = SQLiteRecorder(path)
+    rec._db.execute(f"PRAGMA busy_timeout = 50")
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(OperationalError, match="busy"):
+            rec.append([turn(1)])
+    finally:
+        blocker.execute("ROLLBACK")
+    assert rec.append([turn(1)]).seqs == (1,)  # and it resumes once the writer lets go
+    rec.close()
+
+
+def test_read_only_ledger_raises_operational_error(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    SQLiteRecorder(path).close()
+    rec = SQLiteRecorder(path)
+    rec._db.execute("PRAGMA query_only = ON")  # SQLite's own read-only error path
+    with pytest.raises(OperationalError):
+        rec.append([turn(1)])
+    rec.close()
+
+
+def test_anchor_lag_after_a_crash_is_healed_on_open(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([turn(1)])
+        head = path.with_name(path.name + ".head").read_text()
+        rec.append([turn(2)])
+    path.with_name(path.name + ".head").write_text(head)  # as if killed before the rewrite
+    with SQLiteRecorder(path) as rec:
+        report = rec.verify()
+    assert report.ok and report.notes == ()
