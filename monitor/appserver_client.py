@@ -43,6 +43,8 @@ DEFAULT_CLIENT_NAME = "tillerman"
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 Direction = Literal["in", "out"]
+# Called with each message as a decoded JSON object, or a BadMessage for a frame that
+# did not parse (see JsonlTrace for how those are written).
 TraceSink = Callable[[Direction, Any], None]
 ServerMessage = Notification | ServerRequest | BadMessage
 
@@ -88,7 +90,8 @@ def backoff_delays(initial: float = 0.1, factor: float = 2.0, maximum: float = 5
 async def _open_websocket(url: str) -> ClientConnection:
     # No Origin header is sent: the app-server answers 403 to any request carrying one.
     if url.startswith("unix://"):
-        return await unix_connect(url.removeprefix("unix://"), uri="ws://localhost/", max_size=MAX_FRAME_BYTES)
+        path = url.removeprefix("unix://")
+        return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES)
     if url.startswith(("ws://", "wss://")):
         return await connect(url, max_size=MAX_FRAME_BYTES)
     raise ValueError(f"unsupported app-server URL {url!r}: expected unix://PATH or ws://HOST:PORT")

@@ -154,7 +154,9 @@ class RpcSession:
 
     def _receive_response(self, text: str, message: dict[str, Any]) -> Incoming:
         request_id = message["id"]
-        if not isinstance(request_id, str) or request_id not in self._pending:
+        if not (isinstance(request_id, str) or _is_int(request_id)):
+            return BadMessage(text, "id is neither a string nor an integer", message)
+        if request_id not in self._pending:
             return BadMessage(text, f"response to an unknown request id {request_id!r}", message)
         if "error" in message:
             error = message["error"]
