@@ -1,0 +1,220 @@
+"""App-server JSON-RPC messages → normalized events, and their natural keys.
+
+Used by the live client (one ``AppServerEvents`` per connection) and by the trace
+parser, so the mapping exists once. Only messages from the server are mapped:
+notifications, and server→client requests (approvals).
+
+Approval requests are keyed by thread, turn and item id, never by the JSON-RPC
+request id, which restarts with the server process. The request id is only
+remembered so that ``serverRequest/resolved {requestId}`` can be tied back to
+the item it settled; a resolution for a request this stream never showed maps
+to nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ledger.events import (
+    AgentMessage, ApprovalRequested, ApprovalResolved, Error, Event, ItemCompleted, ItemStarted, QueueChanged,
+    StatusChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage, kind_of,
+)
+from monitor.commands import DEFAULT, CommandPatterns
+from monitor.digest import digest, payload, size
+from monitor.parser import ack_tokens, integer, items, obj, text
+
+# Server→client requests that make the turn wait for a person, and what they wait for.
+APPROVAL_METHODS = {
+    "item/commandExecution/requestApproval": "command",
+    "item/fileChange/requestApproval": "fileChange",
+    "item/permissions/requestApproval": "permissions",
+    "item/tool/requestUserInput": "userInput",
+}
+# Notifications that carry nothing the ledger records.
+QUIET_METHODS = frozenset({
+    "thread/tokenUsage/updated", "account/rateLimits/updated", "thread/readState/changed",
+    "item/agentMessage/delta", "item/reasoning/summaryTextDelta", "item/reasoning/summaryPartAdded",
+    "item/reasoning/textDelta", "item/commandExecution/outputDelta", "item/fileChange/outputDelta",
+    "item/mcpToolCall/progress", "turn/diff/updated", "turn/plan/updated", "thread/name/updated",
+    "thread/compacted", "account/updated", "mcpServer/oauthLogin/completed", "sessionConfigured",
+    "thread/closed", "item/updated",
+})
+_TURN_STATUS = {"completed": "completed", "interrupted": "interrupted", "failed": "failed"}
+
+
+class AppServerEvents:
+    """The stateful mapping for one server connection (or one trace)."""
+
+    def __init__(self, *, patterns: CommandPatterns = DEFAULT, retain_payloads: bool = False) -> None:
+        self.patterns = patterns
+        self.retain_payloads = retain_payloads
+        # JSON-RPC request id (with its type: 1 and "1" differ) → the approval it asked.
+        self._requests: dict[tuple[type, Any], ApprovalRequested] = {}
+
+    def knows(self, method: str) -> bool:
+        return method in _HANDLERS or method in APPROVAL_METHODS or method in QUIET_METHODS
+
+    def normalize(self, msg: dict) -> list[Event]:
+        """Events for one message from the server ([] for responses and quiet notifications).
+
+        Raises ``WrongType`` (or a TypeError/AttributeError) on a malformed message;
+        callers reading foreign input quarantine it.
+        """
+        method = text(msg, "method")
+        if method is None:
+            return []  # a response: see ``response``
+        params = obj(msg, "params")
+        if method in APPROVAL_METHODS:
+            return self._approval(msg.get("id"), params, APPROVAL_METHODS[method])
+        handler = _HANDLERS.get(method)
+        return handler(self, params) if handler else []
+
+    def response(self, method: str, result: dict) -> list[Event]:
+        """Events in the result of one of the client's requests.
+
+        ``thread/resume`` is how a supervisor that attaches late learns of the
+        turn already running (its ``turn/started`` went by before it subscribed).
+        """
+        if method != "thread/resume":
+            return []
+        thread_id = text(obj(result, "thread"), "id")
+        return [TurnStarted(thread_id=thread_id, turn_id=text(turn, "id"))
+                for turn in items(obj(result, "initialTurnsPage"), "data")
+                if isinstance(turn, dict) and turn.get("status") == "inProgress"]
+
+    # -- handlers ------------------------------------------------------------------
+
+    def _thread_started(self, params: dict) -> list[Event]:
+        thread = obj(params, "thread")
+        return [ThreadStarted(thread_id=text(thread, "id"), parent_thread_id=text(thread, "parentThreadId"),
+                              cli_version=text(thread, "cliVersion"), source_format="appserver")]
+
+    def _status(self, params: dict) -> list[Event]:
+        status = obj(params, "status")
+        flags = tuple(str(flag) for flag in items(status, "activeFlags"))
+        return [StatusChanged(thread_id=text(params, "threadId"), status=text(status, "type") or "unknown",
+                              flags=flags)]
+
+    def _turn_started(self, params: dict) -> list[Event]:
+        return [TurnStarted(thread_id=text(params, "threadId"), turn_id=text(obj(params, "turn"), "id"))]
+
+    def _turn_completed(self, params: dict) -> list[Event]:
+        turn = obj(params, "turn")
+        return [TurnCompleted(thread_id=text(params, "threadId"), turn_id=text(turn, "id"),
+                              status=_TURN_STATUS.get(text(turn, "status") or "", "failed"),
+                              duration_ms=integer(turn, "durationMs"))]
+
+    def _item_started(self, params: dict) -> list[Event]:
+        return self._item(params, completed=False)
+
+    def _item_completed(self, params: dict) -> list[Event]:
+        return self._item(params, completed=True)
+
+    def _item(self, params: dict, completed: bool) -> list[Event]:
+        item = obj(params, "item")
+        ids = {"thread_id": text(params, "threadId"), "turn_id": text(params, "turnId")}
+        item_type = text(item, "type") or "unknown"
+        item_id = text(item, "id") or ""
+        if item_type == "userMessage":
+            if not completed:
+                return []  # started and completed carry the same input: record it once
+            said = _input_text(items(item, "content"))
+            p = payload(said, retain=self.retain_payloads)
+            return [UserMessage(digest=p.digest, size=p.size, text=p.text, client_id=text(item, "clientId"),
+                                item_id=item_id, **ids)]
+        if item_type == "agentMessage":
+            if not completed:
+                return []  # a message abandoned by a steer never completes
+            said = text(item, "text") or ""
+            p = payload(said, retain=self.retain_payloads)
+            return [AgentMessage(digest=p.digest, size=p.size, text=p.text, item_id=item_id,
+                                 ack_tokens=ack_tokens(said), **ids)]
+        if item_type == "reasoning":
+            return []
+        command = text(item, "command")
+        critical, external = self.patterns.classify(command) if command else (False, False)
+        common = dict(item_id=item_id, item_type=item_type, critical=critical, external=external,
+                      args_digest=digest(command) if command else None, **ids)
+        if not completed:
+            return [ItemStarted(**common)]
+        output = text(item, "aggregatedOutput")
+        return [ItemCompleted(status=text(item, "status") or "completed", exit_code=integer(item, "exitCode"),
+                              output_digest=digest(output) if output is not None else None,
+                              output_size=size(output) if output is not None else None, **common)]
+
+    def _approval(self, request_id: Any, params: dict, approval_kind: str) -> list[Event]:
+        event = ApprovalRequested(thread_id=text(params, "threadId"), turn_id=text(params, "turnId"),
+                                  item_id=text(params, "itemId") or "", approval_kind=approval_kind)
+        if isinstance(request_id, (int, str)) and not isinstance(request_id, bool):
+            self._requests[(type(request_id), request_id)] = event
+        return [event]
+
+    def _resolved(self, params: dict) -> list[Event]:
+        request_id = params.get("requestId")
+        if not isinstance(request_id, (int, str)) or isinstance(request_id, bool):
+            return []
+        asked = self._requests.pop((type(request_id), request_id), None)
+        if asked is None:
+            return []
+        return [ApprovalResolved(thread_id=asked.thread_id, turn_id=asked.turn_id, item_id=asked.item_id)]
+
+    def _queue_changed(self, params: dict) -> list[Event]:
+        # The server says only "changed"; the contents need a thread/queue/list.
+        return [QueueChanged(thread_id=text(params, "threadId"), known=False)]
+
+    def _error(self, params: dict) -> list[Event]:
+        error = obj(params, "error")
+        info = error.get("codexErrorInfo")
+        return [Error(thread_id=text(params, "threadId"), turn_id=text(params, "turnId"),
+                      message_digest=digest(text(error, "message") or ""),
+                      will_retry=params.get("willRetry") is True, code=info if isinstance(info, str) else None)]
+
+
+_HANDLERS = {
+    "thread/started": AppServerEvents._thread_started,
+    "thread/status/changed": AppServerEvents._status,
+    "turn/started": AppServerEvents._turn_started,
+    "turn/completed": AppServerEvents._turn_completed,
+    "item/started": AppServerEvents._item_started,
+    "item/completed": AppServerEvents._item_completed,
+    "serverRequest/resolved": AppServerEvents._resolved,
+    "thread/queue/changed": AppServerEvents._queue_changed,
+    "error": AppServerEvents._error,
+}
+
+
+def _input_text(content: list) -> str:
+    """The text of a user input (``[{"type": "text", "text": …}, …]``)."""
+    return "\n".join(part["text"] for part in content
+                     if isinstance(part, dict) and isinstance(part.get("text"), str))
+
+
+# -- natural keys ------------------------------------------------------------------
+
+# Kinds whose fields identify one fact; the others (a status change, a queue hint,
+# an error) can repeat with identical fields, so the caller adds a discriminator.
+_IDENTIFIED = frozenset({"thread_started", "turn_started", "turn_completed", "item_started", "item_completed",
+                         "approval_requested", "approval_resolved"})
+_encode = msgspec.json.Encoder().encode
+
+
+def natural_key(event: Event, discriminator: str | int | float | None = None) -> str:
+    """A stable key for an app-server fact: kind, thread, turn, item id, status.
+
+    Approvals are keyed by thread, turn and item (not the request id), so a
+    request re-sent on resume, or seen by a restarted supervisor, keeps its key.
+    For kinds without an identity of their own (status_changed, queue_changed,
+    error, and messages without an item id) pass a ``discriminator`` such as the
+    notification's ``emittedAtMs``; without one, equal facts share a key.
+    """
+    kind = kind_of(event)
+    item_id = getattr(event, "item_id", None)
+    status: str | None = getattr(event, "status", None)
+    if kind == "status_changed":
+        status = ",".join((event.status, *event.flags))  # type: ignore[attr-defined]
+    parts: list = [kind, event.thread_id, event.turn_id, item_id, status]
+    if kind not in _IDENTIFIED and not (item_id and kind in ("user_message", "agent_message")):
+        parts.append(discriminator)
+    return _encode(parts).decode()

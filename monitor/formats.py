@@ -1,0 +1,87 @@
+"""The format registry and auto-detection.
+
+``detect_format(head, path)`` looks at the first bytes of a file (its first
+complete record when there is one) and at the path; ``None`` when nothing fits.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from monitor.appserver_trace import AppServerTraceParser
+from monitor.claude_transcript import ClaudeTranscriptParser
+from monitor.codex_exec import CodexExecParser
+from monitor.codex_rollout import CodexRolloutParser
+from monitor.codex_tui import CodexTuiParser
+from monitor.parser import Parser
+
+PARSERS: dict[str, type[Parser]] = {
+    parser.format: parser
+    for parser in (CodexRolloutParser, CodexExecParser, CodexTuiParser, ClaudeTranscriptParser,
+                   AppServerTraceParser)
+}
+
+_ROLLOUT_TYPES = frozenset({"session_meta", "turn_context", "response_item", "event_msg", "compacted",
+                            "world_state", "token_usage_record"})
+_CLAUDE_TYPES = frozenset({"user", "assistant", "system", "summary", "progress", "queue-operation",
+                           "file-history-snapshot", "attachment", "last-prompt"})
+_SUBAGENT_PATH = re.compile(r"[/\\]subagents[/\\]agent-[^/\\]+\.jsonl$")
+_ROLLOUT_PATH = re.compile(r"(?:^|[/\\])rollout-[^/\\]*\.jsonl$")
+# For a first line too long to be in ``head`` (a Claude api-request-blob, a large
+# session_meta), the opening of the line still names its kind.
+_HEAD_PATTERNS = (
+    (re.compile(rb'"type"\s*:\s*"session_meta"'), "codex-rollout"),
+    (re.compile(rb'"dir"\s*:\s*"(?:meta|to_tui|from_tui)"'), "codex-tui"),
+    (re.compile(rb'"dir"\s*:\s*"(?:in|out)"\s*,\s*"msg"'), "appserver-trace"),
+    (re.compile(rb'"sessionId"\s*:'), "claude-transcript"),
+)
+_decoder = msgspec.json.Decoder()
+
+
+def parser_for(name: str) -> type[Parser]:
+    return PARSERS[name]
+
+
+def detect_format(head: bytes, path: str = "") -> str | None:
+    if _SUBAGENT_PATH.search(path):
+        return "claude-transcript"
+    for line in head.split(b"\n")[:-1] or [head]:
+        record = _record(line)
+        name = _format_of(record) if record is not None else None
+        if name is not None:
+            return name
+    for pattern, name in _HEAD_PATTERNS:
+        if pattern.search(head):
+            return name
+    return _format_of_path(path)
+
+
+def _record(line: bytes) -> dict | None:
+    if not line.strip():
+        return None
+    try:
+        value = _decoder.decode(line)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _format_of(record: dict) -> str | None:
+    kind = record.get("type")
+    if "dir" in record and "kind" in record:
+        return "codex-tui"
+    if "dir" in record and "msg" in record:
+        return "appserver-trace"
+    if kind in _ROLLOUT_TYPES and "payload" in record:
+        return "codex-rollout"
+    if isinstance(kind, str) and (kind.split(".")[0] in ("thread", "turn", "item") and "." in kind):
+        return "codex-exec"
+    if kind in _CLAUDE_TYPES or "sessionId" in record:
+        return "claude-transcript"
+    return None
+
+
+def _format_of_path(path: str) -> str | None:
+    return "codex-rollout" if _ROLLOUT_PATH.search(path) else None

@@ -1,0 +1,31 @@
+"""Deterministic identity for file-derived events.
+
+A file is identified by its device, inode and a digest of its first line, so a file
+truncated and rewritten in place is a new generation while a file that only grows
+keeps its identity. An event id is that identity plus the record's byte offset and
+the event's index among those the record yielded: re-reading any span of the file
+yields the same ids, and the ledger stores each fact once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+FIRST_LINE_LIMIT = 4096  # enough to tell generations apart without reading a huge line
+
+
+def file_identity(path: str | os.PathLike, first_line: bytes) -> str:
+    st = os.stat(path)
+    head = hashlib.sha256(first_line[:FIRST_LINE_LIMIT]).hexdigest()[:16]
+    return f"{st.st_dev}:{st.st_ino}:{head}"
+
+
+def read_first_line(path: str | os.PathLike) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.readline(FIRST_LINE_LIMIT)
+
+
+def file_event_id(identity: str, offset: int, index: int) -> str:
+    digest = hashlib.sha256(f"{identity}|{offset}|{index}".encode()).hexdigest()[:32]
+    return f"f-{digest}"

@@ -1,0 +1,263 @@
+"""The interface every format parser shares, and the plumbing they all reuse.
+
+A parser is sans-IO: bytes go in through ``feed()``, ``Parsed`` events come out;
+files, sockets and clocks belong to the drivers. One parser reads one stream.
+Bad input never raises: a line that cannot be read, or whose fields have the
+wrong types, becomes a ``Quarantined`` event with its byte range and reason.
+Record types a parser does not know are counted in ``unknown_types``.
+
+A subclass implements ``_events(record)`` (and ``_time(record)`` when its format
+has timestamps). Helpers ``text``/``obj``/``items`` read a field and raise
+``WrongType`` when it has the wrong type, which quarantines the whole record.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from datetime import datetime, timezone
+from typing import Any, ClassVar, NamedTuple
+
+import msgspec
+
+from ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
+from monitor.commands import DEFAULT, CommandPatterns
+from monitor.digest import digest, payload, size
+from monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, decode_object
+
+
+class Parsed(msgspec.Struct, frozen=True):
+    event: Event
+    offset: int  # byte offset of the source record
+    length: int  # byte length of the record, newline included
+    index: int  # position among the events derived from the same record
+    at: float | None  # source time (epoch seconds UTC); None when the format has none
+
+
+class WrongType(Exception):
+    """A field of an otherwise valid record has a type the format never uses."""
+
+
+_INTENT_ID = re.compile(r"\bin-[0-9a-f]{20}\b")
+
+
+def ack_tokens(text: str) -> tuple[str, ...]:
+    """Every intent id the text mentions, in order, without repeats."""
+    return tuple(dict.fromkeys(_INTENT_ID.findall(text)))
+
+
+class Parser:
+    format: ClassVar[str]
+    untimed: ClassVar[bool] = False  # the format carries no source times: ``at`` is always None
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        patterns: CommandPatterns = DEFAULT,
+        retain_payloads: bool = False,
+        max_line: int = MAX_LINE,
+    ) -> None:
+        self.source = source
+        self.patterns = patterns
+        self.retain_payloads = retain_payloads
+        self.records = 0
+        self.unknown_types: collections.Counter[str] = collections.Counter()
+        self._framer = LineFramer(max_line)
+        self._line: Line | None = None  # the record being read, for subclasses
+
+    def feed(self, data: bytes) -> list[Parsed]:
+        return self._parse(self._framer.feed(data))
+
+    def close(self) -> list[Parsed]:
+        return self._parse(self._framer.close())
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _parse(self, frames: list[Line | Skipped]) -> list[Parsed]:
+        out: list[Parsed] = []
+        for frame in frames:
+            if isinstance(frame, Skipped):
+                self.records += 1
+                out.append(self._quarantine(frame.offset, frame.length, frame.reason))
+                continue
+            record = decode_object(frame)
+            if record is None:
+                continue  # blank line: whitespace needs no account
+            self.records += 1
+            if isinstance(record, str):
+                out.append(self._quarantine(frame.offset, frame.length, record))
+                continue
+            self._line = frame
+            try:
+                at = self._time(record)
+                events = self._events(record)
+            except (WrongType, TypeError, AttributeError, KeyError, ValueError):
+                # Wrong types deep inside a record: refuse the record, keep going.
+                out.append(self._quarantine(frame.offset, frame.length, WRONG_TYPE))
+                continue
+            out.extend(
+                Parsed(event, frame.offset, frame.length, i, at) for i, event in enumerate(events)
+            )
+        return out
+
+    def _quarantine(self, offset: int, length: int, reason: str) -> Parsed:
+        event = Quarantined(source=self.source, offset=offset, length=length, reason=reason)
+        return Parsed(event, offset, length, 0, None)
+
+    @property
+    def _offset(self) -> int:
+        """Byte offset of the record being read: a stable id where the format has none."""
+        assert self._line is not None
+        return self._line.offset
+
+    # -- for subclasses --------------------------------------------------------
+
+    def _events(self, record: dict) -> list[Event]:
+        raise NotImplementedError
+
+    def _time(self, record: dict) -> float | None:
+        return None
+
+    def _user_message(self, text: str, **ids: Any) -> UserMessage:
+        p = payload(text, retain=self.retain_payloads)
+        return UserMessage(digest=p.digest, size=p.size, text=p.text, **ids)
+
+    def _agent_message(self, text: str, **ids: Any) -> AgentMessage:
+        p = payload(text, retain=self.retain_payloads)
+        return AgentMessage(digest=p.digest, size=p.size, text=p.text, ack_tokens=ack_tokens(text), **ids)
+
+    def _classify(self, command: str | None) -> tuple[bool, bool]:
+        return self.patterns.classify(command) if command else (False, False)
+
+    def _item_started(
+        self, item_id: str, item_type: str, *, command: str | None = None, args: Any = None, **ids: Any
+    ) -> ItemStarted:
+        critical, external = self._classify(command)
+        return ItemStarted(
+            item_id=item_id, item_type=item_type, critical=critical, external=external,
+            args_digest=None if args is None else digest(args), **ids,
+        )
+
+    def _item_completed(
+        self, item_id: str, item_type: str, *, command: str | None = None, args: Any = None,
+        output: Any = None, flags: tuple[bool, bool] | None = None, **fields: Any,
+    ) -> ItemCompleted:
+        # ``flags``: critical/external from the start, when the end lacks the command.
+        critical, external = flags if flags is not None else self._classify(command)
+        return ItemCompleted(
+            item_id=item_id, item_type=item_type, critical=critical, external=external,
+            args_digest=None if args is None else digest(args),
+            output_digest=None if output is None else digest(output),
+            output_size=None if output is None else size(output), **fields,
+        )
+
+
+# -- field readers: the wrong type quarantines the record ----------------------
+
+
+def text(record: dict, key: str, default: str | None = None) -> str | None:
+    value = record.get(key, default)
+    if value is None or isinstance(value, str):
+        return value
+    raise WrongType(key)
+
+
+def obj(record: dict, key: str) -> dict:
+    """A nested object; a missing one reads as empty."""
+    value = record.get(key)
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    raise WrongType(key)
+
+
+def items(record: dict, key: str) -> list:
+    value = record.get(key)
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return value
+    raise WrongType(key)
+
+
+def integer(record: dict, key: str) -> int | None:
+    value = record.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise WrongType(key)
+
+
+def command_text(command: Any) -> str | None:
+    """A command given as an argv list or a string, as one line for classification."""
+    if command is None or isinstance(command, str):
+        return command
+    if isinstance(command, list):
+        return " ".join(str(part) for part in command)
+    raise WrongType("command")
+
+
+def iso_time(value: Any) -> float | None:
+    """Epoch seconds of an ISO-8601 timestamp (``Z`` or an offset; naive means UTC)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise WrongType("timestamp")
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None  # an unreadable time is missing information, not bad input
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return stamp.timestamp()
+
+
+class Call(NamedTuple):
+    """What a completion needs to know about the start of its tool call."""
+
+    turn_id: str | None
+    item_type: str
+    tool: str | None
+    critical: bool
+    external: bool
+
+
+class OpenCalls:
+    """Tool calls started and not yet completed, keyed by call id.
+
+    A completion may be reported twice: once in the tool's answer to the model
+    (``function_call_output``) and once by the process itself (an
+    ``exec_command_end`` or ``item_completed``, *authoritative*: it has the exit
+    code and comes even after an interrupt). The first report is used; an
+    authoritative one that follows a weaker one supersedes it; anything else is a
+    repeat. Completed ids are remembered in a bounded window.
+    """
+
+    def __init__(self, remember: int = 512) -> None:
+        self._open: dict[str, Call] = {}
+        self._done: collections.OrderedDict[str, tuple[Call | None, bool]] = collections.OrderedDict()
+        self._remember = remember
+
+    def start(self, call_id: str, call: Call) -> bool:
+        """Record a start; False when this call was already started or done."""
+        if call_id in self._open or call_id in self._done:
+            return False
+        self._open[call_id] = call
+        return True
+
+    def finish(self, call_id: str, *, authoritative: bool) -> Call | None | bool:
+        """The call's start (None when unseen) when this report is news; False for a repeat."""
+        if call_id in self._done:
+            call, settled = self._done[call_id]
+            if settled or not authoritative:
+                return False
+            self._done[call_id] = (call, True)
+            return call
+        call = self._open.pop(call_id, None)
+        self._done[call_id] = (call, authoritative)
+        if len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        return call
