@@ -15,20 +15,21 @@ import calendar
 import datetime
 import hashlib
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
 from rules.decision import Action
 
 RuleStatus = Literal["proposed", "shadow", "active", "retired"]
-RULE_STATUSES: tuple[RuleStatus, ...] = ("proposed", "shadow", "active", "retired")
+RULE_STATUSES: tuple[str, ...] = get_args(RuleStatus)
 
 #: What a grant may allow: the dispatch actions, plus ``interrupt_critical``, which
 #: lets a forced interrupt through while a critical tool runs (it is checked in
 #: addition to ``interrupt``, never instead of it).
+GrantableAction = Literal["steer", "queue", "interrupt", "interrupt_critical"]
+GRANTABLE_ACTIONS: tuple[str, ...] = get_args(GrantableAction)
 INTERRUPT_CRITICAL = "interrupt_critical"
-GRANTABLE_ACTIONS: tuple[str, ...] = ("steer", "queue", "interrupt", INTERRUPT_CRITICAL)
 
 #: ``threads`` value (and grant ``subject``) matching everything.
 ANY = "*"
@@ -99,14 +100,7 @@ class TurnLong(Condition, tag="turn_long"):
 
 
 AnyCondition = TurnQuiet | RepeatedFailure | ApprovalWaiting | CriticalToolRunning | IntentOverdue | TurnLong
-CONDITION_KINDS: tuple[str, ...] = (
-    "turn_quiet",
-    "repeated_failure",
-    "approval_waiting",
-    "critical_tool_running",
-    "intent_overdue",
-    "turn_long",
-)
+CONDITION_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in get_args(AnyCondition))
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):

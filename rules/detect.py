@@ -1,0 +1,209 @@
+"""Detection rules: observations in a ``ThreadSnapshot`` → findings.
+
+``detect`` is pure like ``decide``: the snapshot and ``now`` are all it knows. Each
+finding carries a ``key`` that stays the same while the same condition instance
+lasts (the same quiet period, the same failing command in the same turn, the same
+approval wait), so the caller records it once however often it asks.
+
+Active and shadow rules are evaluated; a shadow finding is marked ``shadow`` and is
+recorded for the disagreement set, never turned into a dispatchable intent.
+Proposed and retired rules, rules past ``expires`` and rules filtered to other
+threads produce nothing.
+
+``intent_overdue`` has nothing to look at in a snapshot: overdue intents are found
+by ``decide()`` (``report_overdue``), and the rule names who owns that report.
+
+``next_due`` tells replay's virtual clock when the next time-based finding falls due.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from ledger.snapshot import ThreadSnapshot
+from rules.decision import Action
+from rules.ruleset import (
+    AnyCondition,
+    ApprovalWaiting,
+    CriticalToolRunning,
+    RepeatedFailure,
+    Rule,
+    RuleSet,
+    RuleStatus,
+    TurnLong,
+    TurnQuiet,
+    matches_thread,
+)
+
+_COMMON_FIELDS = ("thread_id", "turn_id")
+#: The placeholders a rule's text may use, per condition kind. A template copies only
+#: what it names, and nothing here is the text of a prompt or a command.
+TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "turn_quiet": (*_COMMON_FIELDS, "quiet_for"),
+    "repeated_failure": (*_COMMON_FIELDS, "count", "tool", "exit_code", "args_digest"),
+    "approval_waiting": (*_COMMON_FIELDS, "waiting_for"),
+    "critical_tool_running": (*_COMMON_FIELDS, "running_for"),
+    "intent_overdue": _COMMON_FIELDS,
+    "turn_long": (*_COMMON_FIELDS, "running_for"),
+}
+
+EVALUATED_STATUSES = frozenset({"active", "shadow"})
+
+
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
+    rule_id: str
+    rule_version: int
+    status: RuleStatus  # "active" or "shadow"
+    action: Action
+    thread_id: str
+    turn_id: str | None
+    key: str  # stable dedup key: rule, thread, turn, condition instance
+    finding: str  # one line saying what was observed
+    text: str | None  # the rule's text rendered, for an intent to send
+    ack_deadline: float | None  # seconds the agent has to acknowledge (the rule's), not a moment
+    detail: dict[str, Any]  # the observed numbers, for the record
+
+
+class _Observation(msgspec.Struct, frozen=True, kw_only=True):
+    instance: str  # what makes this occurrence distinct within the turn
+    finding: str
+    fields: dict[str, str]  # template placeholders
+    detail: dict[str, Any]
+
+
+class _Timer(msgspec.Struct, frozen=True, kw_only=True):
+    """Something lasting since ``since`` that a condition reports once it has lasted ``limit``."""
+
+    instance: str
+    what: str
+    field: str  # the placeholder for how long it has lasted
+    since: float
+    limit: float
+
+
+def detect(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> list[Finding]:
+    """Findings of every evaluated rule, ordered by rule id then key."""
+    findings = [
+        _finding(rule, snapshot, observation)
+        for rule in _evaluated(ruleset, snapshot, now)
+        for observation in _observe(rule.condition, snapshot, now)
+    ]
+    return sorted(findings, key=lambda f: (f.rule_id, f.key))
+
+
+def next_due(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> float | None:
+    """The first moment after ``now`` at which ``detect`` finds something new if no
+    event arrives before: where replay's virtual clock jumps next. None: never."""
+    timers = (_timer(rule.condition, snapshot) for rule in _evaluated(ruleset, snapshot, now))
+    return min((t.since + t.limit for t in timers if t is not None and t.since + t.limit > now), default=None)
+
+
+def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:
+    return [
+        rule
+        for rule in ruleset.rules
+        if rule.status in EVALUATED_STATUSES and rule.in_force(now) and matches_thread(rule.threads, snapshot.thread_id)
+    ]
+
+
+def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) -> Finding:
+    turn_id = snapshot.active_turn_id
+    fields = {"thread_id": snapshot.thread_id, "turn_id": turn_id or "none", **observation.fields}
+    return Finding(
+        rule_id=rule.id,
+        rule_version=rule.version,
+        status=rule.status,
+        action=rule.action,
+        thread_id=snapshot.thread_id,
+        turn_id=turn_id,
+        key=f"{rule.id}:{snapshot.thread_id}:{turn_id or '-'}:{observation.instance}",
+        finding=observation.finding,
+        text=render(rule.text, fields) if rule.text is not None else None,
+        ack_deadline=rule.ack_deadline,
+        detail=observation.detail,
+    )
+
+
+def _observe(condition: AnyCondition, snapshot: ThreadSnapshot, now: float) -> Iterator[_Observation]:
+    if isinstance(condition, RepeatedFailure):
+        yield from _repeated_failures(condition.count, snapshot)
+        return
+    timer = _timer(condition, snapshot)
+    if timer is not None and now - timer.since >= timer.limit:
+        lasted = now - timer.since
+        yield _Observation(
+            instance=f"{timer.instance}:{timer.since!r}",
+            finding=f"{timer.what} for {human_duration(lasted)}",
+            fields={timer.field: human_duration(lasted)},
+            detail={"seconds": lasted, "since": timer.since, "threshold_seconds": timer.limit},
+        )
+
+
+def _timer(condition: AnyCondition, snapshot: ThreadSnapshot) -> _Timer | None:
+    """What the time-based conditions watch, when it is lasting; None otherwise
+    (and always for ``repeated_failure`` and ``intent_overdue``)."""
+    match condition:
+        case TurnQuiet(for_seconds=limit):
+            # A quiet critical tool or a pending approval is not a stall.
+            if snapshot.active_turn_id is None or snapshot.critical_tool or snapshot.approval_pending:
+                return None
+            since = snapshot.last_progress_at if snapshot.last_progress_at is not None else snapshot.active_turn_started_at
+            what, instance, field = f"turn {snapshot.active_turn_id} made no progress", "quiet-since", "quiet_for"
+        case ApprovalWaiting(for_seconds=limit) if snapshot.approval_pending:
+            since, what, instance, field = snapshot.approval_pending_since, "approval pending", "approval-since", "waiting_for"
+        case CriticalToolRunning(for_seconds=limit) if snapshot.critical_tool:
+            since, what = snapshot.critical_tool_since, "critical tool running, left alone,"
+            instance, field = "critical-since", "running_for"
+        case TurnLong(for_seconds=limit) if snapshot.active_turn_id is not None:
+            since, what = snapshot.active_turn_started_at, f"turn {snapshot.active_turn_id} running"
+            instance, field = "turn-long", "running_for"
+        case _:  # nothing lasting, or a condition that is not about time
+            return None
+    if since is None:
+        return None
+    return _Timer(instance=instance, what=what, field=field, since=since, limit=limit)
+
+
+def _repeated_failures(limit: int, snapshot: ThreadSnapshot) -> Iterator[_Observation]:
+    """One observation per command (arguments digest) that failed ``limit`` times."""
+    for digest, (count, tool, exit_code) in sorted(snapshot.failures.items()):
+        if count >= limit:
+            shown_exit = str(exit_code) if exit_code is not None else "unknown"
+            yield _Observation(
+                instance=f"failure:{digest}",
+                finding=f"{tool or 'a command'} failed {count} times with the same arguments (last exit {shown_exit})",
+                fields={
+                    "count": str(count),
+                    "tool": tool or "the failing command",
+                    "exit_code": shown_exit,
+                    "args_digest": digest,
+                },
+                detail={"count": count, "tool": tool, "exit_code": exit_code, "args_digest": digest, "threshold": limit},
+            )
+
+
+def human_duration(seconds: float) -> str:
+    """The largest unit that keeps at least two of it: 90s, 12m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def render(template: str, fields: dict[str, str]) -> str:
+    """Fill ``{name}`` placeholders from ``fields``; anything else stays as written
+    (rule files are checked at load, but a template must never run code or raise)."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        return template
+    rendered: list[str] = []
+    for literal, name, _, _ in parts:
+        rendered.append(literal)
+        if name is not None:
+            rendered.append(fields.get(name, "{" + name + "}"))
+    return "".join(rendered)

@@ -1,0 +1,494 @@
+"""Human-edited rule and config files (TOML) → a frozen ``RuleSet``.
+
+pydantic validates the files (``extra="forbid"``: a typo is an error, not a silently
+ignored key); the result becomes ``rules.ruleset`` structs, so nothing downstream sees
+a pydantic object. Every problem raises ``RuleSetError`` with one line per error:
+
+    rules.toml:14: rule "stall" field condition.kind: unknown kind "turn_slow"; expected one of turn_quiet, …
+
+tomllib reports positions only for syntax errors, so for a file that parses but does
+not validate the line is found in the source text: the Nth ``[[rule]]`` header, then
+the key inside that table (inline, dotted, or in a ``[rule.condition]`` sub-table).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.resources
+import json
+import re
+import string
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from rules.decision import Action
+from rules.detect import TEMPLATE_FIELDS
+from rules.ruleset import (
+    ANY,
+    CONDITION_KINDS,
+    ApprovalWaiting,
+    Condition,
+    CriticalToolRunning,
+    Grant,
+    GrantableAction,
+    IntentOverdue,
+    RepeatedFailure,
+    Rule,
+    RuleSet,
+    RuleStatus,
+    TurnLong,
+    TurnQuiet,
+    build_ruleset,
+)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class RuleSetError(Exception):
+    """A rule or config file that cannot be used; the message says where and how to fix it.
+
+    A reload that raises this keeps the last good rule set.
+    """
+
+
+# -- durations: 90s, 5m, 2h, 1d ---------------------------------------------------------
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds in ``"90s"``, ``"5m"``, ``"2h"`` or ``"1d"``. A bare number is refused:
+    seconds or minutes would be a guess."""
+    match = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"invalid duration {_show(value)}; write a whole number and a unit: 90s, 5m, 2h or 1d")
+    return float(int(match[1]) * DURATION_UNITS[match[2]])
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_threads(value: object) -> str | tuple[str, ...]:
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ValueError(f'invalid threads {_show(value)}; write "*", one thread id, or a list of thread ids')
+
+
+Threads = Annotated[str | tuple[str, ...], BeforeValidator(parse_threads)]
+
+
+# -- the file schemas ---------------------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _ConditionSpec(_Spec):
+    struct: ClassVar[type[Condition]]
+
+    def to_condition(self) -> Condition:
+        return self.struct(**self.model_dump(exclude={"kind"}))
+
+
+class TurnQuietSpec(_ConditionSpec):
+    struct = TurnQuiet
+    kind: Literal["turn_quiet"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class RepeatedFailureSpec(_ConditionSpec):
+    struct = RepeatedFailure
+    kind: Literal["repeated_failure"]
+    count: int = Field(ge=2, strict=True)
+    within: Literal["turn"] = "turn"
+
+
+class ApprovalWaitingSpec(_ConditionSpec):
+    struct = ApprovalWaiting
+    kind: Literal["approval_waiting"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class CriticalToolRunningSpec(_ConditionSpec):
+    struct = CriticalToolRunning
+    kind: Literal["critical_tool_running"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class IntentOverdueSpec(_ConditionSpec):
+    struct = IntentOverdue
+    kind: Literal["intent_overdue"]
+
+
+class TurnLongSpec(_ConditionSpec):
+    struct = TurnLong
+    kind: Literal["turn_long"]
+    for_seconds: Duration = Field(alias="for")
+
+
+CONDITION_SPECS: dict[str, type[_ConditionSpec]] = {
+    spec.struct.__struct_config__.tag: spec
+    for spec in (TurnQuietSpec, RepeatedFailureSpec, ApprovalWaitingSpec, CriticalToolRunningSpec, IntentOverdueSpec, TurnLongSpec)
+}
+ConditionSpec = Annotated[
+    TurnQuietSpec | RepeatedFailureSpec | ApprovalWaitingSpec | CriticalToolRunningSpec | IntentOverdueSpec | TurnLongSpec,
+    Field(discriminator="kind"),
+]
+
+#: Ids become grant subjects ("rule:ID") and dedup keys: no spaces, no colons.
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+SUBJECT_PATTERN = r"\*|(owner|rule|reviewer):\S+"
+#: Actions that send text to the agent need a text to send.
+TEXT_ACTIONS = frozenset({Action.STEER, Action.QUEUE})
+
+
+class RuleSpec(_Spec):
+    id: str = Field(pattern=f"^{ID_PATTERN}$")
+    version: int = Field(ge=1, strict=True)
+    status: RuleStatus
+    owner: str = Field(min_length=1)
+    review_by: datetime.date
+    expires: datetime.date | None = None
+    threads: Threads = ANY
+    condition: ConditionSpec
+    action: Action
+    # after condition and action: its validator reads them
+    text: str | None = Field(default=None, validate_default=True)
+    ack_deadline: Duration | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _text_fits_action_and_condition(cls, text: str | None, info: ValidationInfo) -> str | None:
+        action, condition = info.data.get("action"), info.data.get("condition")
+        if text is None:
+            if action in TEXT_ACTIONS:
+                raise ValueError(f"missing; a {action} rule needs the text to send, e.g. text = \"Stop …; read … first.\"")
+            return None
+        if condition is not None:
+            _check_placeholders(text, condition.kind)
+        return text
+
+    def to_rule(self) -> Rule:
+        return Rule(**self.model_dump(exclude={"condition"}), condition=self.condition.to_condition())
+
+
+class GrantSpec(_Spec):
+    subject: str = Field(pattern=f"^({SUBJECT_PATTERN})$")
+    actions: list[GrantableAction] = Field(min_length=1)
+    threads: Threads = ANY
+
+    def to_grant(self) -> Grant:
+        return Grant(subject=self.subject, actions=frozenset(self.actions), threads=self.threads)
+
+
+class RulesFile(_Spec):
+    rule: list[RuleSpec] = []
+
+
+class ConfigFile(BaseModel):
+    # The config file also holds command patterns and client settings, which their
+    # own loaders validate; only the [[grant]] tables are ours.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    grant: list[GrantSpec] = []
+
+
+def _check_placeholders(text: str, kind: str) -> None:
+    available = TEMPLATE_FIELDS[kind]
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(f"invalid template ({exc}); write literal braces as {{{{ and }}}}") from None
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in available:
+            names = ", ".join(f"{{{n}}}" for n in available)
+            raise ValueError(f"unknown placeholder {{{name}}} for kind {kind}; available: {names}")
+        if spec or conversion:
+            raise ValueError(f"placeholder {{{name}}} takes no format spec or conversion; write {{{name}}}")
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def load_ruleset(rules_path: Path | None, config_path: Path | None) -> RuleSet:
+    """Rules from ``rules_path`` (None: the built-in defaults) and grants from
+    ``config_path`` (None: no grants, so nothing may be dispatched)."""
+    rules = load_rules(_read(rules_path), str(rules_path)) if rules_path is not None else _default_rules()
+    grants = load_grants(_read(config_path), str(config_path)) if config_path is not None else ()
+    return build_ruleset(rules, grants)
+
+
+def default_ruleset() -> RuleSet:
+    """The built-in rules (``rules/defaults.toml``), with no grants."""
+    return build_ruleset(_default_rules(), ())
+
+
+def load_rules(text: str, source: str) -> tuple[Rule, ...]:
+    data = _parse_toml(text, source)
+    specs = _validate(RulesFile, data, text, source).rule
+    _check_unique_ids(specs, text, source)
+    return tuple(spec.to_rule() for spec in specs)
+
+
+def load_grants(text: str, source: str) -> tuple[Grant, ...]:
+    data = _parse_toml(text, source)
+    return tuple(spec.to_grant() for spec in _validate(ConfigFile, data, text, source).grant)
+
+
+def _default_rules() -> tuple[Rule, ...]:
+    resource = importlib.resources.files("rules") / "defaults.toml"
+    return load_rules(resource.read_text(encoding="utf-8"), "rules/defaults.toml")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
+    except UnicodeDecodeError as exc:
+        raise RuleSetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+
+
+_TOML_POSITION = re.compile(r"(?P<what>.*) \(at line (?P<line>\d+), column (?P<column>\d+)\)")
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        where = _TOML_POSITION.fullmatch(message)
+        if where is None:  # "(at end of document)"
+            line, what = text.count("\n") + 1, message.replace(" (at end of document)", " at the end")
+        else:
+            line, what = int(where["line"]), f"{where['what']} at column {where['column']}"
+        hint = 'strings need quotes, e.g. status = "active"' if what.startswith("Invalid value") else "fix the syntax there"
+        raise RuleSetError(f"{source}:{line}: invalid TOML: {what}; {hint}") from None
+
+
+def _check_unique_ids(specs: Sequence[RuleSpec], text: str, source: str) -> None:
+    first_line: dict[str, int] = {}
+    for index, spec in enumerate(specs):
+        line = _locate(text, ("rule", index, "id"))
+        if spec.id in first_line:
+            raise RuleSetError(
+                f'{source}:{line}: rule "{spec.id}" field id: duplicate id, already used at line '
+                f"{first_line[spec.id]}; give each rule its own id (raise version to change a rule)"
+            )
+        first_line[spec.id] = line
+
+
+def _validate(model: type[M], data: dict[str, Any], text: str, source: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = sorted(_describe(error, data, text, source) for error in exc.errors())
+        raise RuleSetError("\n".join(message for _, message in problems)) from None
+
+
+# -- error messages ---------------------------------------------------------------------------
+
+#: What to write for a missing or malformed field.
+EXAMPLES = {
+    "id": 'id = "stall"',
+    "version": "version = 1",
+    "status": 'status = "active"',
+    "owner": 'owner = "platform-team"',
+    "review_by": "review_by = 2027-03-01",
+    "expires": "expires = 2027-06-01",
+    "threads": 'threads = "*"',
+    "condition": 'condition = { kind = "turn_quiet", for = "10m" }',
+    "kind": 'kind = "turn_quiet"',
+    "for": 'for = "10m"',
+    "count": "count = 3",
+    "action": 'action = "report_overdue"',
+    "ack_deadline": 'ack_deadline = "2m"',
+    "subject": 'subject = "owner:NAME"',
+    "actions": 'actions = ["steer"]',
+}
+#: The noun for one value of a field, in "unknown action …".
+SINGULAR = {"actions": "action"}
+
+
+def _describe(error: dict[str, Any], data: dict[str, Any], text: str, source: str) -> tuple[int, str]:
+    """(line, message) for one pydantic error."""
+    loc = _plain_loc(error["loc"])
+    if error["type"].startswith("union_tag_"):
+        loc = (*loc, "kind")
+    line = _locate(text, loc)
+    fields = [part for part in loc[2:] if isinstance(part, str)] if len(loc) > 1 else list(loc)
+    field = f" field {'.'.join(fields)}" if fields else ""
+    return line, f"{source}:{line}: {_owner_label(loc, data)}{field}: {_problem(error, loc, data)}"
+
+
+def _plain_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The path as written in the file: without the union member pydantic inserts
+    after ``condition`` (``condition.turn_quiet.for`` is ``condition.for``)."""
+    if len(loc) >= 3 and loc[0] == "rule" and "condition" in loc:
+        at = loc.index("condition")
+        rest = loc[at + 1:]
+        if rest and rest[0] in CONDITION_KINDS:
+            rest = rest[1:]
+        return (*loc[: at + 1], *rest)
+    return loc
+
+
+def _problem(error: dict[str, Any], loc: tuple[Any, ...], data: dict[str, Any]) -> str:
+    kind, value, name = error["type"], error.get("input"), _last_name(loc)
+    match kind:
+        case "missing":
+            return f"missing; add {EXAMPLES.get(name, name + ' = …')}"
+        case "extra_forbidden":
+            expected = ", ".join(_known_fields(loc[:-1], data))
+            return f"unknown field; expected one of {expected}"
+        case "union_tag_invalid":
+            return f'unknown kind {_show(error["ctx"]["tag"])}; expected one of {", ".join(CONDITION_KINDS)}'
+        case "union_tag_not_found":
+            return f"missing; add {EXAMPLES['kind']} (one of {', '.join(CONDITION_KINDS)})"
+        case "model_attributes_type" | "dict_type" if name == "condition":
+            return f"must be a table of a kind and its parameters, e.g. {EXAMPLES['condition']}"
+        case "model_type" if len(loc) == 2:
+            return f"must be a table, written [[{loc[0]}]] followed by its keys"
+        case "list_type" if len(loc) == 1:
+            return f"must be [[{name}]] tables"
+        case "enum":
+            return f"unknown action {_show(value)}; expected one of {', '.join(Action)}"
+        case "literal_error":
+            expected = re.findall(r"'([^']*)'", error["ctx"]["expected"])
+            return f"unknown {SINGULAR.get(name, name)} {_show(value)}; expected one of {', '.join(expected)}"
+        case "string_pattern_mismatch" if name == "subject":
+            return f'invalid subject {_show(value)}; write "owner:NAME", "rule:ID", "reviewer:NAME" or "*"'
+        case "string_pattern_mismatch":
+            return f'invalid {name} {_show(value)}; use letters, digits, ".", "_" and "-", starting with a letter or digit'
+        case "too_short":
+            return f"must not be empty; write it like {EXAMPLES.get(name, name + ' = …')}"
+        case "value_error":
+            return str(error["ctx"]["error"])
+    hint = f"; write it like {EXAMPLES[name]}" if name in EXAMPLES else ""
+    return f"{error['msg'][0].lower()}{error['msg'][1:]} (got {_show(value)}){hint}"
+
+
+def _last_name(loc: tuple[Any, ...]) -> str:
+    return next((part for part in reversed(loc) if isinstance(part, str)), "")
+
+
+def _known_fields(parent: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
+    """The fields allowed in the table at ``parent`` (the file's names, aliases included)."""
+    model: type[BaseModel]
+    if not parent:  # only the rules file forbids unknown top-level keys
+        return [*RulesFile.model_fields]
+    if parent[-1] == "condition":
+        model = CONDITION_SPECS[_dig(data, parent)["kind"]]
+    else:
+        model = RuleSpec if parent[0] == "rule" else GrantSpec
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _owner_label(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
+    """``rule "stall"``, ``grant "owner:ann"``, ``rule #2`` when it has no usable id,
+    or ``top level``."""
+    if len(loc) < 2 or not isinstance(loc[1], int):
+        return "top level"
+    table = _dig(data, loc[:2])
+    name = table.get("id" if loc[0] == "rule" else "subject") if isinstance(table, dict) else None
+    return f"{loc[0]} {json.dumps(name)}" if isinstance(name, str) else f"{loc[0]} #{loc[1] + 1}"
+
+
+def _dig(data: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        data = data[part]
+    return data
+
+
+def _show(value: object) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+# -- finding the line of a table or key in TOML source --------------------------------------
+
+_HEADER = re.compile(r"\s*\[(\[)?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def _locate(text: str, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest part of ``loc`` found in the source: the key's
+    own line, else its parent's, else the ``[[array]]`` header, else line 1.
+
+    ``loc`` is (array name, index, key, key, …) or (top-level key,). Lines inside
+    multi-line strings are not told apart from keys: a good-enough guess there.
+    """
+    lines = text.splitlines()
+    sections = _sections(lines)
+    if len(loc) >= 2 and isinstance(loc[1], int):
+        array, index = loc[0], loc[1]
+        headers = [i for i, (_, path, is_array) in enumerate(sections) if is_array and path == (array,)]
+        if index >= len(headers):
+            return 1
+        start = headers[index]
+        end = next((i for i in range(start + 1, len(sections)) if sections[i][2] and sections[i][1] == (array,)), len(sections))
+        owned = [(first, path[1:]) for first, path, _ in sections[start:end] if path[:1] == (array,)]
+        header_line, keys = sections[start][0] + 1, _keys_until_index(loc[2:])
+    else:
+        owned = [(first, path) for first, path, _ in sections]
+        header_line, keys = 1, _keys_until_index(loc)
+    for depth in range(len(keys), 0, -1):
+        line = _find_key(lines, sections, owned, keys[:depth])
+        if line is not None:
+            return line
+    return header_line
+
+
+def _keys_until_index(parts: tuple[Any, ...]) -> tuple[str, ...]:
+    """Keys up to the first list index: an array's elements have no keys of their own."""
+    keys: list[str] = []
+    for part in parts:
+        if not isinstance(part, str):
+            break
+        keys.append(part)
+    return tuple(keys)
+
+
+def _sections(lines: list[str]) -> list[tuple[int, tuple[str, ...], bool]]:
+    """(0-based first line, table path, is array-of-tables) for each table; the
+    top-level table (before any header) first, with path ()."""
+    sections: list[tuple[int, tuple[str, ...], bool]] = [(-1, (), False)]
+    for number, line in enumerate(lines):
+        header = _HEADER.match(line)
+        if header and not line.lstrip().startswith("#"):
+            path = tuple(part.strip().strip("\"'") for part in header[2].split("."))
+            sections.append((number, path, bool(header[1])))
+    return sections
+
+
+def _find_key(
+    lines: list[str],
+    sections: list[tuple[int, tuple[str, ...], bool]],
+    owned: list[tuple[int, tuple[str, ...]]],
+    keys: tuple[str, ...],
+) -> int | None:
+    """The line defining ``keys`` in one of the ``owned`` sections (given as first
+    line and path relative to the table ``keys`` is relative to): a sub-table
+    header, or a (dotted) key in a section that is a prefix of ``keys``; a key
+    defined through dotted sub-keys is found at its first one."""
+    firsts = [first for first, _, _ in sections]
+    for first, prefix in owned:
+        if prefix == keys and first >= 0:
+            return first + 1
+        if keys[: len(prefix)] != prefix or len(keys) == len(prefix):
+            continue
+        rest = keys[len(prefix):]
+        key = re.compile(r"\s*" + r"\s*\.\s*".join(rf"[\"']?{re.escape(k)}[\"']?" for k in rest) + r"\s*[=.]")
+        end = next((f for f in firsts if f > first), len(lines))
+        for number in range(first + 1, end):
+            if key.match(lines[number]):
+                return number + 1
+    return None

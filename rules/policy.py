@@ -1,0 +1,197 @@
+"""The policy: what to do next with one intent, given what is known about its thread.
+
+``decide`` is pure (no I/O, no clock, no randomness), total (it returns a Decision
+for every well-typed input) and deterministic, so replay and live give the same
+decision for the same inputs. The controller carries a decision out and records
+what happened. The spine is the seed's sketch, as a ``match`` on the intent's state:
+
+    state             condition (first that holds)                     action            reason
+    ----------------  -----------------------------------------------  ----------------  ---------------------------
+    terminal          -                                                observe           terminal
+    dispatch_unknown  expected turn ended                              reconcile         expected_turn_ended
+                      otherwise (never resend, whatever the deadlines) reconcile         delivery_unknown
+    queued            expected turn ended                              reconcile         expected_turn_ended
+                      now >= expires_at                                report_overdue    expires_at_passed
+                      now >= ack_deadline                              report_overdue    ack_deadline_passed
+                      otherwise                                        observe           awaiting_ack
+    acknowledged,     now >= effect_deadline                           expire            effect_deadline_passed
+    action_started    acknowledged and an ``expect`` is set            observe           awaiting_action_start
+                      a ``verify`` is set                              verify_effect     effect_unverified
+                      otherwise (action started, nothing to verify)    observe           awaiting_effect_deadline
+    proposed          now >= expires_at                                expire            expires_at_passed
+                      snapshot of another thread                       reconcile_turn    snapshot_thread_mismatch
+                      thread never seen                                reconcile_turn    thread_unknown
+                      steer/interrupt without an expected turn         escalate          missing_expected_turn
+                      steer/interrupt, expected turn ended             expire            turn_ended
+                      approval pending                                 observe_critical  approval_pending
+                      external effect unknown                          observe_critical  external_effect_unknown
+                      critical tool, forced interrupt without grant    observe_critical  critical_tool_force_not_granted
+                      critical tool (other than a granted forced       observe_critical  critical_tool
+                        interrupt)
+                      steer/interrupt, no active turn                  reconcile_turn    no_active_turn
+                      steer/interrupt, another turn active             reconcile_turn    expected_turn_not_active
+                      thread only followed through files               escalate          not_steerable
+                      producer is a rule not active (or expired)       escalate          rule_not_active
+                      producer rule's version is not the active one    escalate          rule_version_changed
+                      no grant for producer, mode, thread              escalate          no_grant
+                      replayed intent                                  observe           replayed_would_<mode>
+                      forced interrupt through a critical tool         interrupt         forced_during_critical_tool
+                      otherwise                                        <mode>            authorized
+
+Safety choices:
+- Pending approvals and unknown external effects hold every mode, forced or not:
+  an interrupt during an approval races the human's answer, and an interrupt never
+  undoes an effect that already crossed its boundary, it only multiplies the
+  uncertainty. A critical tool holds everything except an interrupt with
+  ``force=True`` whose producer holds ``interrupt_critical`` for the thread (as
+  well as ``interrupt``).
+- Queue mode needs no active turn (the message waits for the turn to end), but the
+  hazards hold it too: the conservative reading of the seed, at the cost of a delay.
+- Authority is the producer's (who asked), not the owner's (who answers for it): a
+  reviewer recommending a steer for Ann's intent cannot borrow Ann's grant.
+- A queued intent past ``expires_at`` is reported, not expired: an accepted message
+  may still arrive, and only the readback once its turn ends can say it did not.
+- A thread never seen is looked up (``reconcile_turn``), not refused: the monitor
+  may simply not have caught up yet.
+- ``escalate`` refuses a request that may not be carried out and hands it to the
+  owner; the controller rejects the intent with the matching transition reason
+  (``no_grant``; ``missing_expected_turn`` → ``invalid``; ``not_steerable``,
+  ``rule_not_active``, ``rule_version_changed`` → ``not_dispatchable``).
+"""
+
+from __future__ import annotations
+
+from ledger.intent_states import State, is_terminal
+from ledger.intents import Intent
+from ledger.snapshot import ThreadSnapshot
+from rules.decision import Action, Decision
+from rules.ruleset import INTERRUPT_CRITICAL, RuleSet
+
+#: Turn states after which a turn can no longer receive a steer or an interrupt.
+#: "unclosed" counts: the next turn started (or the source ended) first.
+ENDED_TURN_STATES = frozenset({"completed", "interrupted", "failed", "unclosed"})
+
+RULE_PREFIX = "rule:"
+
+
+def decide(intent: Intent, state: State, snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> Decision:
+    action, reason = _next_step(intent, state, snapshot, now, ruleset)
+    rule_id, rule_version = producing_rule(intent)
+    return Decision(action=action, reason=reason, rule_id=rule_id, rule_version=rule_version)
+
+
+def producing_rule(intent: Intent) -> tuple[str | None, int | None]:
+    """The rule (id, version) that produced the intent, from its producer."""
+    if intent.producer.startswith(RULE_PREFIX):
+        return intent.producer[len(RULE_PREFIX):], intent.rule_version
+    return None, None
+
+
+def _next_step(
+    intent: Intent, state: State, snapshot: ThreadSnapshot, now: float, ruleset: RuleSet
+) -> tuple[Action, str]:
+    match state:
+        case _ if is_terminal(state, intent):
+            return Action.OBSERVE, "terminal"
+        case State.DISPATCH_UNKNOWN:
+            # Never resend: only the echo or a readback after the turn ends settles it.
+            if _expected_turn_ended(intent, snapshot):
+                return Action.RECONCILE, "expected_turn_ended"
+            return Action.RECONCILE, "delivery_unknown"
+        case State.QUEUED:
+            # Accepted but not echoed: it may still arrive, so it is reported, never
+            # resent, and not expired here (the readback at turn end settles it).
+            if _expected_turn_ended(intent, snapshot):
+                return Action.RECONCILE, "expected_turn_ended"
+            if now >= intent.expires_at:
+                return Action.REPORT_OVERDUE, "expires_at_passed"
+            if now >= intent.ack_deadline:
+                return Action.REPORT_OVERDUE, "ack_deadline_passed"
+            return Action.OBSERVE, "awaiting_ack"
+        case State.ACKNOWLEDGED | State.ACTION_STARTED:
+            return _effect_step(intent, state, now)
+        case _:  # proposed, the only state left
+            return _proposed_step(intent, snapshot, now, ruleset)
+
+
+def _expected_turn_ended(intent: Intent, snapshot: ThreadSnapshot) -> bool:
+    return snapshot.turn_state(intent.expected_turn_id) in ENDED_TURN_STATES
+
+
+def _effect_step(intent: Intent, state: State, now: float) -> tuple[Action, str]:
+    if intent.effect_deadline is not None and now >= intent.effect_deadline:
+        return Action.EXPIRE, "effect_deadline_passed"
+    if state is State.ACKNOWLEDGED and intent.expect is not None:
+        return Action.OBSERVE, "awaiting_action_start"
+    if intent.verify is not None:
+        return Action.VERIFY_EFFECT, "effect_unverified"
+    return Action.OBSERVE, "awaiting_effect_deadline"
+
+
+def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> tuple[Action, str]:
+    if now >= intent.expires_at:
+        return Action.EXPIRE, "expires_at_passed"
+    if snapshot.thread_id != intent.thread_id:
+        return Action.RECONCILE_TURN, "snapshot_thread_mismatch"
+    if not snapshot.known:
+        return Action.RECONCILE_TURN, "thread_unknown"
+    targets_turn = intent.mode != "queue"
+    if targets_turn and intent.expected_turn_id is None:
+        return Action.ESCALATE, "missing_expected_turn"
+    if targets_turn and _expected_turn_ended(intent, snapshot):
+        return Action.EXPIRE, "turn_ended"
+    hazard = _hazard(intent, snapshot, ruleset)
+    if hazard is not None:
+        return Action.OBSERVE_CRITICAL, hazard
+    if targets_turn:
+        turn_problem = _turn_problem(intent, snapshot)
+        if turn_problem is not None:
+            return Action.RECONCILE_TURN, turn_problem
+    if not snapshot.steerable:
+        return Action.ESCALATE, "not_steerable"
+    refusal = _refusal(intent, now, ruleset)
+    if refusal is not None:
+        return Action.ESCALATE, refusal
+    if intent.replayed:
+        return Action.OBSERVE, f"replayed_would_{intent.mode}"
+    if snapshot.critical_tool:  # only a granted forced interrupt gets this far
+        return Action.INTERRUPT, "forced_during_critical_tool"
+    return Action(intent.mode), "authorized"
+
+
+def _hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:
+    """Why nothing may be sent to the thread right now, if anything."""
+    if snapshot.approval_pending:
+        return "approval_pending"
+    if snapshot.external_effect_unknown:
+        return "external_effect_unknown"
+    if snapshot.critical_tool:
+        if not (intent.mode == "interrupt" and intent.force):
+            return "critical_tool"
+        if not ruleset.allows(intent.producer, INTERRUPT_CRITICAL, intent.thread_id):
+            return "critical_tool_force_not_granted"
+    return None
+
+
+def _turn_problem(intent: Intent, snapshot: ThreadSnapshot) -> str | None:
+    """Why a steer or interrupt cannot target its expected turn right now."""
+    if snapshot.active_turn_id is None:
+        return "no_active_turn"
+    if snapshot.active_turn_id != intent.expected_turn_id:
+        return "expected_turn_not_active"
+    return None
+
+
+def _refusal(intent: Intent, now: float, ruleset: RuleSet) -> str | None:
+    """Why a well-formed request is not authorized, if it is not."""
+    rule_id, rule_version = producing_rule(intent)
+    if rule_id is not None:
+        rule = ruleset.rule(rule_id)
+        # Shadow rules are evaluated and recorded, never dispatched.
+        if rule is None or rule.status != "active" or not rule.in_force(now):
+            return "rule_not_active"
+        if rule_version is not None and rule_version != rule.version:
+            return "rule_version_changed"
+    if not ruleset.allows(intent.producer, intent.mode, intent.thread_id):
+        return "no_grant"
+    return None
