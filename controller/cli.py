@@ -21,11 +21,13 @@ from controller.output import (
     print_table,
 )
 from controller.overdue import overdue as find_overdue
+from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
 from controller.timefmt import format_duration, parse_duration, parse_time
 from ledger import projections
 from ledger.intent_states import State
 from ledger.sqlite import SQLiteRecorder
+from rules.files import RuleSetError, load_ruleset
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 
@@ -169,6 +171,78 @@ def intents_list(state, as_json, ledger_path):
         print_json(rows)
     else:
         print_table(rows, ("id", "thread", "expected_turn", "mode", "state", "owner", "created_at"), "no intents")
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+@main.command("replay")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="Input format; auto detects it per file.")
+@click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False),
+              help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+              help="Configuration file with grants (TOML).")
+@click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
+@json_option
+@click.argument("paths", nargs=-1, required=True)
+@errors_to_exit_codes
+def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_json, paths):
+    """Run recorded sessions through the normalizer, rules and policy on a virtual
+    clock. Dispatches nothing; never touches a configured ledger.
+
+    Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
+    """
+    ruleset = _load_rules(rules_path, config_path)
+    recorder = SQLiteRecorder(ledger_path) if ledger_path else SQLiteRecorder(":memory:")
+    progress = _Progress() if sys.stderr.isatty() and not as_json else None
+    try:
+        summary = Replayer(recorder, ruleset, fmt=fmt, retain_payloads=retain_payloads, progress=progress).run(list(paths))
+    except ReplayError as exc:
+        raise Fail(str(exc)) from exc
+    finally:
+        if progress:
+            progress.done()
+        recorder.close()
+    if ledger_path:
+        summary.ledger = ledger_path
+    if as_json:
+        print_json(summary)
+        return
+    print_table([msgspec.structs.asdict(f) for f in summary.files],
+                ("path", "format", "records", "events", "quarantined", "threads", "turns",
+                 "interrupted_turns", "unclosed_turns"), "no files")
+    click.echo(f"\n{summary.events} events, {summary.decisions} decisions ({summary.decisions_digest[:19]}…),"
+               f" {summary.reports} reports")
+    if summary.intents:
+        click.echo("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
+    for item in summary.overdue:
+        click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
+
+
+class _Progress:
+    """A one-line progress meter on stderr for long replays on a terminal."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, path: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= 0.2 or done >= total:
+            self.last = now
+            pct = 100 * done // total if total else 100
+            click.echo(f"\r{pct:3d}% {done >> 20} MiB  {path[-60:]}", err=True, nl=False)
+
+    def done(self) -> None:
+        click.echo("\r\033[K", err=True, nl=False)
+
+
+def _load_rules(rules_path: str | None, config_path: str | None):
+    try:
+        return load_ruleset(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
+    except RuleSetError as exc:
+        raise Fail(str(exc)) from exc
 
 
 # -- overdue -----------------------------------------------------------------------

@@ -32,6 +32,8 @@ class RunningItem(msgspec.Struct):
     started_at: float | None
     critical: bool = False
     external: bool = False
+    tool: str | None = None
+    args_digest: str | None = None
 
 
 class ThreadState(msgspec.Struct):
@@ -177,6 +179,7 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
         t.active_turn_id = None
         t.active_turn_started_at = None
         t.approvals = {}  # the server resolves pending approvals when the turn ends
+        t.failures = {}  # repeated failures are counted within one turn
         if e.status == "interrupted" and t.queue:
             t.queue_paused = True  # the app-server stops draining after an interrupt
 
@@ -187,7 +190,7 @@ def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
         return
     _progress(t, e, at)
     if e.item_id not in t.running:
-        t.running[e.item_id] = RunningItem(e.turn_id, e.item_type, at, e.critical, e.external)
+        t.running[e.item_id] = RunningItem(e.turn_id, e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
 
 
 def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:
@@ -195,12 +198,15 @@ def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:
     if t is None:
         return
     _progress(t, e, at)
-    t.running.pop(e.item_id, None)
+    started = t.running.pop(e.item_id, None)
     t.approvals.pop(e.item_id, None)
+    # a format may name the arguments only where the call starts: take them from there
+    args_digest = e.args_digest or (started.args_digest if started else None)
+    tool = e.tool or (started.tool if started else None)
     failed = e.status == "failed" or (e.exit_code not in (None, 0))
-    if failed and e.turn_id == t.active_turn_id and e.args_digest:
-        count, _, _ = t.failures.get(e.args_digest, (0, None, None))
-        t.failures[e.args_digest] = (count + 1, e.tool, e.exit_code)
+    if failed and e.turn_id == t.active_turn_id and args_digest:
+        count, _, _ = t.failures.get(args_digest, (0, None, None))
+        t.failures[args_digest] = (count + 1, tool, e.exit_code)
 
 
 def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
@@ -266,6 +272,7 @@ def _decision(p, e: ev.DecisionRecorded, at, seq, source) -> None:
     view = p.intents.get(e.intent_id)
     if view is not None and not e.shadow:
         view.last_decision = (e.action, e.reason)
+        view.history.append(HistoryItem(seq, at, "decision", e.action, e.reason))
 
 
 _APPLY = {

@@ -30,7 +30,7 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                         interrupt)
                       steer/interrupt, no active turn                  reconcile_turn    no_active_turn
                       steer/interrupt, another turn active             reconcile_turn    expected_turn_not_active
-                      thread only followed through files               escalate          not_steerable
+                      thread only followed through files (not replay)  escalate          not_steerable
                       producer is a rule not active (or expired)       escalate          rule_not_active
                       producer rule's version is not the active one    escalate          rule_version_changed
                       no grant for producer, mode, thread              escalate          no_grant
@@ -147,7 +147,8 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         turn_problem = _turn_problem(intent, snapshot)
         if turn_problem is not None:
             return Action.RECONCILE_TURN, turn_problem
-    if not snapshot.steerable:
+    if not snapshot.steerable and not intent.replayed:
+        # replay simulates supervision of a recorded session as if attached to it
         return Action.ESCALATE, "not_steerable"
     refusal = _refusal(intent, now, ruleset)
     if refusal is not None:

@@ -1,0 +1,100 @@
+"""The app-server tap, sans-IO: what to record, and which threads to subscribe to,
+for each message one shared Codex app-server sends.
+
+Discovery follows what the real server does (reference A1): ``thread/started`` and
+``thread/status/changed`` are broadcast to every connection, subscribed or not, but
+``thread/resume`` fails before a thread's first turn (its rollout does not exist
+yet). So a thread is subscribed at its first ``active`` status, and a supervisor
+that starts late lists the loaded threads and subscribes to each. Resume is
+idempotent on the server; the tap still asks once per thread and connection.
+
+Event ids are natural keys (thread, turn, item, step, status), so the same fact
+seen again after a reconnect, or through a second connection, is stored once.
+A frame that does not parse, or a message whose fields have the wrong types, is
+quarantined (``offset`` is the message's position on this connection, ``length``
+its size in bytes where known) — never fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from ledger.events import Envelope, Event, Quarantined, StatusChanged
+from monitor.appserver_events import AppServerEvents, natural_key
+from monitor.commands import DEFAULT, CommandPatterns
+from monitor.jsonrpc import BadMessage, Notification, ServerRequest
+from monitor.parser import WrongType
+
+_MALFORMED = (WrongType, TypeError, AttributeError, KeyError, ValueError)
+
+
+class TapOutput(msgspec.Struct, frozen=True):
+    envelopes: list[Envelope]
+    resume: list[str]  # thread ids to subscribe to now
+
+
+class AppServerTap:
+    def __init__(self, server: str, *, patterns: CommandPatterns = DEFAULT, retain_payloads: bool = False) -> None:
+        self.source = f"appserver:{server}"
+        self._mapping = AppServerEvents(patterns=patterns, retain_payloads=retain_payloads)
+        self._asked: set[str] = set()  # threads a resume was sent for on this connection
+        self._position = 0  # messages received on this connection: quarantine evidence
+
+    def connected(self) -> None:
+        """A new connection: its subscriptions start empty."""
+        self._asked.clear()
+        self._position = 0
+
+    def receive(self, message: Notification | ServerRequest | BadMessage, now: float) -> TapOutput:
+        position = self._position
+        self._position += 1
+        if isinstance(message, BadMessage):
+            length = len(message.frame) if isinstance(message.frame, str | bytes) else 0
+            return TapOutput([self._quarantine(position, length, f"bad_message: {message.reason}", now)], [])
+        raw = message.raw
+        try:
+            events = self._mapping.normalize(raw)
+        except _MALFORMED as exc:
+            return TapOutput([self._quarantine(position, 0, f"wrong_type: {exc}", now)], [])
+        emitted = raw.get("emittedAtMs")
+        at = emitted / 1000 if isinstance(emitted, int | float) and not isinstance(emitted, bool) else now
+        resume = [e.thread_id for e in events if self._should_resume(e)]
+        return TapOutput([self._envelope(e, at, emitted) for e in events], resume)
+
+    def loaded(self, thread_ids: list[str]) -> list[str]:
+        """After a (late) start: every loaded thread not yet subscribed."""
+        fresh = [t for t in thread_ids if t not in self._asked]
+        self._asked.update(fresh)
+        return fresh
+
+    def resumed(self, result: dict, now: float) -> list[Envelope]:
+        """The in-progress turn a resume reveals (its start went by unseen)."""
+        try:
+            events = self._mapping.response("thread/resume", result)
+        except _MALFORMED:
+            return []
+        return [self._envelope(e, now, None) for e in events]
+
+    def resume_failed(self, thread_id: str) -> None:
+        """Ask again at the thread's next ``active`` (e.g. before its first turn)."""
+        self._asked.discard(thread_id)
+
+    def _should_resume(self, event: Event) -> bool:
+        if not isinstance(event, StatusChanged) or event.status != "active" or event.thread_id is None:
+            return False
+        if event.thread_id in self._asked:
+            return False
+        self._asked.add(event.thread_id)
+        return True
+
+    def _envelope(self, event: Event, at: float, discriminator) -> Envelope:
+        key = natural_key(event, discriminator)
+        return Envelope(event_id="a-" + hashlib.sha256(key.encode()).hexdigest()[:32], event=event,
+                        source=self.source, at=at)
+
+    def _quarantine(self, offset: int, length: int, reason: str, now: float) -> Envelope:
+        event = Quarantined(source=self.source, offset=offset, length=length, reason=reason[:200])
+        ident = hashlib.sha256(f"{self.source}|{now}|{offset}".encode()).hexdigest()[:32]
+        return Envelope(event_id="q-" + ident, event=event, source=self.source, at=now, offset=offset, length=length)

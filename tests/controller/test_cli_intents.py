@@ -1,0 +1,129 @@
+"""``tillerman intent …``, ``intents`` and ``overdue`` through the real command line."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from controller import intents as lib
+from controller.cli import main
+from ledger.events import Envelope, TurnStarted
+from ledger.intent_states import State
+from ledger.sqlite import SQLiteRecorder
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.sqlite3"
+    monkeypatch.setenv("TILLERMAN_LEDGER", str(path))
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=TurnStarted(thread_id="T1", turn_id="U1"), source="appserver:x", at=1.0)])
+    return path
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def propose(*extra):
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "Stop the grep; read src/ instead.", "--json", *extra)
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_propose_resolves_active_turn_and_prints_the_contract_fields(ledger):
+    data = propose("--expected-turn", "active", "--mode", "steer", "--ack-deadline", "90s", "--owner", "ana")
+    assert data["expected_turn"] == "U1" and data["state"] == "proposed" and data["owner"] == "ana"
+    for key in ("id", "thread", "mode", "ack_deadline", "effect_deadline", "expires_at"):
+        assert key in data
+    assert data["effect_deadline"] is None  # no check, no effect deadline
+    assert data["client_user_message_id"] == f"tillerman-{data['id']}"
+
+
+def test_effect_deadline_defaults_when_a_check_is_set(ledger):
+    data = propose("--mode", "queue", "--verify", "test -f done")
+    assert data["effect_deadline"] is not None and data["expected_turn"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "steer"], "a steer needs --expected-turn"),
+        (["--mode", "interrupt"], "a interrupt needs --expected-turn"),
+        (["--mode", "steer", "--expected-turn", "U1", "--ack-deadline", "soon"], "not a duration"),
+        (["--mode", "queue", "--supersedes", "in-nope"], "--supersedes names no known intent"),
+    ],
+)
+def test_bad_requests_exit_2_with_what_to_do(ledger, args, message):
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "x", *args)
+    assert code == 2 and message in out
+
+
+def test_active_turn_required_when_none_is_active(ledger):
+    code, out = run("intent", "propose", "--thread", "T9", "--text", "x", "--mode", "steer", "--expected-turn", "active")
+    assert code == 2 and "no active turn" in out and "--mode queue" in out
+
+
+def test_empty_text_is_refused(ledger):
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "  ", "--mode", "queue")
+    assert code == 2 and "empty" in out
+
+
+def test_cancel_then_cannot_cancel_again(ledger):
+    data = propose("--mode", "queue")
+    assert run("intent", "cancel", data["id"]) == (0, f"cancelled {data['id']}\n")
+    code, out = run("intent", "cancel", data["id"])
+    assert code == 1 and "is expired" in out
+    shown = json.loads(run("intent", "show", data["id"], "--json")[1])
+    assert shown["state"] == "expired"
+    assert [(h["kind"], h["state"], h["reason"]) for h in shown["history"]] == [
+        ("proposed", "proposed", "owner:" + shown["owner"]), ("transition", "expired", "cancelled")]
+
+
+def test_cancel_explains_an_intent_under_delivery(ledger):
+    data = propose("--mode", "queue")
+    with SQLiteRecorder(ledger) as rec:
+        lib.transition(rec, data["id"], State.DISPATCH_UNKNOWN, "dispatching")
+    code, out = run("intent", "cancel", data["id"])
+    assert code == 1 and "--supersedes" in out
+
+
+def test_supersedes_expires_the_proposed_original(ledger):
+    old = propose("--mode", "queue")
+    new = propose("--mode", "queue", "--supersedes", old["id"])
+    assert json.loads(run("intent", "show", old["id"], "--json")[1])["state"] == "expired"
+    assert new["supersedes"] == old["id"]
+
+
+def test_intents_lists_and_filters(ledger):
+    a = propose("--mode", "queue")
+    b = propose("--mode", "queue")
+    run("intent", "cancel", a["id"])
+    listed = json.loads(run("intents", "--json")[1])
+    assert {i["id"] for i in listed} == {a["id"], b["id"]}
+    assert [i["id"] for i in json.loads(run("intents", "--state", "expired", "--json")[1])] == [a["id"]]
+    assert json.loads(run("intents", "--state", "queued", "--json")[1]) == []
+
+
+def test_overdue_check_and_json(ledger):
+    data = propose("--mode", "steer", "--expected-turn", "U1", "--ack-deadline", "1m")
+    code, out = run("overdue", "--check", "--json", "--now", "2000-01-01T00:00:00Z")
+    assert code == 0 and json.loads(out) == []
+    code, out = run("overdue", "--check", "--json", "--now", "2099-01-01T00:00:00Z")
+    assert code == 1
+    (item,) = json.loads(out)
+    assert item["intent"] == data["id"] and item["thread"] == "T1" and item["expected_turn"] == "U1"
+    assert item["deadline"] == "ack" and item["state"] == "proposed" and item["why"]
+    code, out = run("overdue", "--now", "2099-01-01T00:00:00Z")
+    assert code == 0 and data["id"] in out and "AGE" in out
+
+
+def test_overdue_bad_time_is_usage_error(ledger):
+    code, out = run("overdue", "--now", "yesterday")
+    assert code == 2 and "ISO-8601" in out
+
+
+def test_show_unknown_intent(ledger):
+    code, out = run("intent", "show", "in-00000000000000000000")
+    assert code == 2 and "no intent" in out
