@@ -1,0 +1,440 @@
+"""The delivery machine driven with values alone: facts in, envelopes and commands out.
+
+Every output is appended to an in-memory ledger, so a move outside the state table
+fails the test where it happens (the ledger refuses it).
+"""
+
+from __future__ import annotations
+
+from itertools import count
+
+import pytest
+
+from controller.delivery import (
+    Delivery, Dispatch, Interrupt, ListTerminals, NoAnswer, Observed, Output, QueueAdd, QueueList, ReadBack,
+    Reconcile, Refused, Replied, ResumeQueue, RunVerify, Steer, Terminate, Tick, Verified, VerifyDue,
+    expect_matches,
+)
+from controller.intents import intent_view, proposal_envelopes
+from controller.rpc_errors import Refusal
+from ledger.events import (
+    AgentMessage, IntentEvidence, IntentTransition, ItemCompleted, ItemStarted, Report, TurnCompleted, UserMessage,
+)
+from ledger.intent_states import State
+from ledger.intents import Intent, intent_id_from, text_digest
+from ledger.projections import Projection
+from ledger.sqlite import SQLiteRecorder
+
+THREAD, TURN, NEXT_TURN = "thread-1", "turn-1", "turn-2"
+NOW = 1_000.0
+_ids = count()
+
+
+def make_intent(mode: str = "steer", **fields) -> Intent:
+    text = fields.pop("text", "run the linter first")
+    return Intent(
+        id=intent_id_from("test", mode, next(_ids)), thread_id=THREAD, mode=mode, text=text,
+        text_digest=text_digest(text), created_at=NOW, ack_deadline=NOW + 120, expires_at=NOW + 1800,
+        expected_turn_id=None if mode == "queue" else TURN, **fields,
+    )
+
+
+class Run:
+    """One machine and the ledger its outputs go into."""
+
+    def __init__(self, intent: Intent, recorder: SQLiteRecorder | None = None):
+        self.recorder = recorder or SQLiteRecorder()
+        if recorder is None:
+            self.recorder.append(proposal_envelopes(intent, Projection()))
+        self.machine = Delivery(intent)
+        self.outputs: list[Output] = []
+
+    @property
+    def intent(self) -> Intent:
+        return self.machine.intent
+
+    def feed(self, fact) -> Output:
+        output = self.machine.handle(fact)
+        self.recorder.append(output.envelopes, durable=output.durable)
+        self.outputs.append(output)
+        return output
+
+    def dispatch(self, attempt: str = "a1") -> Output:
+        return self.feed(Dispatch(NOW, attempt))
+
+    def ledger_state(self) -> str:
+        return intent_view(self.recorder, self.intent.id).state
+
+    def history(self, kind: str | None = None):
+        return [h for h in intent_view(self.recorder, self.intent.id).history if kind in (None, h.kind)]
+
+    def sent(self, kind: type) -> list:
+        return [c for o in self.outputs for c in o.commands if isinstance(c, kind)]
+
+
+def echo(intent: Intent, turn_id: str = TURN, item_id: str = "item-echo") -> Observed:
+    return Observed(UserMessage(thread_id=THREAD, turn_id=turn_id, digest="d", size=1,
+                                client_id=intent.client_user_message_id, item_id=item_id), NOW + 2)
+
+
+def turn_completed(status: str = "completed", turn_id: str = TURN) -> Observed:
+    return Observed(TurnCompleted(thread_id=THREAD, turn_id=turn_id, status=status), NOW + 5)
+
+
+def turns_page(*turns: dict, next_cursor: str | None = None) -> dict:
+    return {"data": list(turns), "nextCursor": next_cursor}
+
+
+def turn(turn_id: str = TURN, status: str = "completed", *items: dict) -> dict:
+    return {"id": turn_id, "status": status, "items": list(items)}
+
+
+def user_item(client_id: str | None, item_id: str = "item-echo") -> dict:
+    return {"type": "userMessage", "id": item_id, "clientId": client_id, "content": []}
+
+
+def transition(output: Output) -> IntentTransition:
+    [envelope] = [e for e in output.envelopes if isinstance(e.event, IntentTransition)]
+    return envelope.event
+
+
+# -- steer ----------------------------------------------------------------------------
+
+
+def test_dispatch_is_a_durable_record_first_then_one_steer():
+    run = Run(make_intent())
+    out = run.dispatch("attempt-7")
+    assert out.durable
+    move = transition(out)
+    assert (move.from_state, move.to_state, move.reason) == ("proposed", "dispatch_unknown", "dispatching")
+    assert move.evidence["attempt"] == "attempt-7"
+    assert out.commands == (Steer(intent_id=run.intent.id, thread_id=THREAD, expected_turn_id=TURN,
+                                  client_user_message_id=run.intent.client_user_message_id,
+                                  text=run.intent.text, attempt="attempt-7"),)
+    assert run.intent.client_user_message_id == f"tillerman-{run.intent.id}"
+
+
+def test_accepted_is_queued_and_only_the_echo_in_the_expected_turn_acknowledges():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    assert transition(run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))).to_state == "queued"
+    run.feed(Tick(NOW + 10))  # time alone never moves an accepted steer
+    assert run.ledger_state() == "queued"
+    out = run.feed(echo(run.intent))
+    move = transition(out)
+    assert (move.from_state, move.to_state, move.reason) == ("queued", "acknowledged", "echo")
+    assert move.evidence == {"turn_id": TURN, "item_id": "item-echo"}
+    assert run.ledger_state() == "acknowledged"
+
+
+def test_echo_before_reply_acknowledges_and_the_late_reply_is_evidence_not_a_refusal():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    assert transition(run.feed(echo(run.intent))).from_state == "dispatch_unknown"
+    late = run.feed(Replied(steer, {"turnId": TURN}, NOW + 3))
+    [envelope] = late.envelopes
+    assert isinstance(envelope.event, IntentEvidence)
+    assert (envelope.event.state, envelope.event.reason) == ("acknowledged", "late_reply")
+    second = run.feed(echo(run.intent, item_id="item-echo-2"))  # a second echo: evidence too
+    assert [e.event.reason for e in second.envelopes] == ["echo"]
+    assert run.ledger_state() == "acknowledged"
+
+
+@pytest.mark.parametrize("cause", ["timeout", "disconnected", "unrecognized_error"])
+def test_an_unknown_outcome_is_never_resent(cause):
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    out = run.feed(NoAnswer(steer, cause, NOW + 10))
+    assert out.commands == () and [e.event.reason for e in out.envelopes] == [cause]
+    assert run.ledger_state() == "dispatch_unknown"
+    # Whatever comes next while the turn is active, nothing is sent again.
+    for fact in (Dispatch(NOW + 11, "a2"), Tick(NOW + 5000), Reconcile(NOW + 12, expected_turn_state="active"),
+                 VerifyDue(NOW + 13), NoAnswer(steer, cause, NOW + 14)):
+        run.feed(fact)
+    assert run.sent(Steer) == [steer]
+    assert run.sent(ReadBack) == []
+    assert run.ledger_state() == "dispatch_unknown"
+
+
+def test_turn_end_while_dispatch_unknown_is_settled_by_readback_found():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    run.feed(NoAnswer(steer, "timeout", NOW + 10))
+    [readback] = run.feed(turn_completed()).commands
+    assert readback == ReadBack(intent_id=run.intent.id, thread_id=THREAD,
+                                client_id=run.intent.client_user_message_id, turn_id=TURN)
+    page = turns_page(turn(TURN, "completed", user_item(None, "u0"), user_item(run.intent.client_user_message_id)))
+    move = transition(run.feed(Replied(readback, page, NOW + 11)))
+    assert (move.to_state, move.reason, move.evidence["item_id"]) == ("acknowledged", "readback_found", "item-echo")
+
+
+def test_turn_end_while_dispatch_unknown_with_our_id_absent_expires_not_delivered():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    run.feed(NoAnswer(steer, "disconnected", NOW + 10))
+    [readback] = run.feed(turn_completed()).commands
+    page = turns_page(turn(NEXT_TURN, "inProgress"), turn(TURN, "completed", user_item("someone-else")))
+    move = transition(run.feed(Replied(readback, page, NOW + 11)))
+    assert (move.to_state, move.reason, move.evidence["turn_status"]) == ("expired", "not_delivered", "completed")
+    assert run.sent(Steer) == [steer]
+
+
+def test_readback_pages_on_until_it_finds_the_turn():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    [readback] = run.feed(turn_completed()).commands
+    [next_page] = run.feed(Replied(readback, turns_page(turn(NEXT_TURN), next_cursor="c2"), NOW + 6)).commands
+    assert next_page.cursor == "c2" and next_page.turn_id == TURN
+    page = turns_page(turn(TURN, "interrupted"))
+    assert transition(run.feed(Replied(next_page, page, NOW + 7))).reason == "not_delivered"
+
+
+def test_readback_of_a_turn_still_in_progress_settles_nothing():
+    run = Run(make_intent())
+    run.dispatch()
+    readback = ReadBack(intent_id=run.intent.id, thread_id=THREAD, client_id=run.intent.client_user_message_id,
+                        turn_id=TURN)
+    assert run.feed(Replied(readback, turns_page(turn(TURN, "inProgress")), NOW + 6)) == Output()
+    assert run.ledger_state() == "dispatch_unknown"
+
+
+def test_accepted_steer_lost_when_its_turn_ends_expires_lost_after_accept_and_is_reported():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    [readback] = run.feed(turn_completed("interrupted")).commands
+    out = run.feed(Replied(readback, turns_page(turn(TURN, "interrupted", user_item(None))), NOW + 6))
+    move = transition(out)
+    assert (move.from_state, move.to_state, move.reason) == ("queued", "expired", "lost_after_accept")
+    [report] = [e.event for e in out.envelopes if isinstance(e.event, Report)]
+    assert report.finding == "lost_after_accept" and report.detail["intent_id"] == run.intent.id
+    assert run.sent(Steer) == [steer]
+
+
+def test_stale_turn_is_rejected_and_never_retried_against_the_newest_turn():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    refusal = Refused(steer, Refusal.STALE_TURN, {"expected_turn_id": TURN, "found_turn_id": NEXT_TURN}, NOW + 1)
+    move = transition(run.feed(refusal))
+    assert (move.to_state, move.reason, move.evidence["found_turn_id"]) == ("rejected", "stale_turn", NEXT_TURN)
+    for fact in (Dispatch(NOW + 2, "a2"), Observed(TurnCompleted(thread_id=THREAD, turn_id=NEXT_TURN), NOW + 3),
+                 Reconcile(NOW + 4, expected_turn_state="completed"), turn_completed()):
+        run.feed(fact)
+    assert run.sent(Steer) == [steer] and run.sent(ReadBack) == []
+    assert run.ledger_state() == "rejected"
+
+
+def test_echo_in_another_turn_does_not_acknowledge_a_steer():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    out = run.feed(echo(run.intent, turn_id=NEXT_TURN))
+    assert [e.event.reason for e in out.envelopes] == ["echo_in_other_turn"]
+    assert run.ledger_state() == "queued"
+
+
+def test_with_an_ack_token_the_echo_is_delivered_evidence_and_the_token_acknowledges():
+    intent = make_intent()
+    run = Run(Intent(**{**{f: getattr(intent, f) for f in intent.__struct_fields__}, "ack_token": intent.id}))
+    [steer] = run.dispatch().commands
+    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    assert [e.event.reason for e in run.feed(echo(run.intent)).envelopes] == ["delivered"]
+    assert run.ledger_state() == "queued"
+    other = Observed(AgentMessage(thread_id=THREAD, turn_id=TURN, digest="d", size=1, ack_tokens=("in-x",)), NOW + 3)
+    assert run.feed(other) == Output()
+    token = Observed(AgentMessage(thread_id=THREAD, turn_id=TURN, digest="d", size=1, item_id="m1",
+                                  ack_tokens=(run.intent.id,)), NOW + 4)
+    assert transition(run.feed(token)).reason == "ack_token"
+
+
+def test_replayed_intent_is_rejected_without_any_command():
+    run = Run(make_intent(replayed=True))
+    out = run.dispatch()
+    assert out.commands == () and transition(out).reason == "not_dispatchable"
+
+
+# -- restart -------------------------------------------------------------------------------
+
+
+def test_a_machine_rebuilt_from_the_ledger_reconciles_without_resending():
+    run = Run(make_intent())
+    run.dispatch()  # then the daemon dies before the transport answered
+    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    assert rebuilt.state is State.DISPATCH_UNKNOWN
+    assert rebuilt.handle(Dispatch(NOW + 1, "a2")) == Output()
+    assert rebuilt.handle(Reconcile(NOW + 1, expected_turn_state="active")) == Output()
+    [readback] = rebuilt.handle(Reconcile(NOW + 2, expected_turn_state="completed")).commands
+    assert isinstance(readback, ReadBack) and readback.turn_id == TURN
+    out = rebuilt.handle(Reconcile(NOW + 3, expected_turn_state="completed", echo_turn_id=TURN))
+    assert transition(out).reason == "echo"
+
+
+# -- queue -----------------------------------------------------------------------------------
+
+
+def test_queue_lists_before_adding_and_is_acknowledged_when_its_turn_starts():
+    run = Run(make_intent("queue"))
+    out = run.dispatch()
+    assert out.durable and out.commands == (QueueList(intent_id=run.intent.id, thread_id=THREAD),)
+    [add] = run.feed(Replied(out.commands[0], {"data": [{"id": "q0", "clientUserMessageId": "other"}]},
+                             NOW + 1)).commands
+    assert add == QueueAdd(intent_id=run.intent.id, thread_id=THREAD, text=run.intent.text, attempt="a1",
+                           client_user_message_id=run.intent.client_user_message_id)
+    accepted = run.feed(Replied(add, {"queuedSubmission": {"id": "q1"}}, NOW + 2))
+    assert transition(accepted).evidence == {"queued_submission_id": "q1"}
+    move = transition(run.feed(echo(run.intent, turn_id=NEXT_TURN)))
+    assert (move.from_state, move.to_state, move.reason) == ("queued", "acknowledged", "queue_turn_started")
+
+
+def test_queue_entry_already_there_is_not_added_again():
+    run = Run(make_intent("queue"))
+    [listing] = run.dispatch().commands
+    entries = {"data": [{"id": "q7", "clientUserMessageId": run.intent.client_user_message_id}]}
+    out = run.feed(Replied(listing, entries, NOW + 1))
+    assert out.commands == ()
+    assert transition(out).evidence == {"queued_submission_id": "q7", "found_in_queue": True, "copies": 1}
+    assert run.sent(QueueAdd) == []
+    # the delivery step runs again, and from a machine rebuilt from the ledger: still no add
+    run.dispatch("a2")
+    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    assert rebuilt.handle(Dispatch(NOW + 2, "a3")) == Output()
+    assert rebuilt.handle(Replied(listing, {"data": []}, NOW + 3)) == Output()
+
+
+def test_queue_add_of_unknown_outcome_is_reconciled_never_readded():
+    run = Run(make_intent("queue"))
+    [listing] = run.dispatch().commands
+    [add] = run.feed(Replied(listing, {"data": []}, NOW + 1)).commands
+    run.feed(NoAnswer(add, "timeout", NOW + 11))
+    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    [relist] = rebuilt.handle(Reconcile(NOW + 12)).commands
+    [readback] = rebuilt.handle(Replied(relist, {"data": []}, NOW + 13)).commands
+    assert isinstance(readback, ReadBack) and readback.turn_id is None
+    assert rebuilt.handle(Replied(readback, turns_page(), NOW + 14)) == Output()  # before the ack deadline
+    late = rebuilt.handle(Replied(readback, turns_page(turn(NEXT_TURN)), NOW + 200))
+    assert transition(late).reason == "not_delivered"
+    assert run.sent(QueueAdd) == [add]
+
+
+def test_a_refused_list_before_the_add_rejects_the_intent():
+    run = Run(make_intent("queue"))
+    [listing] = run.dispatch().commands
+    move = transition(run.feed(Refused(listing, Refusal.THREAD_NOT_FOUND, {}, NOW + 1)))
+    assert (move.to_state, move.reason) == ("rejected", "thread_not_found")
+
+
+# -- interrupt -------------------------------------------------------------------------------
+
+
+def _started(item_id: str, turn_id: str) -> Observed:
+    return Observed(ItemStarted(thread_id=THREAD, turn_id=turn_id, item_id=item_id,
+                                item_type="commandExecution"), NOW)
+
+
+def test_interrupt_terminates_only_the_interrupted_turns_processes():
+    run = Run(make_intent("interrupt"))
+    run.feed(_started("call-old", "turn-0"))
+    run.feed(_started("call-ours", TURN))
+    [interrupt] = run.dispatch().commands
+    assert interrupt == Interrupt(intent_id=run.intent.id, thread_id=THREAD, turn_id=TURN, attempt="a1")
+    assert transition(run.feed(Replied(interrupt, {}, NOW + 1))).to_state == "queued"
+    ended = run.feed(turn_completed("interrupted"))
+    assert (transition(ended).to_state, transition(ended).reason) == ("acknowledged", "turn_interrupted")
+    listing, queue = ended.commands
+    assert isinstance(listing, ListTerminals) and isinstance(queue, QueueList)
+    terminals = {"data": [{"itemId": "call-old", "processId": "11"}, {"itemId": "call-ours", "processId": "22"}]}
+    out = run.feed(Replied(listing, terminals, NOW + 6))
+    assert out.commands == (Terminate(intent_id=run.intent.id, thread_id=THREAD, process_id="22",
+                                      item_id="call-ours", turn_id=TURN),)
+    run.feed(Replied(out.commands[0], {"terminated": True}, NOW + 7))
+    assert not run.machine.finished  # the process has not reported its exit yet
+    run.feed(Observed(ItemCompleted(thread_id=THREAD, turn_id=TURN, item_id="call-ours",
+                                    item_type="commandExecution", status="failed", exit_code=-1), NOW + 8))
+    assert run.machine.finished
+    evidence = [(h.reason, h.evidence) for h in run.history("evidence")]
+    assert ("terminals_listed", {"listed": 2, "of_interrupted_turn": 1}) in evidence
+    assert ("terminate_requested", {"process_id": "22", "item_id": "call-ours"}) in evidence
+    assert ("terminated", {"process_id": "22", "item_id": "call-ours", "terminated": True}) in evidence
+    assert ("late_item_completed", {"item_id": "call-ours", "status": "failed", "exit_code": -1}) in evidence
+    assert run.feed(Replied(listing, terminals, NOW + 9)).commands == ()  # listed again: no second terminate
+
+
+def test_interrupt_whose_turn_completed_on_its_own_is_lost_after_accept():
+    run = Run(make_intent("interrupt"))
+    [interrupt] = run.dispatch().commands
+    run.feed(Replied(interrupt, {}, NOW + 1))
+    out = run.feed(turn_completed("completed"))
+    assert transition(out).reason == "lost_after_accept" and out.commands == ()
+
+
+def test_interrupt_acknowledged_by_the_turn_end_before_the_reply():
+    run = Run(make_intent("interrupt"))
+    [interrupt] = run.dispatch().commands
+    assert transition(run.feed(turn_completed("interrupted"))).from_state == "dispatch_unknown"
+    assert [e.event.reason for e in run.feed(Replied(interrupt, {}, NOW + 6)).envelopes] == ["late_reply"]
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_paused_queue_is_reported_and_resumed_only_when_asked(resume):
+    run = Run(make_intent("interrupt", resume_queue=resume))
+    [interrupt] = run.dispatch().commands
+    run.feed(Replied(interrupt, {}, NOW + 1))
+    _, listing = run.feed(turn_completed("interrupted")).commands
+    out = run.feed(Replied(listing, {"data": [{"id": "q1", "clientUserMessageId": "harness-1"}]}, NOW + 6))
+    [report] = [e.event for e in out.envelopes if isinstance(e.event, Report)]
+    assert report.finding == "queue_paused" and report.detail["entries"] == 1
+    assert out.commands == ((ResumeQueue(intent_id=run.intent.id, thread_id=THREAD),) if resume else ())
+    assert run.feed(Replied(listing, {"data": []}, NOW + 7)) == Output()  # empty queue: nothing to say
+
+
+# -- effects ---------------------------------------------------------------------------------
+
+
+def _acknowledged(**fields) -> Run:
+    run = Run(make_intent(effect_deadline=NOW + 600, **fields))
+    [steer] = run.dispatch().commands
+    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    run.feed(echo(run.intent))
+    return run
+
+
+def test_expect_marks_the_action_started_and_verify_decides():
+    run = _acknowledged(expect="item_type=commandExecution args_digest=sha256:abc", verify="test -f done")
+    assert run.feed(VerifyDue(NOW + 3)).commands == ()  # not before the action started
+    other = ItemStarted(thread_id=THREAD, turn_id=TURN, item_id="i1", item_type="commandExecution",
+                        args_digest="sha256:zzz")
+    assert run.feed(Observed(other, NOW + 3)) == Output()
+    match = ItemStarted(thread_id=THREAD, turn_id=TURN, item_id="i2", item_type="commandExecution",
+                        args_digest="sha256:abc")
+    assert transition(run.feed(Observed(match, NOW + 4))).to_state == "action_started"
+    [verify] = run.feed(turn_completed()).commands
+    assert verify == RunVerify(intent_id=run.intent.id, thread_id=THREAD, command="test -f done")
+    assert [e.event.reason for e in run.feed(Verified(None, NOW + 6)).envelopes] == ["verify_inconclusive"]
+    assert transition(run.feed(Verified(0, NOW + 7))).to_state == "effect_verified"
+
+
+def test_verify_failure_is_effect_failed():
+    run = _acknowledged(verify="false")
+    [verify] = run.feed(VerifyDue(NOW + 3)).commands
+    move = transition(run.feed(Verified(1, NOW + 4)))
+    assert (move.to_state, move.reason, move.evidence) == ("effect_failed", "verify_failed", {"exit_code": 1})
+
+
+def test_effect_deadline_passed_expires():
+    run = _acknowledged(verify="true")
+    assert run.feed(Tick(NOW + 599)) == Output()
+    assert transition(run.feed(Tick(NOW + 600))).reason == "effect_deadline_passed"
+
+
+@pytest.mark.parametrize(("expect", "matches"), [
+    ("item_type=commandExecution", True),
+    ("item_type=commandExecution tool=shell", False),
+    ("args_digest=sha256:abc", True),
+    ("command=sleep", False),  # unknown field: never matches
+    ("commandExecution", False),
+    ("", False),
+])
+def test_expect_predicate(expect, matches):
+    event = ItemStarted(thread_id=THREAD, turn_id=TURN, item_id="i", item_type="commandExecution",
+                        args_digest="sha256:abc")
+    assert expect_matches(expect, event) is matches

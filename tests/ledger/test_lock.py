@@ -1,0 +1,43 @@
+import multiprocessing
+import os
+
+import pytest
+
+from ledger.errors import LedgerLocked
+from ledger.lock import LedgerLock
+
+
+def _hold(path, ready, done):
+    with LedgerLock(path):
+        ready.set()
+        done.wait(30)
+
+
+def test_a_second_daemon_is_refused_and_told_who_holds_it(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(path, ready, done))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(LedgerLocked, match=f"pid {holder.pid}"):
+            LedgerLock(path).acquire()
+    finally:
+        done.set()
+        holder.join(30)
+    with LedgerLock(path):  # released when the holder exits
+        pass
+
+
+def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    ctx = multiprocessing.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(path, ready, done))
+    holder.start()
+    assert ready.wait(30)
+    holder.kill()
+    holder.join(30)
+    with LedgerLock(path):
+        assert (tmp_path / "ledger.sqlite3.lock").read_text() == str(os.getpid())
