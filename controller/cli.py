@@ -3,11 +3,13 @@ function and prints; the logic lives in the library modules it names."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+import anyio
 import click
 import msgspec
 
@@ -20,7 +22,11 @@ from controller.output import (
     print_json,
     print_table,
 )
+from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing
+from controller.daemon import DaemonOptions, run_daemon
 from controller.overdue import overdue as find_overdue
+from controller.shim import run_shim
+from controller.status import ledger_status
 from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
 from controller.timefmt import format_duration, parse_duration, parse_time
@@ -243,6 +249,103 @@ def _load_rules(rules_path: str | None, config_path: str | None):
         return load_ruleset(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
+
+
+# -- the daemon ------------------------------------------------------------------------
+
+
+@main.command("run")
+@click.option("--codex", "url", help="The shared app-server to attach to: unix://PATH or ws://HOST:PORT.")
+@click.option("--spawn-codex", is_flag=True,
+              help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
+@click.option("--client-name", default="tillerman", show_default=True,
+              help="clientInfo.name to initialize with (use the harness's name when tillerman connects first).")
+@ledger_option
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help="Grants (TOML).")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Record the JSON-RPC exchanged here.")
+@click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text in the ledger and trace.")
+@click.option("--dry-run", is_flag=True, help="Decide and record, never dispatch (shadow mode).")
+@click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
+@errors_to_exit_codes
+def run_cmd(url, spawn_codex, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
+            dry_run, on_overdue, verbose):
+    """Supervise a live Codex app-server: observe every thread, run the rules, deliver
+    intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
+
+    Example: tillerman run --codex unix://$CODEX_HOME/app-server-control/app-server-control.sock
+    """
+    if not url and not spawn_codex:
+        raise Fail("nothing to supervise: give --codex unix://PATH (or ws://HOST:PORT), or --spawn-codex")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s tillerman %(levelname)s %(message)s")
+    ruleset = _load_rules(rules_path, config_path)
+    server = None
+    if spawn_codex:
+        home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        server = AppServer(home, home / "app-server-control" / "tillerman.sock", isolated_home=False)
+        (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            server.start()
+        except (CodexBinaryMissing, AppServerStartError) as exc:
+            raise Fail(str(exc)) from exc
+        url = server.url
+        click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
+    path = Path(ledger_path) if ledger_path else default_ledger_path()
+    options = DaemonOptions(url=url, client_name=client_name, trace=trace_path, retain_payloads=retain_payloads,
+                            dry_run=dry_run, on_overdue=on_overdue)
+    try:
+        with open_ledger(str(path)) as recorder:
+            run_daemon(recorder, str(path), ruleset, options)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if server is not None:
+            server.stop()
+
+
+@main.command("status")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def status_cmd(as_json, ledger_path):
+    """Whether a daemon owns the ledger (pid, since, last heartbeat), the threads it
+    sees with their active turns and flags, open intents and overdue counts.
+
+    Example: tillerman status --json
+    """
+    path = Path(ledger_path) if ledger_path else default_ledger_path()
+    with open_ledger(str(path), must_exist=True) as recorder:
+        data = ledger_status(recorder, path, time.time())
+    if as_json:
+        print_json(data)
+        return
+    daemon = data["daemon"]
+    if daemon["running"]:
+        click.echo(f"daemon: pid {daemon['pid']} since {daemon['since']}, heartbeat {daemon['heartbeat']}"
+                   f" ({'connected' if daemon['connected'] else 'not connected'} to {daemon['url']})")
+    else:
+        click.echo("daemon: not running")
+    print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
+                                  "critical_tool", "external_effect_unknown", "queue"), "no threads")
+    click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
+
+
+@main.command("shim")
+@click.argument("socket_path", type=click.Path(dir_okay=False))
+@click.argument("ignored", nargs=-1, type=click.UNPROCESSED)
+def shim_cmd(socket_path, ignored):
+    """Stand in for `codex app-server` for a harness that can only spawn a stdio server:
+    stdin JSON lines become WebSocket frames to the shared server, and back. Flags the
+    harness passes (app-server, -c …) are ignored; set them on the shared server.
+
+    Example: tillerman shim ~/.codex/app-server-control/tillerman.sock
+    """
+    try:
+        anyio.run(run_shim, socket_path)
+    except OSError as exc:
+        raise Fail(f"cannot connect to {socket_path}: {exc}; is the shared app-server running?") from exc
 
 
 # -- overdue -----------------------------------------------------------------------

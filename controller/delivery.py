@@ -314,7 +314,7 @@ class Delivery:
         command: Command
         if intent.mode == "steer":
             command = Steer(**ids, expected_turn_id=intent.expected_turn_id, client_user_message_id=self.client_id,
-                            text=intent.text, attempt=fact.attempt)
+                            text=intent.delivered_text, attempt=fact.attempt)
         elif intent.mode == "interrupt":
             command = Interrupt(**ids, turn_id=intent.expected_turn_id, attempt=fact.attempt)
         else:
@@ -368,7 +368,7 @@ class Delivery:
                 "queued_submission_id": ours[0].get("id"), "found_in_queue": True, "copies": len(ours)}, now))
         if awaiting_add:
             return self._out(commands=(QueueAdd(**self._ids(), client_user_message_id=self.client_id,
-                                                text=self.intent.text, attempt=self._attempt),))
+                                                text=self.intent.delivered_text, attempt=self._attempt),))
         # Reconciling an add of unknown outcome: has its turn already started?
         return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id, turn_id=None),))
 

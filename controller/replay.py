@@ -143,6 +143,8 @@ class Replayer:
         except OSError as exc:
             raise ReplayError(f"{path}: cannot read ({exc.strerror})") from exc
         fmt = self.fmt
+        if not head:  # an empty file: nothing to read, nothing to count
+            return FileSummary(path=str(path), format=fmt if fmt != "auto" else "empty")
         if fmt == "auto":
             fmt = "ledger" if head.startswith(_SQLITE_MAGIC) else detect_format(head, str(path))
             if fmt is None:
@@ -224,7 +226,7 @@ class Replayer:
         self._record(self.step.step(self.projection, thread_ids, now))
         wanted = set(thread_ids)
         views = [v for v in self.projection.open_intents() if v.intent.thread_id in wanted]
-        self._record(self.step.decide_intents(self.projection, views, now))
+        self._record(self.step.decide_intents(self.projection, views, now)[0])
 
     def _record(self, batch: list[Envelope]) -> None:
         if not batch:

@@ -48,12 +48,17 @@ class Step:
                 out.extend(self._on_finding(projection, finding, now))
         return out
 
-    def decide_intents(self, projection: Projection, views: Iterable[IntentView], now: float) -> list[Envelope]:
-        """Decide each open intent; record a decision only when it changed."""
+    def decide_intents(
+        self, projection: Projection, views: Iterable[IntentView], now: float
+    ) -> tuple[list[Envelope], list[tuple[IntentView, Decision]]]:
+        """Decide each open intent. A decision is recorded only when it changed; every
+        current decision is returned, for the daemon to carry out (replay never does)."""
         out: list[Envelope] = []
+        decided: list[tuple[IntentView, Decision]] = []
         for view in sorted(views, key=lambda v: v.intent.id):
             decision = decide(view.intent, State(view.state), projection.snapshot(view.intent.thread_id),
                               now, self.ruleset)
+            decided.append((view, decision))
             if view.last_decision == (decision.action, decision.reason):
                 continue
             out.append(self._decision_envelope(view, decision, now))
@@ -61,7 +66,7 @@ class Step:
             if settled is not None:
                 out.append(transition_envelope(view.intent, State(view.state), settled[0], settled[1],
                                                {"decision": decision.action.value}, now))
-        return out
+        return out, decided
 
     @staticmethod
     def _settle(view: IntentView, decision: Decision) -> tuple[State, str] | None:

@@ -47,6 +47,12 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
         return f"tillerman-{self.id}"
 
     @property
+    def delivered_text(self) -> str:
+        """What reaches the agent: the text, signed with the intent id, so the agent can
+        acknowledge this exact intent by naming it (``ack_tokens``)."""
+        return f"{self.text}\n\n[tillerman {self.id}]"
+
+    @property
     def has_check(self) -> bool:
         return self.expect is not None or self.verify is not None
 

@@ -91,7 +91,7 @@ def mark_dispatching(recorder: SQLiteRecorder, intent: Intent, attempt: str = "a
 
 def steer_for(intent: Intent, attempt: str = "a1", turn: str = TURN) -> Steer:
     return Steer(intent_id=intent.id, thread_id=THREAD, expected_turn_id=turn,
-                 client_user_message_id=intent.client_user_message_id, text=intent.text, attempt=attempt)
+                 client_user_message_id=intent.client_user_message_id, text=intent.delivered_text, attempt=attempt)
 
 
 def interrupt_for(intent: Intent, attempt: str = "a1") -> Interrupt:
@@ -239,7 +239,7 @@ def test_requests_have_the_real_app_server_shapes():
     intent = make_intent()
     assert request_for(steer_for(intent)) == ("turn/steer", {
         "threadId": THREAD, "expectedTurnId": TURN, "clientUserMessageId": intent.client_user_message_id,
-        "input": [{"type": "text", "text": "check the logs"}]})
+        "input": [{"type": "text", "text": f"check the logs\n\n[tillerman {intent.id}]"}]})
     assert request_for(interrupt_for(intent)) == ("turn/interrupt", {"threadId": THREAD, "turnId": TURN})
     assert request_for(QueueList(intent_id=intent.id, thread_id=THREAD)) == ("thread/queue/list",
                                                                               {"threadId": THREAD})

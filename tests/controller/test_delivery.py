@@ -110,7 +110,7 @@ def test_dispatch_is_a_durable_record_first_then_one_steer():
     assert move.evidence["attempt"] == "attempt-7"
     assert out.commands == (Steer(intent_id=run.intent.id, thread_id=THREAD, expected_turn_id=TURN,
                                   client_user_message_id=run.intent.client_user_message_id,
-                                  text=run.intent.text, attempt="attempt-7"),)
+                                  text=run.intent.delivered_text, attempt="attempt-7"),)
     assert run.intent.client_user_message_id == f"tillerman-{run.intent.id}"
 
 
@@ -278,7 +278,7 @@ def test_queue_lists_before_adding_and_is_acknowledged_when_its_turn_starts():
     assert out.durable and out.commands == (QueueList(intent_id=run.intent.id, thread_id=THREAD),)
     [add] = run.feed(Replied(out.commands[0], {"data": [{"id": "q0", "clientUserMessageId": "other"}]},
                              NOW + 1)).commands
-    assert add == QueueAdd(intent_id=run.intent.id, thread_id=THREAD, text=run.intent.text, attempt="a1",
+    assert add == QueueAdd(intent_id=run.intent.id, thread_id=THREAD, text=run.intent.delivered_text, attempt="a1",
                            client_user_message_id=run.intent.client_user_message_id)
     accepted = run.feed(Replied(add, {"queuedSubmission": {"id": "q1"}}, NOW + 2))
     assert transition(accepted).evidence == {"queued_submission_id": "q1"}

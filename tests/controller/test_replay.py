@@ -110,6 +110,12 @@ def test_an_empty_directory_says_what_it_looked_for(tmp_path):
     assert code == 2 and "no session files" in out
 
 
+def test_an_empty_file_counts_nothing(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (file,) = replay_json(tmp_path)["files"]
+    assert file["format"] == "empty" and file["records"] == 0 and file["turns"] == 0
+
+
 def test_a_file_of_unknown_format_asks_for_format(tmp_path):
     odd = tmp_path / "odd.jsonl"
     odd.write_text('{"hello": "world"}\n')

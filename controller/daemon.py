@@ -1,0 +1,323 @@
+"""``tillerman run``: the daemon beside a Codex app-server.
+
+One task group (anyio, structured): the **connection** (connect, initialize,
+subscribe, follow; reconnect with backoff when the server goes away), the
+**brain** (the only ledger writer of observations and decisions: it batches what
+the connection saw, folds it, runs the rules and the policy, and hands each
+decision to the intent's delivery machine), one **delivery** task per intent at a
+time (the machine's commands go through the guarded adapter; a slow request never
+stalls the brain), and the **overdue** notifier. SIGINT/SIGTERM cancel the group:
+every append is one transaction, so nothing is half-written.
+
+Before it dispatches anything after a start, the daemon folds the ledger and
+reconciles every intent whose delivery is under way (``dispatch_unknown``,
+``queued``): a restart never resends, it reads back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
+from controller.delivery import Delivery, Dispatch, Observed, Reconcile, VerifyDue
+from controller.intents import intent_view
+from controller.notify import OverdueNotifier
+from controller.supervisor import Step
+from ledger import events as ev
+from ledger import projections
+from ledger.errors import IllegalTransition, OperationalError
+from ledger.events import Envelope
+from ledger.intent_states import State
+from ledger.lock import LedgerLock
+from ledger.projections import IntentView, Projection
+from ledger.recorder import Recorder
+from monitor.appserver_client import AppServerDisconnected, JsonlTrace, open_app_server
+from monitor.appserver_tap import AppServerTap
+from monitor.jsonrpc import RpcError
+from monitor.redact import redact_message
+from rules.decision import DISPATCH_ACTIONS, Action, Decision
+from rules.detect import next_due
+from rules.ruleset import RuleSet
+
+log = logging.getLogger("tillerman")
+
+POLL_INTERVAL = 0.05  # how often the brain looks for intents other processes proposed
+BATCH = 512  # observations appended per transaction at most
+HEARTBEAT = "daemon"  # snapshot name of the heartbeat record (read by `tillerman status`)
+HEARTBEAT_EVERY = 2.0  # seconds; the fold snapshot is saved with it
+_UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
+_DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
+                    ev.ItemCompleted)
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    url: str
+    client_name: str = "tillerman"
+    trace: str | None = None
+    retain_payloads: bool = False
+    dry_run: bool = False
+    on_overdue: str | None = None
+    request_timeout: float = 10.0
+
+
+class Daemon:
+    def __init__(self, recorder: Recorder, ruleset: RuleSet, options: DaemonOptions,
+                 *, clock: Callable[[], float] = time.time) -> None:
+        self.recorder = recorder
+        self.options = options
+        self.clock = clock
+        self.step = Step(ruleset, replay=False)
+        self.projection = Projection()
+        self.tap = AppServerTap(options.url, retain_payloads=options.retain_payloads)
+        self.adapter: GuardedAdapter | None = None
+        self.machines: dict[str, Delivery] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope]](64)
+        self._due: float | None = None
+        self.notifier = OverdueNotifier(options.on_overdue)
+        self.connected = anyio.Event()
+        self.started_at = clock()
+
+    # -- the task group ---------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        self.projection = projections.load(self.recorder)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._signals, tg.cancel_scope)
+            await tg.start(self._connection, tg)
+            await self._reconcile_under_way(tg)  # a restart reads back before anything is sent
+            tg.start_soon(self._brain, tg)
+            tg.start_soon(self.notifier.run)
+            task_status.started()
+
+    async def _signals(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+            async for signum in received:
+                log.info("received %s: stopping", signal.Signals(signum).name)
+                scope.cancel()
+                return
+
+    # -- the connection ---------------------------------------------------------------
+
+    async def _connection(self, tg, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect, subscribe to every loaded thread, follow; reconnect when the server
+        goes away. Facts seen twice (a reconnect, a resume) keep their natural-key ids."""
+        started = False
+        delay = 0.1
+        while True:
+            try:
+                async with AsyncExitStack() as stack:
+                    trace = None
+                    if self.options.trace:
+                        redact = None if self.options.retain_payloads else redact_message
+                        trace = JsonlTrace(self.options.trace, redact=redact)
+                        stack.callback(trace.close)
+                    client = await stack.enter_async_context(
+                        open_app_server(self.options.url, client_name=self.options.client_name, trace=trace))
+                    self.tap.connected()
+                    self.adapter = GuardedAdapter(client, self.recorder, self.step.ruleset,
+                                                  snapshot=self.projection.snapshot,
+                                                  timeout=self.options.request_timeout, clock=self.clock)
+                    loaded = await client.request("thread/loaded/list", {}, timeout=self.options.request_timeout)
+                    for thread_id in self.tap.loaded([t for t in loaded.get("data", []) if isinstance(t, str)]):
+                        await self._resume(client, thread_id)
+                    self.connected.set()
+                    delay = 0.1
+                    if not started:
+                        started = True
+                        task_status.started()
+                    else:
+                        await self._reconcile_under_way(tg)
+                    async for message in client.incoming:
+                        out = self.tap.receive(message, self.clock())
+                        if out.envelopes:
+                            await self._inbox_send.send(out.envelopes)
+                        for thread_id in out.resume:
+                            tg.start_soon(self._resume, client, thread_id)
+            except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
+                log.warning("app-server connection lost (%s); reconnecting in %.1fs", exc, delay)
+            self.connected = anyio.Event()
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _resume(self, client, thread_id: str) -> None:
+        try:
+            result = await client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True,
+                                                            "initialTurnsPage": {"limit": 1}},
+                                          timeout=self.options.request_timeout)
+        except (RpcError, TimeoutError, AppServerDisconnected) as exc:
+            log.info("cannot subscribe to thread %s yet (%s)", thread_id, exc)
+            self.tap.resume_failed(thread_id)
+            return
+        envelopes = self.tap.resumed(result, self.clock())
+        if envelopes:
+            await self._inbox_send.send(envelopes)
+
+    # -- the brain --------------------------------------------------------------------
+
+    async def _brain(self, tg) -> None:
+        pending: list[Envelope] = []
+        last_beat = 0.0
+        while True:
+            with anyio.move_on_after(POLL_INTERVAL):
+                pending.extend(await self._inbox.receive())
+            while len(pending) < BATCH:  # take whatever else is already waiting
+                try:
+                    pending.extend(self._inbox.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            try:
+                self._think(tg, pending)
+                pending = []
+                if self.clock() - last_beat >= HEARTBEAT_EVERY:
+                    last_beat = self.clock()
+                    self._heartbeat(last_beat)
+            except OperationalError as exc:
+                # Never act without a record: hold the observations and every decision
+                # until the ledger takes writes again.
+                log.error("ledger not writable (%s): holding %d observations and every dispatch",
+                          exc, len(pending))
+                await anyio.sleep(1.0)
+
+    def _heartbeat(self, now: float) -> None:
+        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url,
+                "connected": self.connected.is_set()}
+        self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
+        projections.save(self.recorder, self.projection)
+
+    def _think(self, tg, batch: list[Envelope]) -> None:
+        now = self.clock()
+        if batch:
+            self.recorder.append(batch)
+        touched = self._refold(tg, now)
+        timer_due = self._due is not None and now >= self._due
+        if not touched and not timer_due:
+            return
+        threads = list(self.projection.threads) if timer_due else sorted(touched)
+        self._write(self.step.step(self.projection, threads, now))
+        self._refold(tg, now)
+        wanted = set(threads)
+        views = [v for v in self.projection.open_intents() if timer_due or v.intent.thread_id in wanted]
+        envelopes, decided = self.step.decide_intents(self.projection, views, now)
+        self._write(envelopes)
+        self._refold(tg, now)
+        for view, decision in decided:
+            self._act(tg, view, decision, now)
+        self.notifier.update(self.projection, now)
+        self._due = self._next_due(now)
+
+    def _write(self, envelopes: list[Envelope]) -> None:
+        if envelopes:
+            self.recorder.append(envelopes)
+
+    def _refold(self, tg, now: float) -> set[str]:
+        """Fold what the ledger gained (ours, or another process's), and hand each new
+        observation to the delivery machines of its thread."""
+        touched: set[str] = set()
+        for entry in self.recorder.read(after_seq=self.projection.seq):
+            self.projection.apply(entry)
+            event = entry.envelope.event
+            if event.thread_id is not None:
+                touched.add(event.thread_id)
+            if isinstance(event, ev.IntentProposed):
+                touched.add(event.intent.thread_id)
+            if isinstance(event, _DELIVERY_EVENTS):
+                for machine in list(self.machines.values()):
+                    if machine.intent.thread_id == event.thread_id and not machine.finished:
+                        self._drive(tg, machine.intent.id, Observed(event, now))
+        return touched
+
+    def _next_due(self, now: float) -> float | None:
+        dues = [t for view in self.projection.open_intents()
+                for t in (view.intent.ack_deadline, view.intent.effect_deadline, view.intent.expires_at)
+                if t is not None and t > now]
+        for thread_id in self.projection.threads:
+            due = next_due(self.projection.snapshot(thread_id), now, self.step.ruleset)
+            if due is not None:
+                dues.append(due)
+        return min(dues, default=None)
+
+    # -- acting on decisions ----------------------------------------------------------
+
+    def _act(self, tg, view: IntentView, decision: Decision, now: float) -> None:
+        intent_id = view.intent.id
+        if decision.action in DISPATCH_ACTIONS:
+            if self.options.dry_run or view.state != State.PROPOSED:
+                return
+            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex))
+        elif decision.action is Action.RECONCILE:
+            self._drive(tg, intent_id, self._reconcile_fact(view, now))
+        elif decision.action is Action.VERIFY_EFFECT:
+            self._drive(tg, intent_id, VerifyDue(now))
+
+    def _reconcile_fact(self, view: IntentView, now: float) -> Reconcile:
+        intent = view.intent
+        thread = self.projection.threads.get(intent.thread_id)
+        snapshot = self.projection.snapshot(intent.thread_id)
+        echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
+        return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view))
+
+    def _turn_items(self, view: IntentView) -> frozenset[str]:
+        """Items still running that started in the intent's expected turn (an interrupt
+        may end only these processes)."""
+        thread = self.projection.threads.get(view.intent.thread_id)
+        running = thread.running.items() if thread else ()
+        return frozenset(item_id for item_id, item in running if item.turn_id == view.intent.expected_turn_id)
+
+    async def _reconcile_under_way(self, tg) -> None:
+        """Every intent whose delivery is under way is read back before anything new is
+        sent (after a start, or a reconnect)."""
+        self._refold(tg, self.clock())
+        for view in self.projection.open_intents():
+            if State(view.state) in _UNDER_WAY:
+                self._drive(tg, view.intent.id, self._reconcile_fact(view, self.clock()))
+
+    def _drive(self, tg, intent_id: str, fact) -> None:
+        tg.start_soon(self._carry_out, intent_id, fact)
+
+    async def _carry_out(self, intent_id: str, fact) -> None:
+        """One fact for one intent, in order: a lock per intent serializes its facts."""
+        lock = self._locks.setdefault(intent_id, anyio.Lock())
+        async with lock:
+            if self.adapter is None:
+                return
+            machine = self.machines.get(intent_id) or self._machine(intent_id)
+            try:
+                await carry_out(machine, fact, self.recorder, self.adapter)
+            except (IllegalTransition, StaleDelivery) as exc:
+                log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
+                self.machines[intent_id] = self._machine(intent_id)
+            except OperationalError as exc:
+                log.error("intent %s: ledger not writable (%s); nothing sent", intent_id, exc)
+            if machine.finished:
+                self.machines.pop(intent_id, None)
+
+    def _machine(self, intent_id: str) -> Delivery:
+        view = intent_view(self.recorder, intent_id)
+        machine = Delivery.from_view(view, turn_items=self._turn_items(view))
+        self.machines[intent_id] = machine
+        return machine
+
+
+def run_daemon(recorder: Recorder, ledger_path: str | None, ruleset: RuleSet, options: DaemonOptions) -> None:
+    """Own the ledger (one daemon per ledger) and run until a signal stops it."""
+    lock = LedgerLock(ledger_path) if ledger_path else None
+    if lock:
+        lock.acquire()
+    try:
+        anyio.run(Daemon(recorder, ruleset, options).run)
+    finally:
+        if lock:
+            lock.release()

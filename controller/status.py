@@ -1,0 +1,69 @@
+"""``tillerman status``: who owns the ledger, what it sees, what is open or overdue."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import msgspec
+
+from controller.daemon import HEARTBEAT
+from controller.overdue import overdue
+from controller.timefmt import iso
+from ledger import projections
+from ledger.recorder import Recorder
+
+
+def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
+    projection = projections.load(recorder)
+    threads = []
+    for thread_id in sorted(projection.threads):
+        snap = projection.snapshot(thread_id)
+        threads.append({
+            "thread": thread_id,
+            "steerable": snap.steerable,  # False: followed through files only, cannot be steered
+            "active_turn": snap.active_turn_id,
+            "status": projection.threads[thread_id].status,
+            "flags": list(projection.threads[thread_id].flags),
+            "approval_pending": snap.approval_pending,
+            "critical_tool": snap.critical_tool,
+            "external_effect_unknown": snap.external_effect_unknown,
+            "queue": len(snap.queue),
+            "queue_paused": snap.queue_paused,
+        })
+    return {
+        "ledger": str(ledger_path),
+        "daemon": _daemon(recorder, ledger_path),
+        "threads": threads,
+        "open_intents": len(projection.open_intents()),
+        "overdue": len(overdue(projection, now)),
+        "last_seq": projection.seq,
+    }
+
+
+def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
+    beat = recorder.load_snapshot(HEARTBEAT)
+    info = msgspec.json.decode(beat[1]) if beat else {}
+    return {
+        "running": _lock_held(Path(f"{ledger_path}.lock")),
+        "pid": info.get("pid"),
+        "since": iso(info.get("since")),
+        "heartbeat": iso(info.get("heartbeat")),
+        "url": info.get("url"),
+        "connected": info.get("connected", False),
+    }
+
+
+def _lock_held(lock_path: Path) -> bool:
+    """Whether a daemon holds the ledger's lock right now (probing never takes it for long)."""
+    if not lock_path.exists():
+        return False
+    fd = os.open(lock_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
