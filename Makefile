@@ -15,7 +15,7 @@ test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m controller.demo
+	$(PY) -m fixtures.demo
 
 bench: $(STAMP)
 	$(PY) -m bench.run $(if $(BENCH_JSON),--json $(BENCH_JSON),)

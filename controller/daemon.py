@@ -48,6 +48,7 @@ from monitor.jsonrpc import RpcError
 from monitor.redact import redact_message
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.detect import next_due
+from rules.policy import ENDED_TURN_STATES
 from rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -83,6 +84,7 @@ class Daemon:
         self.tap = AppServerTap(options.url, retain_payloads=options.retain_payloads)
         self.adapter: GuardedAdapter | None = None
         self.machines: dict[str, Delivery] = {}
+        self._verifying: set[str] = set()  # intents whose readback this run already asked for
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope]](64)
         self._due: float | None = None
@@ -259,8 +261,16 @@ class Daemon:
             self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex))
         elif decision.action is Action.RECONCILE:
             self._drive(tg, intent_id, self._reconcile_fact(view, now))
-        elif decision.action is Action.VERIFY_EFFECT:
-            self._drive(tg, intent_id, VerifyDue(now))
+        elif decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
+            # The readback proves the effect once the agent is done with the turn that
+            # took the message; the machine asks for it itself when it sees that turn end,
+            # and this covers a restart after the end.
+            ack_turn = next((h.evidence.get("turn_id") for h in view.history
+                             if h.kind == "transition" and h.state == State.ACKNOWLEDGED), None)
+            ended = self.projection.snapshot(view.intent.thread_id).turn_state(ack_turn) in ENDED_TURN_STATES
+            if ended:
+                self._verifying.add(intent_id)
+                self._drive(tg, intent_id, VerifyDue(now))
 
     def _reconcile_fact(self, view: IntentView, now: float) -> Reconcile:
         intent = view.intent

@@ -65,6 +65,7 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
     finding: str  # one line saying what was observed
     text: str | None  # the rule's text rendered, for an intent to send
     ack_deadline: float | None  # seconds the agent has to acknowledge (the rule's), not a moment
+    verify: str | None = None  # the rule's readback command for the proposed intent
     detail: dict[str, Any]  # the observed numbers, for the record
 
 
@@ -124,6 +125,7 @@ def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) ->
         finding=observation.finding,
         text=render(rule.text, fields) if rule.text is not None else None,
         ack_deadline=rule.ack_deadline,
+        verify=rule.verify,
         detail=observation.detail,
     )
 

@@ -164,6 +164,7 @@ class RuleSpec(_Spec):
     # after condition and action: its validator reads them
     text: str | None = Field(default=None, validate_default=True)
     ack_deadline: Duration | None = None
+    verify: str | None = Field(default=None, min_length=1)
 
     @field_validator("text")
     @classmethod

@@ -113,6 +113,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     review_by: datetime.date
     text: str | None = None  # template: "{count}", "{tool}", … (see rules.detect)
     ack_deadline: float | None = None  # seconds after the finding
+    verify: str | None = None  # readback command proving the steer's effect (intent --verify)
     expires: datetime.date | None = None  # from 00:00 UTC that day the rule is out of force
     threads: str | tuple[str, ...] = ANY
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rules.decision import Action
-from rules.files import RuleSetError, default_ruleset, load_ruleset, parse_duration
+from rules.files import RuleSetError, default_ruleset, load_rules, load_ruleset, parse_duration
 from rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQuiet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,7 @@ review_by = 2027-03-01
         pytest.param(
             'condition = { kind = "turn_quiet", for = "10m" }\naction = "observe"\ncolour = "red"\n',
             'rules.toml:9: rule "stall" field colour: unknown field; expected one of id, version, status, owner, '
-            "review_by, expires, threads, condition, action, text, ack_deadline",
+            "review_by, expires, threads, condition, action, text, ack_deadline, verify",
             id="unknown rule field",
         ),
         pytest.param(
@@ -454,3 +454,11 @@ def test_digest_is_the_same_in_another_process(tmp_path: Path) -> None:
         for seed in ("1", "2", "3")
     }
     assert digests == {load_ruleset(rules, config).digest}
+
+
+def test_a_rule_may_name_its_readback() -> None:
+    (rule,) = load_rules(
+        '[[rule]]\nid = "fix"\nversion = 1\nstatus = "active"\nowner = "me"\nreview_by = 2027-01-01\n'
+        'condition = { kind = "repeated_failure", count = 3 }\naction = "steer"\ntext = "Stop."\n'
+        'verify = "test -f fixed.txt"\n', "rules.toml")
+    assert rule.verify == "test -f fixed.txt"
