@@ -251,9 +251,19 @@ class GuardedAdapter:
         return Verified(None, self.clock())
 
 
-async def carry_out(machine: Delivery, fact: Fact, recorder: Recorder, adapter: GuardedAdapter) -> None:
+#: Named points of the dispatch protocol where a fault test may kill the daemon.
+CHECKPOINTS = ("dispatch_recorded", "dispatch_answered")
+
+
+async def carry_out(
+    machine: Delivery, fact: Fact, recorder: Recorder, adapter: GuardedAdapter,
+    checkpoint: Callable[[str], None] = lambda point: None,
+) -> None:
     """Feed one fact and everything it leads to: append each output (fsynced when it is a
     dispatch record) BEFORE executing its commands, then feed back their outcomes.
+
+    ``checkpoint`` is called at each of ``CHECKPOINTS``: after the durable dispatch
+    record, and after the server answered a dispatch but before that answer is recorded.
 
     Raises ``IllegalTransition`` or ``StaleDelivery`` when another writer moved the intent
     first; nothing of the refused output was sent.
@@ -265,8 +275,13 @@ async def carry_out(machine: Delivery, fact: Fact, recorder: Recorder, adapter: 
             appended = recorder.append(output.envelopes, durable=output.durable)
             if appended.conflicts:
                 raise StaleDelivery(f"intent {machine.intent.id}: the ledger holds another {appended.conflicts[0]}")
+            if output.durable:
+                checkpoint("dispatch_recorded")
         for command in output.commands:
             try:
-                pending.append(await adapter.execute(command))
+                outcome = await adapter.execute(command)
             except BoundaryRefusal as refusal:
-                pending.append(refusal.as_fact(command, adapter.clock()))
+                outcome = refusal.as_fact(command, adapter.clock())
+            if isinstance(command, DISPATCH_COMMANDS) and isinstance(outcome, Replied):
+                checkpoint("dispatch_answered")
+            pending.append(outcome)

@@ -57,6 +57,7 @@ POLL_INTERVAL = 0.05  # how often the brain looks for intents other processes pr
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT = "daemon"  # snapshot name of the heartbeat record (read by `tillerman status`)
 HEARTBEAT_EVERY = 2.0  # seconds; the fold snapshot is saved with it
+KILL_AT_ENV = "TILLERMAN_KILL_AT"
 _UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
                     ev.ItemCompleted)
@@ -305,7 +306,7 @@ class Daemon:
                 return
             machine = self.machines.get(intent_id) or self._machine(intent_id)
             try:
-                await carry_out(machine, fact, self.recorder, self.adapter)
+                await carry_out(machine, fact, self.recorder, self.adapter, self._checkpoint)
             except (IllegalTransition, StaleDelivery) as exc:
                 log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
                 self.machines[intent_id] = self._machine(intent_id)
@@ -313,6 +314,13 @@ class Daemon:
                 log.error("intent %s: ledger not writable (%s); nothing sent", intent_id, exc)
             if machine.finished:
                 self.machines.pop(intent_id, None)
+
+    @staticmethod
+    def _checkpoint(point: str) -> None:
+        """Fault injection: ``TILLERMAN_KILL_AT=dispatch_recorded`` (or
+        ``dispatch_answered``) makes the daemon SIGKILL itself there, as a crash would."""
+        if os.environ.get(KILL_AT_ENV) == point:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _machine(self, intent_id: str) -> Delivery:
         view = intent_view(self.recorder, intent_id)

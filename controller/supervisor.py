@@ -109,7 +109,7 @@ class Step:
             projection, thread_id=finding.thread_id, mode=action.value, text=finding.text or finding.finding,
             now=now, expected_turn=finding.turn_id,
             ack_deadline=finding.ack_deadline if finding.ack_deadline is not None else 120.0,
-            producer=f"rule:{finding.rule_id}", owner=None, intent_id=intent_id,
+            producer=f"rule:{finding.rule_id}", owner=None, intent_id=intent_id, verify=finding.verify,
             rule_id=finding.rule_id, rule_version=finding.rule_version,
             ruleset_digest=self.ruleset.digest, replayed=self.replay,
         )
