@@ -30,7 +30,7 @@ from ledger.projections import Projection
 from ledger.recorder import Recorder
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
-from monitor.counts import EventCounter
+from monitor.counts import Counts, EventCounter
 from monitor.formats import PARSERS, detect_format
 from monitor.identity import file_event_id, file_identity, read_first_line
 from monitor.parser import Parsed
@@ -48,16 +48,12 @@ class ReplayError(Exception):
     """Input that cannot be replayed (missing, unreadable, unknown format)."""
 
 
-class FileSummary(msgspec.Struct, kw_only=True):
+class FileSummary(Counts, frozen=True, kw_only=True):
+    """One file's counts (defined once, in ``monitor.counts``) and where they came from."""
+
     path: str
     format: str
     records: int = 0
-    events: int = 0
-    quarantined: int = 0
-    threads: int = 0
-    turns: int = 0
-    interrupted_turns: int = 0
-    unclosed_turns: int = 0
     unknown_types: dict[str, int] = {}
 
 
@@ -151,10 +147,10 @@ class Replayer:
                 raise ReplayError(f"{path}: cannot tell its format; give --format ({', '.join(FORMATS[1:])})")
         self.now = None  # each file runs on its own source clock
         counter = EventCounter()
-        summary = FileSummary(path=str(path), format=fmt)
         if fmt == "ledger":
+            records, unknown = 0, {}
             for env in _ledger_envelopes(path):
-                summary.records += 1
+                records += 1
                 counter.add(env.event)
                 self._observe(env, env.at)
         else:
@@ -169,11 +165,9 @@ class Replayer:
                     event_id=file_event_id(identity, parsed.offset, parsed.index), event=parsed.event,
                     source=f"file:{path}", at=parsed.at, offset=parsed.offset, length=parsed.length,
                 ), at)
-            summary.records = parser.records
-            summary.unknown_types = dict(sorted(parser.unknown_types.items()))
-        for field, value in msgspec.structs.asdict(counter.counts()).items():
-            setattr(summary, field, value)
-        return summary
+            records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
+        return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
+                           **msgspec.structs.asdict(counter.counts()))
 
     def _parse(self, path: Path, parser) -> Iterator[Parsed]:
         total, done = path.stat().st_size, 0
