@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench torture clean
+.PHONY: test demo bench torture clean lint
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,3 +22,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+lint: $(STAMP)
+	$(PY) -m ruff check ledger rules monitor controller fixtures tests bench

@@ -43,9 +43,9 @@ def print_table(rows: Sequence[dict], columns: Sequence[str], empty: str) -> Non
         return
     cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def errors_to_exit_codes(fn: Callable) -> Callable:

@@ -33,7 +33,6 @@ from monitor.jsonrpc import (
     ErrorResponse,
     Notification,
     Response,
-    RpcError,
     RpcSession,
     ServerRequest,
 )

@@ -65,7 +65,7 @@ def test_garbage_file_is_refused(tmp_path):
 def test_busy_ledger_raises_operational_error(tmp_path):
     path = tmp_path / "l.sqlite3"
     rec = SQLiteRecorder(path)
-    rec._db.execute(f"PRAGMA busy_timeout = 50")
+    rec._db.execute("PRAGMA busy_timeout = 50")
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
     try:
