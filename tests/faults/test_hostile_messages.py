@@ -1,0 +1,84 @@
+"""Hostile input on the app-server connection: whatever the server (or something
+pretending to be it) sends, the JSON-RPC layer and the tap never raise; every bad
+message becomes a quarantine record with evidence, and good ones still count."""
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger.events import Quarantined
+from monitor.appserver_tap import AppServerTap
+from monitor.jsonrpc import BadMessage, RpcSession
+
+METHODS = ["turn/started", "turn/completed", "item/started", "item/completed", "thread/status/changed",
+           "thread/started", "serverRequest/resolved", "thread/queue/changed", "error",
+           "item/commandExecution/requestApproval", "no/such/method", ""]
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+# messages shaped like the protocol, with fields of any type or missing
+params = st.fixed_dictionaries({}, optional={
+    "threadId": json_values, "turnId": json_values, "turn": json_values, "item": json_values,
+    "status": json_values, "requestId": json_values, "error": json_values, "thread": json_values,
+    "emittedAtMs": json_values,
+})
+messages = st.fixed_dictionaries({"method": st.sampled_from(METHODS) | json_values}, optional={
+    "params": params | json_values, "id": json_values, "result": json_values, "error": json_values,
+    "emittedAtMs": json_values,
+})
+frames = st.one_of(
+    messages.map(json.dumps),
+    st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
+    st.text(max_size=200),
+    json_values.map(json.dumps),
+    st.just('{"method": "turn/started", "params": {"threadId": "t", "turn": {"id": "u"}}'),  # truncated
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(frames, max_size=20))
+def test_nothing_the_server_sends_makes_the_tap_raise(stream):
+    session, tap = RpcSession(), AppServerTap("unix:///fuzz")
+    session.request("thread/resume", {})  # a pending id a response may name
+    for position, frame in enumerate(stream):
+        message = session.receive(frame)
+        if not hasattr(message, "method") and not isinstance(message, BadMessage):
+            continue  # a response: the client hands it to its caller, not to the tap
+        out = tap.receive(message, now=1000.0)
+        for env in out.envelopes:
+            if isinstance(env.event, Quarantined):
+                assert env.event.offset == position and env.event.reason
+                assert env.event_id.startswith("q-")
+
+
+def test_malformed_messages_are_quarantined_with_the_reason():
+    session, tap = RpcSession(), AppServerTap("unix:///x")
+    cases = {
+        "{not json": "bad_message: invalid JSON",
+        "[1, 2]": "bad_message: not a JSON object",
+        '{"method": "turn/started", "params": 5}': "bad_message: params is not an object",
+        '{"method": "item/commandExecution/requestApproval", "id": 1.5, "params": {}}':
+            "bad_message: server request id is not an integer",
+        '{"method": "turn/completed", "params": {"threadId": "t", "turn": "oops"}}': "wrong_type",
+    }
+    for frame, reason in cases.items():
+        (env,) = tap.receive(session.receive(frame), now=1.0).envelopes
+        assert isinstance(env.event, Quarantined) and env.event.reason.startswith(reason), (frame, env.event)
+
+
+def test_a_huge_message_is_decoded_or_quarantined_not_fatal():
+    session, tap = RpcSession(), AppServerTap("unix:///x")
+    huge = json.dumps({"method": "item/completed", "params": {
+        "threadId": "t", "turnId": "u", "item": {"type": "agentMessage", "id": "m", "text": "x" * 5_000_000}}})
+    (env,) = tap.receive(session.receive(huge), now=1.0).envelopes
+    assert env.event.size == 5_000_000 and env.event.text is None  # a digest and a size, never the text
+
+
+def test_unknown_methods_are_ignored_not_quarantined():
+    session, tap = RpcSession(), AppServerTap("unix:///x")
+    out = tap.receive(session.receive('{"method": "thread/somethingNew", "params": {"threadId": "t"}}'), now=1.0)
+    assert out.envelopes == [] and out.resume == []
