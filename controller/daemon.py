@@ -311,7 +311,10 @@ class Daemon:
                 log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
                 self.machines[intent_id] = self._machine(intent_id)
             except OperationalError as exc:
+                # The record could not be written, so nothing was sent; the machine may
+                # have moved ahead of the ledger: rebuild it from the ledger next time.
                 log.error("intent %s: ledger not writable (%s); nothing sent", intent_id, exc)
+                self.machines.pop(intent_id, None)
             if machine.finished:
                 self.machines.pop(intent_id, None)
 

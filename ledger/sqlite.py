@@ -69,7 +69,7 @@ def _translate(exc: sqlite3.Error) -> Exception:
 
 
 class SQLiteRecorder(Recorder):
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.path = str(path)
         self.memory = self.path == ":memory:"
         self.head_path = None if self.memory else Path(self.path + ".head")
@@ -77,7 +77,7 @@ class SQLiteRecorder(Recorder):
             _create_private(Path(self.path))
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
             if not self.memory:
                 self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
