@@ -21,6 +21,7 @@ from pathlib import Path
 from ledger import events
 from ledger.errors import IllegalTransition, IntegrityError, OperationalError, SchemaError
 from ledger.events import Entry, Envelope, IntentEvidence, IntentProposed, IntentTransition
+from ledger.file_offsets import FileOffset
 from ledger.intent_states import State, check_transition
 from ledger.migrations import SCHEMA_VERSION, migrate
 from ledger.recorder import (
@@ -81,8 +82,9 @@ class SQLiteRecorder(Recorder):
             if not self.memory:
                 self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = NORMAL")
-            with self._transaction():
-                migrate(self._db)
+            if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                with self._transaction():  # only a migration needs the write lock to open
+                    migrate(self._db)
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
         self._heal_anchor()
@@ -113,11 +115,16 @@ class SQLiteRecorder(Recorder):
 
     # -- append -----------------------------------------------------------------
 
-    def append(self, batch: Sequence[Envelope], *, durable: bool = False) -> AppendResult:
-        if not batch:
+    def append(self, batch: Sequence[Envelope], *, durable: bool = False,
+               offsets: Sequence[FileOffset] = ()) -> AppendResult:
+        """``offsets``: file tailer positions, written in the same transaction as the
+        events read from those spans (the last one per identity wins)."""
+        if not batch and not offsets:
             return AppendResult()
         observed = time.time()
         with self._transaction(durable) as db:
+            if offsets:
+                self._save_offsets(db, offsets, observed)
             seq, prev = self._head(db)
             known = self._known_digests(db, [e.event_id for e in batch])
             intent_states: dict[str, State | None] = {}
@@ -156,6 +163,29 @@ class SQLiteRecorder(Recorder):
         if rows:
             self._write_anchor(seq, prev)
         return AppendResult(tuple(seqs), duplicates, tuple(conflicts))
+
+    @staticmethod
+    def _save_offsets(db: sqlite3.Connection, offsets: Sequence[FileOffset], now: float) -> None:
+        latest = {o.identity: o for o in offsets}
+        db.executemany(
+            "INSERT INTO file_offsets (identity, path, source, format, offset, state, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (identity) DO UPDATE SET path = excluded.path,"
+            " source = excluded.source, format = excluded.format, offset = excluded.offset,"
+            " state = excluded.state, updated_at = excluded.updated_at",
+            [(o.identity, o.path, o.source, o.format, o.offset, o.state, o.updated_at or now)
+             for o in latest.values()],
+        )
+
+    def file_offsets(self) -> list[FileOffset]:
+        """Every followed file generation and where it was read up to."""
+        try:
+            rows = self._db.execute(
+                "SELECT identity, path, source, format, offset, state, updated_at FROM file_offsets"
+                " ORDER BY path, identity").fetchall()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+        return [FileOffset(identity=i, path=p, source=s, format=f, offset=o, state=st, updated_at=u)
+                for i, p, s, f, o, st, u in rows]
 
     def _head(self, db: sqlite3.Connection) -> tuple[int, str]:
         row = db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()

@@ -1,0 +1,59 @@
+"""The ledger is locked by another writer: the daemon dispatches nothing while it cannot
+record, says why, and delivers once the ledger is writable again (real app-server)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from controller.daemon import Daemon, DaemonOptions
+from controller.intents import intent_view, propose
+from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
+from ledger.sqlite import SQLiteRecorder
+from rules.ruleset import Grant, build_ruleset
+
+pytestmark = [pytest.mark.live, pytest.mark.anyio]
+
+GRANTS = build_ruleset((), (Grant(subject="owner:ann", actions=frozenset({"steer"})),))
+
+
+async def test_busy_ledger_holds_dispatch_then_delivers_once(
+    app_server: AppServer, workspace: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    async with watched_connection(app_server.url, client_name="harness") as (harness, log):
+        thread = (await harness.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
+        turn = (await harness.request("turn/start", {"threadId": thread, "input": [
+            {"type": "text", "text": "RUN: sleep 3"}]}))["turn"]["id"]
+        await log.wait_for(is_item("item/started", "commandExecution"), timeout=20)
+        with SQLiteRecorder(path) as rec:
+            intent = propose(rec, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
+                             text="BUSYTEST: finish this command, then stop.")
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the ledger
+        recorder = SQLiteRecorder(path, busy_timeout_ms=100)
+        daemon = Daemon(recorder, GRANTS, DaemonOptions(url=app_server.url))
+        caplog.set_level(logging.ERROR, logger="tillerman")
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            await anyio.sleep(1.5)
+            # nothing may leave while nothing can be recorded
+            assert intent_view(recorder, intent.id).state == "proposed"
+            assert not [m for m in log.messages if is_item("item/started", "userMessage",
+                                                           clientId=intent.client_user_message_id)(m)]
+            assert "ledger not writable" in caplog.text
+            blocker.execute("ROLLBACK")
+            with anyio.fail_after(20):
+                while intent_view(recorder, intent.id).state != "acknowledged":
+                    await anyio.sleep(0.05)
+            await log.wait_for(is_notification("turn/completed", threadId=thread), timeout=20)
+            tg.cancel_scope.cancel()
+    echoes = [m for m in log.messages
+              if is_item("item/completed", "userMessage", clientId=intent.client_user_message_id)(m)]
+    assert len(echoes) == 1 and echoes[0].params["turnId"] == turn
+    assert recorder.verify().ok
+    recorder.close()
