@@ -36,6 +36,20 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX events_kind ON events (kind, seq)",
         "CREATE TABLE snapshots (name TEXT PRIMARY KEY, seq INTEGER NOT NULL, state BLOB NOT NULL)",
     ),
+    # 2: where the file tailer read each followed file up to (ledger.file_offsets);
+    # written in the same transaction as the events read from that span
+    (
+        """CREATE TABLE file_offsets (
+            identity TEXT PRIMARY KEY,
+            path TEXT NOT NULL,
+            source TEXT NOT NULL,
+            format TEXT NOT NULL,
+            offset INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "CREATE INDEX file_offsets_path ON file_offsets (path)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
