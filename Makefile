@@ -20,6 +20,15 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run $(if $(BENCH_JSON),--json $(BENCH_JSON),)
 
+# Fault injection at full counts (real app-server, real SIGKILLs): the whole crash-point
+# matrix, random kills, rollover races and server faults, then 200 random-kill rounds and
+# 60 rollover races with the summary table (seed printed; replay with --seed).
+TORTURE_ROUNDS ?= 200
+TORTURE_RACES ?= 60
+torture: $(STAMP)
+	$(PY) -m pytest -m slow tests/faults $(PYTEST_ARGS)
+	$(PY) -m tests.faults.torture --rounds $(TORTURE_ROUNDS) --races $(TORTURE_RACES) $(if $(SEED),--seed $(SEED),)
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 

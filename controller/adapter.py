@@ -251,8 +251,16 @@ class GuardedAdapter:
         return Verified(None, self.clock())
 
 
-#: Named points of the dispatch protocol where a fault test may kill the daemon.
-CHECKPOINTS = ("dispatch_recorded", "dispatch_answered")
+#: Named points of the dispatch protocol where a fault test may kill the daemon, in
+#: protocol order (every dispatch mode passes each of them once):
+#: ``dispatch_recording`` — the dispatch record is built, not yet written;
+#: ``dispatch_recorded`` — the durable ``dispatch_unknown`` record is committed, nothing sent;
+#: ``dispatch_sending`` — the boundary is about to send the steer, queue add or interrupt
+#: (queue: after the list that precedes the add was answered);
+#: ``dispatch_answered`` — the server accepted it, the answer is not yet recorded;
+#: ``answer_recorded`` — the answer (or, echo first, the late-reply evidence) is committed.
+CHECKPOINTS = ("dispatch_recording", "dispatch_recorded", "dispatch_sending", "dispatch_answered",
+               "answer_recorded")
 
 
 async def carry_out(
@@ -262,22 +270,31 @@ async def carry_out(
     """Feed one fact and everything it leads to: append each output (fsynced when it is a
     dispatch record) BEFORE executing its commands, then feed back their outcomes.
 
-    ``checkpoint`` is called at each of ``CHECKPOINTS``: after the durable dispatch
-    record, and after the server answered a dispatch but before that answer is recorded.
+    ``checkpoint`` is called at each of ``CHECKPOINTS`` (a fault test kills the process
+    there): around the durable dispatch record, just before a dispatch command goes to
+    the transport, after the server accepted it, and after that answer is recorded.
 
     Raises ``IllegalTransition`` or ``StaleDelivery`` when another writer moved the intent
     first; nothing of the refused output was sent.
     """
     pending: list[Fact] = [fact]
     while pending:
-        output = machine.handle(pending.pop(0))
+        current = pending.pop(0)
+        output = machine.handle(current)
+        answered = isinstance(current, Replied) and isinstance(current.command, DISPATCH_COMMANDS)
         if output.envelopes:
+            if output.durable:
+                checkpoint("dispatch_recording")
             appended = recorder.append(output.envelopes, durable=output.durable)
             if appended.conflicts:
                 raise StaleDelivery(f"intent {machine.intent.id}: the ledger holds another {appended.conflicts[0]}")
             if output.durable:
                 checkpoint("dispatch_recorded")
+        if answered:
+            checkpoint("answer_recorded")
         for command in output.commands:
+            if isinstance(command, DISPATCH_COMMANDS):
+                checkpoint("dispatch_sending")
             try:
                 outcome = await adapter.execute(command)
             except BoundaryRefusal as refusal:

@@ -33,7 +33,8 @@ from controller.timefmt import format_duration, parse_duration, parse_time
 from ledger import projections
 from ledger.intent_states import State
 from ledger.sqlite import SQLiteRecorder
-from rules.files import RuleSetError, load_ruleset
+from rules.config import Effective, load_effective
+from rules.files import RuleSetError
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 
@@ -200,11 +201,12 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
 
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
-    ruleset = _load_rules(rules_path, config_path)
+    effective = _load_rules(rules_path, config_path)
     recorder = SQLiteRecorder(ledger_path) if ledger_path else SQLiteRecorder(":memory:")
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
-        summary = Replayer(recorder, ruleset, fmt=fmt, retain_payloads=retain_payloads, progress=progress).run(list(paths))
+        summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
+                           retain_payloads=retain_payloads, progress=progress).run(list(paths))
     except ReplayError as exc:
         raise Fail(str(exc)) from exc
     finally:
@@ -244,9 +246,10 @@ class _Progress:
         click.echo("\r\033[K", err=True, nl=False)
 
 
-def _load_rules(rules_path: str | None, config_path: str | None):
+def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
+    """Rules, grants and command patterns (rules.config)."""
     try:
-        return load_ruleset(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
+        return load_effective(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
 
@@ -258,6 +261,9 @@ def _load_rules(rules_path: str | None, config_path: str | None):
 @click.option("--codex", "url", help="The shared app-server to attach to: unix://PATH or ws://HOST:PORT.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
+@click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
+                   " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without --codex.")
 @click.option("--client-name", default="tillerman", show_default=True,
               help="clientInfo.name to initialize with (use the harness's name when tillerman connects first).")
 @ledger_option
@@ -269,18 +275,23 @@ def _load_rules(rules_path: str | None, config_path: str | None):
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, spawn_codex, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
+def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
             dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
+    With --watch DIR (alone or with --codex), session files under DIR are followed as they
+    grow, resumably (offsets are kept in the ledger): their threads are observed and
+    reported on, never steered.
+
     Example: tillerman run --codex unix://$CODEX_HOME/app-server-control/app-server-control.sock
     """
-    if not url and not spawn_codex:
-        raise Fail("nothing to supervise: give --codex unix://PATH (or ws://HOST:PORT), or --spawn-codex")
+    if not url and not spawn_codex and not watch_dirs:
+        raise Fail("nothing to supervise: give --codex unix://PATH (or ws://HOST:PORT), --spawn-codex,"
+                   " or --watch DIR")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
-    ruleset = _load_rules(rules_path, config_path)
+    effective = _load_rules(rules_path, config_path)
     server = None
     if spawn_codex:
         home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
@@ -294,10 +305,12 @@ def run_cmd(url, spawn_codex, client_name, ledger_path, config_path, rules_path,
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
     path = Path(ledger_path) if ledger_path else default_ledger_path()
     options = DaemonOptions(url=url, client_name=client_name, trace=trace_path, retain_payloads=retain_payloads,
-                            dry_run=dry_run, on_overdue=on_overdue)
+                            dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
+                            config_path=config_path, patterns=effective.patterns,
+                            watch=tuple(os.path.abspath(d) for d in watch_dirs))
     try:
         with open_ledger(str(path)) as recorder:
-            run_daemon(recorder, str(path), ruleset, options)
+            run_daemon(recorder, str(path), effective.ruleset, options)
     except KeyboardInterrupt:
         pass
     finally:
@@ -324,7 +337,10 @@ def status_cmd(as_json, ledger_path):
     daemon = data["daemon"]
     if daemon["running"]:
         click.echo(f"daemon: pid {daemon['pid']} since {daemon['since']}, heartbeat {daemon['heartbeat']}"
-                   f" ({'connected' if daemon['connected'] else 'not connected'} to {daemon['url']})")
+                   + (f" ({'connected' if daemon['connected'] else 'not connected'} to {daemon['url']})"
+                      if daemon["url"] else "")
+                   + (f" (following files under {', '.join(daemon.get('watch') or [])};"
+                      " file-only threads are not steerable)" if daemon.get("watch") else ""))
     else:
         click.echo("daemon: not running")
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
@@ -429,3 +445,6 @@ def ledger_export(after, ledger_path):
             out.write(b"\n")
     out.flush()
 
+
+
+import controller.rules_cli  # noqa: E402,F401  (registers `tillerman rules …` on main)

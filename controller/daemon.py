@@ -6,7 +6,10 @@ subscribe, follow; reconnect with backoff when the server goes away), the
 the connection saw, folds it, runs the rules and the policy, and hands each
 decision to the intent's delivery machine), one **delivery** task per intent at a
 time (the machine's commands go through the guarded adapter; a slow request never
-stalls the brain), and the **overdue** notifier. SIGINT/SIGTERM cancel the group:
+stalls the brain), the **file followers** (``--watch``: session files tailed
+through ``monitor.watch``; each batch carries the file offsets the brain records in
+the same transaction as its events), and the **overdue** notifier. The connection
+is optional: with ``--watch`` alone the daemon observes files only. SIGINT/SIGTERM cancel the group:
 every append is one transaction, so nothing is half-written.
 
 Before it dispatches anything after a start, the daemon folds the ledger and
@@ -30,22 +33,29 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from controller.delivery import Delivery, Dispatch, Observed, Reconcile, VerifyDue
+from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue
 from controller.intents import intent_view
 from controller.notify import OverdueNotifier
+from controller.reload import POLL_EVERY, RuleReloader
 from controller.supervisor import Step
 from ledger import events as ev
 from ledger import projections
 from ledger.errors import IllegalTransition, OperationalError
 from ledger.events import Envelope
+from ledger.file_offsets import FileOffset
 from ledger.intent_states import State
 from ledger.lock import LedgerLock
 from ledger.projections import IntentView, Projection
 from ledger.recorder import Recorder
 from monitor.appserver_client import AppServerDisconnected, JsonlTrace, open_app_server
 from monitor.appserver_tap import AppServerTap
+from monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from monitor.commands import CommandPatterns
 from monitor.jsonrpc import RpcError
+from monitor.tailer import FileBatch, Tailer
+from monitor.watch import Watch
 from monitor.redact import redact_message
+from rules.config import Effective, patterns_digest
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.detect import next_due
 from rules.policy import ENDED_TURN_STATES
@@ -65,13 +75,17 @@ _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnSt
 
 @dataclass(frozen=True)
 class DaemonOptions:
-    url: str
+    url: str | None = None  # None: no app-server, files only (--watch)
     client_name: str = "tillerman"
     trace: str | None = None
     retain_payloads: bool = False
     dry_run: bool = False
     on_overdue: str | None = None
     request_timeout: float = 10.0
+    watch: tuple[str, ...] = ()  # directories whose session files are followed (monitor.watch)
+    rules_path: str | None = None  # watched: a valid change is applied, an invalid one recorded and refused
+    config_path: str | None = None
+    patterns: CommandPatterns = DEFAULT_PATTERNS
 
 
 class Daemon:
@@ -82,12 +96,12 @@ class Daemon:
         self.clock = clock
         self.step = Step(ruleset, replay=False)
         self.projection = Projection()
-        self.tap = AppServerTap(options.url, retain_payloads=options.retain_payloads)
+        self.tap = AppServerTap(options.url, patterns=options.patterns, retain_payloads=options.retain_payloads)
         self.adapter: GuardedAdapter | None = None
         self.machines: dict[str, Delivery] = {}
         self._verifying: set[str] = set()  # intents whose readback this run already asked for
         self._locks: dict[str, anyio.Lock] = {}
-        self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope]](64)
+        self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
         self.notifier = OverdueNotifier(options.on_overdue)
         self.connected = anyio.Event()
@@ -99,10 +113,14 @@ class Daemon:
         self.projection = projections.load(self.recorder)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
-            await tg.start(self._connection, tg)
+            if self.options.url:
+                await tg.start(self._connection, tg)
             await self._reconcile_under_way(tg)  # a restart reads back before anything is sent
             tg.start_soon(self._brain, tg)
+            if self.options.watch:
+                tg.start_soon(self._follow_files)
             tg.start_soon(self.notifier.run)
+            tg.start_soon(self._watch_rules)
             task_status.started()
 
     async def _signals(self, scope: anyio.CancelScope) -> None:
@@ -112,6 +130,36 @@ class Daemon:
                 scope.cancel()
                 return
 
+    async def _watch_rules(self, poll_every: float = POLL_EVERY) -> None:
+        """Record the rule set at start; reload the rule and config files when they
+        change (polled) or on SIGHUP (see ``controller.reload``)."""
+        reloader = RuleReloader(self.options.rules_path, self.options.config_path, Effective(
+            ruleset=self.step.ruleset, patterns=self.options.patterns,
+            patterns_digest=patterns_digest(self.options.patterns)))
+        forced, pending, swap = False, [], None
+        with anyio.open_signal_receiver(signal.SIGHUP) as hup:
+            while True:
+                outcome = reloader.poll(self.clock(), forced=forced)
+                pending.extend(outcome.envelopes)
+                swap = outcome.effective or swap
+                try:
+                    self._write(pending)
+                    pending = []
+                except OperationalError as exc:  # no new rules decide before the change is on record
+                    log.error("ledger not writable (%s): rule set change held until it is recorded", exc)
+                if swap is not None and not pending:  # same loop as the brain: no step sees half a swap
+                    self.step.ruleset = swap.ruleset
+                    if self.adapter is not None:
+                        self.adapter.ruleset = swap.ruleset
+                    self.tap._mapping.patterns = swap.patterns  # classifies items from now on
+                    self._due = self.clock()  # re-evaluate every thread under the new rules
+                    swap = None
+                forced = False
+                with anyio.move_on_after(poll_every):
+                    async for _ in hup:
+                        forced = True
+                        break
+
     # -- the connection ---------------------------------------------------------------
 
     async def _connection(self, tg, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
@@ -119,14 +167,14 @@ class Daemon:
         goes away. Facts seen twice (a reconnect, a resume) keep their natural-key ids."""
         started = False
         delay = 0.1
+        # One trace for the daemon's life: a delivery still holding the lost connection's
+        # adapter must get "disconnected" from it, not a write to a closed trace file.
+        trace = None
+        if self.options.trace:
+            trace = JsonlTrace(self.options.trace, redact=None if self.options.retain_payloads else redact_message)
         while True:
             try:
                 async with AsyncExitStack() as stack:
-                    trace = None
-                    if self.options.trace:
-                        redact = None if self.options.retain_payloads else redact_message
-                        trace = JsonlTrace(self.options.trace, redact=redact)
-                        stack.callback(trace.close)
                     client = await stack.enter_async_context(
                         open_app_server(self.options.url, client_name=self.options.client_name, trace=trace))
                     self.tap.connected()
@@ -155,6 +203,13 @@ class Daemon:
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    async def _follow_files(self) -> None:
+        """Follow the session files under ``--watch`` (observe-only: file threads are not
+        steerable). Each batch goes through the brain like the connection's."""
+        known = self.recorder.file_offsets() if hasattr(self.recorder, "file_offsets") else []
+        tailer = Tailer(known=known, patterns=self.options.patterns, retain_payloads=self.options.retain_payloads)
+        await Watch(self.options.watch, tailer, self._inbox_send.send).run()
+
     async def _resume(self, client, thread_id: str) -> None:
         try:
             result = await client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True,
@@ -164,7 +219,15 @@ class Daemon:
             log.info("cannot subscribe to thread %s yet (%s)", thread_id, exc)
             self.tap.resume_failed(thread_id)
             return
-        envelopes = self.tap.resumed(result, self.clock())
+        # A turn the ledger already holds (seen live, or before this reconnect or restart)
+        # is not offered again: the resume's copy is stamped with the time of the resume,
+        # so the ledger stored it as a conflict at every reconnect mid-turn
+        # (tests/live/test_daemon_live.py, reconnect case).
+        known = self.projection.threads.get(thread_id)
+        envelopes = [e for e in self.tap.resumed(result, self.clock())
+                     if known is None or e.event.turn_id not in known.turn_states]
+        page = result.get("initialTurnsPage") if isinstance(result, dict) else None
+        envelopes += self._seen(thread_id, page.get("data") if isinstance(page, dict) else None)
         if envelopes:
             await self._inbox_send.send(envelopes)
 
@@ -172,18 +235,28 @@ class Daemon:
 
     async def _brain(self, tg) -> None:
         pending: list[Envelope] = []
+        offsets: list[FileOffset] = []  # file positions, recorded with the events they cover
         last_beat = 0.0
+
+        def take(item: list[Envelope] | FileBatch) -> None:
+            if isinstance(item, FileBatch):
+                pending.extend(item.envelopes)
+                offsets.extend(item.offsets)
+            else:
+                pending.extend(item)
+
         while True:
             with anyio.move_on_after(POLL_INTERVAL):
-                pending.extend(await self._inbox.receive())
+                take(await self._inbox.receive())
             while len(pending) < BATCH:  # take whatever else is already waiting
                 try:
-                    pending.extend(self._inbox.receive_nowait())
+                    take(self._inbox.receive_nowait())
                 except anyio.WouldBlock:
                     break
             try:
-                self._think(tg, pending)
+                self._think(tg, pending, offsets)
                 pending = []
+                offsets = []
                 if self.clock() - last_beat >= HEARTBEAT_EVERY:
                     last_beat = self.clock()
                     self._heartbeat(last_beat)
@@ -195,14 +268,16 @@ class Daemon:
                 await anyio.sleep(1.0)
 
     def _heartbeat(self, now: float) -> None:
-        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url,
+        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url, "watch": list(self.options.watch),
                 "connected": self.connected.is_set()}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         projections.save(self.recorder, self.projection)
 
-    def _think(self, tg, batch: list[Envelope]) -> None:
+    def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
         now = self.clock()
-        if batch:
+        if offsets:
+            self.recorder.append(batch, offsets=offsets)  # one transaction: events and file positions
+        elif batch:
             self.recorder.append(batch)
         touched = self._refold(tg, now)
         timer_due = self._due is not None and now >= self._due
@@ -291,9 +366,66 @@ class Daemon:
         """Every intent whose delivery is under way is read back before anything new is
         sent (after a start, or a reconnect)."""
         self._refold(tg, self.clock())
+        await self._read_back_turns(tg)
         for view in self.projection.open_intents():
             if State(view.state) in _UNDER_WAY:
                 self._drive(tg, view.intent.id, self._reconcile_fact(view, self.clock()))
+        # Then every open intent is decided once more: after a start the ledger already holds
+        # intents no new entry will touch, and a decision made while disconnected was dropped.
+        self._due = self.clock()
+
+    async def _read_back_turns(self, tg) -> None:
+        """What happened while this daemon was away (dead, or disconnected). A resume
+        reveals only a turn still in progress, and a thread that was idle stays unknown to
+        the fold; so for every open intent whose thread is unknown, or whose expected turn
+        the ledger still shows running, the thread's turns are read back from the server
+        (``thread/turns/list``): the thread is recorded as seen, and the end of each
+        expected turn as an observation. The fold then settles (or dispatches) the intent
+        as the live notifications would have."""
+        client = self.adapter.client if self.adapter is not None else None
+        wanted: dict[str, set[str]] = {}
+        for view in self.projection.open_intents():
+            intent = view.intent
+            snapshot = self.projection.snapshot(intent.thread_id)
+            if not snapshot.known:
+                wanted.setdefault(intent.thread_id, set())
+            if intent.expected_turn_id is not None and snapshot.turn_state(intent.expected_turn_id) \
+                    not in ENDED_TURN_STATES:
+                wanted.setdefault(intent.thread_id, set()).add(intent.expected_turn_id)
+        envelopes: list[Envelope] = []
+        for thread_id, turn_ids in wanted.items() if client is not None else ():
+            try:
+                page = await client.request("thread/turns/list", {"threadId": thread_id, "limit": READBACK_PAGE},
+                                            timeout=self.options.request_timeout)
+            except (RpcError, TimeoutError, AppServerDisconnected) as exc:
+                log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)
+                continue
+            turns = page.get("data") if isinstance(page, dict) else None
+            envelopes += self._seen(thread_id, [t for t in turns or [] if isinstance(t, dict) and t.get("id") in turn_ids])
+        if envelopes:
+            try:
+                self._write(envelopes)
+                self._due = self.clock()  # the brain re-decides every thread with what was read back
+            except OperationalError as exc:
+                log.error("ledger not writable (%s): turns that ended meanwhile not recorded yet", exc)
+        self._refold(tg, self.clock())
+
+    def _seen(self, thread_id: str, turns: object) -> list[Envelope]:
+        """What a resume or a readback shows that notifications may not have: the thread
+        exists (a thread idle when we attached is otherwise unknown to the fold), and which
+        listed turns have ended (a resume reveals only a running turn). Only what the fold
+        does not know yet; no time stamp, so recording it twice is a silent no-op."""
+        snapshot = self.projection.snapshot(thread_id)
+        out = [] if snapshot.known else [Envelope(
+            event_id=f"rb-thread-seen:{thread_id}", source=self.tap.source, at=None,
+            event=ev.ThreadStarted(thread_id=thread_id, source_format="appserver"))]
+        for turn in turns if isinstance(turns, list) else []:
+            turn_id, status = (turn.get("id"), turn.get("status")) if isinstance(turn, dict) else (None, None)
+            if isinstance(turn_id, str) and status in ("completed", "interrupted", "failed") \
+                    and snapshot.turn_state(turn_id) not in ENDED_TURN_STATES:
+                out.append(Envelope(event_id=f"rb-turn-ended:{thread_id}:{turn_id}:{status}", source=self.tap.source,
+                                    at=None, event=ev.TurnCompleted(thread_id=thread_id, turn_id=turn_id, status=status)))
+        return out
 
     def _drive(self, tg, intent_id: str, fact) -> None:
         tg.start_soon(self._carry_out, intent_id, fact)
@@ -320,8 +452,8 @@ class Daemon:
 
     @staticmethod
     def _checkpoint(point: str) -> None:
-        """Fault injection: ``TILLERMAN_KILL_AT=dispatch_recorded`` (or
-        ``dispatch_answered``) makes the daemon SIGKILL itself there, as a crash would."""
+        """Fault injection: ``TILLERMAN_KILL_AT=<point>`` (one of ``controller.adapter.CHECKPOINTS``)
+        makes the daemon SIGKILL itself there, as a crash would."""
         if os.environ.get(KILL_AT_ENV) == point:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -390,8 +390,10 @@ class Delivery:
                 found = _find_client_item(turn, self.client_id)
                 if found is not None:
                     return self._found(turn, found, now)
-            if now < self.intent.ack_deadline:
-                return Output()  # an add in flight inside the server may still land
+            if self.state is S.QUEUED or now < self.intent.ack_deadline:
+                # accepted and still waiting in the server's queue, or an add in flight
+                # that may still land: the overdue report covers a long wait
+                return Output()
             return self._absent({"turn_id": None, "turn_status": None}, now)
         turn = next((t for t in turns if t.get("id") == command.turn_id), None)
         if turn is None:
@@ -553,8 +555,11 @@ class Delivery:
         if fact.echo_turn_id is not None and mode != "interrupt":
             return self._echo(fact.echo_turn_id, None, fact.now)
         if mode == "queue":
-            # Never re-add: look for the entry, then for the turn it may have started.
-            return self._out(commands=(QueueList(**self._ids()),)) if self.state is S.DISPATCH_UNKNOWN else Output()
+            # Never re-add: look for the entry, then for the turn it may have started
+            # (a restart may have missed that turn's start, and with it the echo).
+            if self.state is S.DISPATCH_UNKNOWN:
+                return self._out(commands=(QueueList(**self._ids()),))
+            return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id, turn_id=None),))
         if fact.expected_turn_state in ENDED_TURN_STATES:
             return self._expected_turn_ended(fact.expected_turn_state, fact.now)
         return Output()  # the expected turn is still active: the echo or its end will settle it

@@ -26,20 +26,22 @@ from controller.render import overdue_json
 from controller.supervisor import Step
 from ledger import events as ev
 from ledger.events import Entry, Envelope
-from ledger.projections import Projection
+from ledger.projections import IntentView, Projection, is_open
 from ledger.recorder import Recorder
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
 from monitor.counts import Counts, EventCounter
 from monitor.formats import PARSERS, detect_format
-from monitor.identity import file_event_id, file_identity, read_first_line
+from monitor.identity import file_identity, read_first_line
 from monitor.parser import Parsed
+from monitor.tailer import file_envelope, file_source
 from rules.detect import next_due
 from rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
 HEAD = 64 * 1024
 FORMATS = ("auto", *sorted(PARSERS), "ledger")
+BATCH = 512  # observations appended per transaction at most
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -110,6 +112,14 @@ class Replayer:
         self.progress = progress
         self.step = Step(ruleset, replay=True)
         self.projection = Projection()
+        # Open intents by id, kept up to date as entries are folded (``_record``):
+        # scanning every intent a long session ever had, at every event, was quadratic.
+        self._open: dict[str, IntentView] = {}
+        # Batched observations (see ``_observe_batched``): appended once BATCH are
+        # waiting, or before anything of tillerman's own is recorded.
+        self._pending: list[Envelope] = []
+        self._batching = False  # the ledger was empty at the start: seqs are predictable
+        self._identities: set[str] = set()  # files replayed in this run
         self.now: float | None = None
         self.end: float | None = None  # the latest virtual time any file reached
         self._digest = hashlib.sha256()
@@ -120,7 +130,12 @@ class Replayer:
     # -- driving ------------------------------------------------------------------
 
     def run(self, paths: list[str]) -> ReplaySummary:
-        files = [self._replay_file(path) for path in collect_files(paths)]
+        found = collect_files(paths)
+        self._batching = self.recorder.max_seq() == 0 and self.projection.seq == 0
+        files = []
+        for path in found:
+            files.append(self._replay_file(path))
+            self._flush()
         now = self.end or 0.0
         return ReplaySummary(
             files=files,
@@ -154,17 +169,20 @@ class Replayer:
                 counter.add(env.event)
                 self._observe(env, env.at)
         else:
-            parser = PARSERS[fmt](source=f"file:{path}", patterns=self.patterns, retain_payloads=self.retain_payloads)
+            source = file_source(path)
+            parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)
             identity = file_identity(path, read_first_line(path))
+            # A second copy of a file replayed in the same run repeats its event ids:
+            # it goes one event at a time, so the ledger can drop the duplicates.
+            batched = self._batching and identity not in self._identities
+            self._identities.add(identity)
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
                 at = parsed.at
                 if at is None and parser.untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
-                self._observe(Envelope(
-                    event_id=file_event_id(identity, parsed.offset, parsed.index), event=parsed.event,
-                    source=f"file:{path}", at=parsed.at, offset=parsed.offset, length=parsed.length,
-                ), at)
+                # The same envelope the live tailer (monitor.tailer) builds for this record.
+                self._observe(file_envelope(identity, source, parsed), at, batched=batched)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
                            **msgspec.structs.asdict(counter.counts()))
@@ -184,14 +202,17 @@ class Replayer:
 
     # -- one event on the virtual clock --------------------------------------------
 
-    def _observe(self, env: Envelope, at: float | None) -> None:
+    def _observe(self, env: Envelope, at: float | None, *, batched: bool = False) -> None:
         if at is not None:
             self._fire_timers(until=at)
             self.now = at if self.now is None else max(self.now, at)
         now = self.now if self.now is not None else 0.0
         env = msgspec.structs.replace(env, observed_at=now)
         self.events += not isinstance(env.event, ev.Quarantined)
-        self._record([env])
+        if batched:
+            self._observe_batched(env)
+        else:
+            self._record([env])
         thread = env.event.thread_id
         if thread is not None:
             self._evaluate([thread], now)
@@ -207,7 +228,7 @@ class Replayer:
 
     def _next_due(self, now: float) -> float | None:
         candidates = []
-        for view in self.projection.open_intents():
+        for view in self._open.values():
             i = view.intent
             candidates.extend(t for t in (i.ack_deadline, i.effect_deadline, i.expires_at) if t is not None and t > now)
         for thread_id in self.projection.threads:
@@ -219,16 +240,48 @@ class Replayer:
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         self._record(self.step.step(self.projection, thread_ids, now))
         wanted = set(thread_ids)
-        views = [v for v in self.projection.open_intents() if v.intent.thread_id in wanted]
+        views = [v for v in self._open.values() if v.intent.thread_id in wanted]
         self._record(self.step.decide_intents(self.projection, views, now)[0])
+
+    def _observe_batched(self, env: Envelope) -> None:
+        """Fold an observation now and append it later, with up to BATCH others in one
+        transaction (one per event made replay into a ledger pay a commit and a head
+        anchor per event). Exact only because nothing else can take its seq: this run
+        started on an empty ledger, file event ids never repeat within a file, and a
+        file seen twice goes the slow way; ``_flush`` checks the seqs it predicted."""
+        self._pending.append(env)
+        entry = Entry(seq=self.projection.seq + 1, envelope=env, prev_hash="", hash="")
+        self._account(entry)
+        self.projection.apply(entry)
+        if len(self._pending) >= BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        first = self.projection.seq - len(pending) + 1
+        result = self.recorder.append(pending)
+        if result.seqs != tuple(range(first, first + len(pending))):
+            raise ReplayError("the ledger changed under the replay (another writer?): its seqs are not"
+                              " the ones the replay folded; replay into a ledger nothing else writes to")
 
     def _record(self, batch: list[Envelope]) -> None:
         if not batch:
             return
+        self._flush()
         self.recorder.append(batch)
         for entry in self.recorder.read(after_seq=self.projection.seq):
             self._account(entry)
             self.projection.apply(entry)
+            event = entry.envelope.event
+            if isinstance(event, ev.IntentProposed | ev.IntentTransition):
+                intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
+                view = self.projection.intents.get(intent_id)
+                if view is not None and is_open(view):
+                    self._open[intent_id] = view
+                else:
+                    self._open.pop(intent_id, None)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

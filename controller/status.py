@@ -51,6 +51,7 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
         "url": info.get("url"),
+        "watch": info.get("watch", []),
         "connected": info.get("connected", False),
     }
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import msgspec
+
 from controller.intents import IntentError, build_intent, proposal_envelopes, transition_envelope
 from ledger.events import DecisionRecorded, Envelope, Report
 from ledger.intent_states import TRANSITIONS as _MOVES
 from ledger.intent_states import State
-from ledger.intents import intent_id_from
+from ledger.intents import Intent, intent_id_from
 from ledger.projections import IntentView, Projection
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.detect import Finding, detect
@@ -85,6 +87,8 @@ class Step:
             return []
         self.seen_findings.add(finding.key)
         action = Action(finding.action)
+        if finding.status == "shadow":
+            return self._shadow(projection, finding, action, now)
         if action in DISPATCH_ACTIONS and finding.status == "active":
             try:
                 return self._propose(projection, finding, action, now)
@@ -101,11 +105,36 @@ class Step:
         )
         return Envelope(event_id=f"report:{finding.key}", event=report, source=SOURCE, at=now)
 
+    def _shadow(self, projection: Projection, finding: Finding, action: Action, now: float) -> list[Envelope]:
+        """A shadow rule's finding: a report marked shadow and, for a dispatch action, the
+        decision the policy would have made at this moment were the rule active, recorded
+        as a shadow decision about the intent it would have proposed. Neither the intent
+        nor anything dispatchable is ever recorded."""
+        if action not in DISPATCH_ACTIONS:
+            return [self._report(finding, action, now, {"shadow": True})]
+        try:
+            intent = self._intent(projection, finding, action, now)
+        except IntentError as exc:
+            return [self._report(finding, action, now, {"shadow": True, "not_proposed": str(exc)})]
+        as_active = msgspec.structs.replace(self.ruleset, rules=tuple(
+            msgspec.structs.replace(r, status="active") if r.id == finding.rule_id else r for r in self.ruleset.rules))
+        decision = decide(intent, State.PROPOSED, projection.snapshot(finding.thread_id), now, as_active)
+        event = DecisionRecorded(
+            thread_id=finding.thread_id, turn_id=finding.turn_id, intent_id=intent.id,
+            action=decision.action.value, reason=decision.reason, rule_id=finding.rule_id,
+            rule_version=finding.rule_version, ruleset_digest=self.ruleset.digest, shadow=True,
+        )
+        return [self._report(finding, action, now, {"shadow": True, "would_be_intent": intent.id}),
+                Envelope(event_id=f"shadow:{finding.key}", event=event, source=SOURCE, at=now)]
+
     def _propose(self, projection: Projection, finding: Finding, action: Action, now: float) -> list[Envelope]:
-        intent_id = intent_id_from(finding.key)
-        if intent_id in projection.intents:
+        if intent_id_from(finding.key) in projection.intents:
             return []
-        intent = build_intent(
+        return proposal_envelopes(self._intent(projection, finding, action, now), projection)
+
+    def _intent(self, projection: Projection, finding: Finding, action: Action, now: float) -> Intent:
+        intent_id = intent_id_from(finding.key)
+        return build_intent(
             projection, thread_id=finding.thread_id, mode=action.value, text=finding.text or finding.finding,
             now=now, expected_turn=finding.turn_id,
             ack_deadline=finding.ack_deadline if finding.ack_deadline is not None else 120.0,
@@ -113,7 +142,6 @@ class Step:
             rule_id=finding.rule_id, rule_version=finding.rule_version,
             ruleset_digest=self.ruleset.digest, replayed=self.replay,
         )
-        return proposal_envelopes(intent, projection)
 
     def _decision_envelope(self, view: IntentView, decision: Decision, now: float) -> Envelope:
         count = sum(1 for h in view.history if h.kind == "decision")

@@ -175,6 +175,58 @@ class Report(Event, tag="report"):
     detail: dict[str, str | int | float | bool | None] = {}
 
 
+class RulesetLoaded(Event, tag="ruleset_loaded"):
+    """The daemon decides with this rule set from now on (at start, or after a reload)."""
+
+    digest: str = ""
+    previous_digest: str | None = None
+    reason: str = "start"  # "start" | "reload" | "sighup"
+    rules_path: str | None = None  # None: the built-in defaults
+    config_path: str | None = None
+    rules: int = 0
+    patterns_digest: str | None = None
+
+
+class RulesetRejected(Event, tag="ruleset_rejected"):
+    """A changed rule or config file failed validation; ``kept_digest`` keeps deciding."""
+
+    error: str = ""
+    kept_digest: str = ""
+    reason: str = "reload"
+    rules_path: str | None = None
+    config_path: str | None = None
+
+
+class RuleProposed(Event, tag="rule_proposed"):
+    """A candidate rule (``tillerman rules propose``): bound to its digest, with the
+    evidence it cites and the failure signature it predicts. Never in force by itself."""
+
+    rule_id: str = ""
+    rule_version: int = 0
+    rule_digest: str = ""  # rules.lifecycle.rule_digest: the rule without its status
+    action: str = ""
+    rule: str = ""  # the rule as TOML (status "proposed"), what a promotion installs
+    evidence: tuple[str, ...] = ()
+    signature: str | None = None
+    proposed_by: str | None = None
+    source_path: str | None = None
+
+
+class RulePromoted(Event, tag="rule_promoted"):
+    """An explicit promotion of a proposed rule (to shadow or active), or a rollback."""
+
+    rule_id: str = ""
+    rule_version: int = 0
+    rule_digest: str = ""
+    action: str = ""
+    from_status: str = ""
+    to_status: str = ""
+    by: str = ""
+    evaluation: str = ""
+    rollback_trigger: str = ""
+    rules_path: str | None = None  # the rules file the promotion wrote the rule into
+
+
 class Conflict(Event, tag="conflict"):
     """An append reused an existing ``event_id`` with different content."""
 
@@ -203,6 +255,10 @@ AnyEvent = (
     | DecisionRecorded
     | Report
     | Conflict
+    | RulesetLoaded
+    | RulesetRejected
+    | RuleProposed
+    | RulePromoted
 )
 
 #: Kinds that describe the observed session (as opposed to tillerman's own acts).

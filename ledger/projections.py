@@ -17,7 +17,7 @@ import msgspec
 
 from ledger import events as ev
 from ledger.events import Entry, QueueEntry
-from ledger.intent_states import State, is_terminal
+from ledger.intent_states import ALWAYS_TERMINAL, State
 from ledger.intents import Intent
 from ledger.recorder import Recorder
 from ledger.snapshot import ThreadSnapshot
@@ -99,7 +99,11 @@ class Projection(msgspec.Struct):
         return state
 
     def snapshot(self, thread_id: str) -> ThreadSnapshot:
-        """The frozen value the policy and the detection rules see for one thread."""
+        """The frozen value the policy and the detection rules see for one thread.
+
+        Taken at one point of the fold and used there: its turn table is the thread's
+        own (copying every turn a long session ever had, for every event, made replay
+        quadratic in session length), so take a new snapshot after folding more."""
         t = self.threads.get(thread_id)
         if t is None:
             return ThreadSnapshot(thread_id=thread_id, known=False)
@@ -110,7 +114,7 @@ class Projection(msgspec.Struct):
             steerable=t.steerable,
             active_turn_id=t.active_turn_id,
             active_turn_started_at=t.active_turn_started_at,
-            turn_states=dict(t.turn_states),
+            turn_states=t.turn_states,
             last_event_at=t.last_event_at,
             last_progress_at=t.last_progress_at,
             approval_pending=bool(t.approvals),
@@ -124,7 +128,18 @@ class Projection(msgspec.Struct):
         )
 
     def open_intents(self) -> list[IntentView]:
-        return [v for v in self.intents.values() if not is_terminal(State(v.state), v.intent)]
+        return [v for v in self.intents.values() if is_open(v)]
+
+
+_ALWAYS_TERMINAL = frozenset(s.value for s in ALWAYS_TERMINAL)
+
+
+def is_open(view: IntentView) -> bool:
+    """``not is_terminal(...)`` without building a ``State`` per intent per call."""
+    state = view.state
+    if state in _ALWAYS_TERMINAL:
+        return False
+    return state != State.ACKNOWLEDGED or view.intent.has_check
 
 
 # -- per-kind steps --------------------------------------------------------------
@@ -234,6 +249,10 @@ def _approval_resolved(p, e: ev.ApprovalResolved, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
         t.approvals.pop(e.item_id, None)
+        # The answer is progress: without it the quiet timer ran from the item's start,
+        # so the whole approval wait counted as quiet and a turn_quiet rule fired the
+        # moment the person answered (tests/live/test_daemon_live.py, approval case).
+        _progress(t, e, at)
 
 
 def _queue_changed(p, e: ev.QueueChanged, at, seq, source) -> None:

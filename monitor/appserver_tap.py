@@ -58,7 +58,10 @@ class AppServerTap:
             events = self._mapping.normalize(raw)
         except _MALFORMED as exc:
             return TapOutput([self._quarantine(position, 0, f"wrong_type: {exc}", now)], [])
-        emitted = raw.get("emittedAtMs")
+        # The server's own time keeps a re-sent fact identical (an approval request is
+        # re-sent on every resume; it has no emittedAtMs, but its startedAtMs stays put).
+        params = raw.get("params") if isinstance(raw.get("params"), dict) else {}
+        emitted = raw.get("emittedAtMs", params.get("startedAtMs"))
         at = emitted / 1000 if isinstance(emitted, int | float) and not isinstance(emitted, bool) else now
         resume = [e.thread_id for e in events if self._should_resume(e)]
         return TapOutput([self._envelope(e, at, emitted) for e in events], resume)

@@ -16,7 +16,11 @@ FIRST_LINE_LIMIT = 4096  # enough to tell generations apart without reading a hu
 
 
 def file_identity(path: str | os.PathLike, first_line: bytes) -> str:
-    st = os.stat(path)
+    return stat_identity(os.stat(path), first_line)
+
+
+def stat_identity(st: os.stat_result, first_line: bytes) -> str:
+    """``file_identity`` of an already-stat'ed (or open) file."""
     head = hashlib.sha256(first_line[:FIRST_LINE_LIMIT]).hexdigest()[:16]
     return f"{st.st_dev}:{st.st_ino}:{head}"
 

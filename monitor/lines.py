@@ -84,6 +84,11 @@ class LineFramer:
             start = nl + 1
         return out
 
+    @property
+    def consumed(self) -> int:
+        """Source offset just past the last line or range returned: a line boundary."""
+        return self._offset
+
     def close(self) -> list[Line | Skipped]:
         """End of input: the unterminated tail, if any."""
         if self._discarding:

@@ -72,6 +72,11 @@ class Parser:
     def close(self) -> list[Parsed]:
         return self._parse(self._framer.close())
 
+    @property
+    def consumed(self) -> int:
+        """Bytes fed whose records are all accounted for (a partial last line is not)."""
+        return self._framer.consumed
+
     # -- plumbing ------------------------------------------------------------
 
     def _parse(self, frames: list[Line | Skipped]) -> list[Parsed]:

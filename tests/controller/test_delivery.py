@@ -438,3 +438,19 @@ def test_expect_predicate(expect, matches):
     event = ItemStarted(thread_id=THREAD, turn_id=TURN, item_id="i", item_type="commandExecution",
                         args_digest="sha256:abc")
     assert expect_matches(expect, event) is matches
+
+
+def test_a_queued_queue_intent_is_read_back_after_a_restart():
+    """The turn our queued message started may have begun while the daemon was down."""
+    intent = Intent(id="in-00000000000000000042", thread_id=THREAD, mode="queue", text="later",
+                    text_digest="d", created_at=0.0, ack_deadline=10.0, expires_at=100.0)
+    machine = Delivery(intent, State.QUEUED)
+    out = machine.handle(Reconcile(now=50.0))
+    (readback,) = out.commands
+    assert isinstance(readback, ReadBack) and readback.turn_id is None
+    missing = machine.handle(Replied(readback, {"data": []}, 51.0))
+    assert missing == Output() and machine.state is State.QUEUED  # still waiting in the queue
+    found = machine.handle(Replied(readback, {"data": [{"id": "t9", "status": "completed", "items": [
+        {"type": "userMessage", "id": "m", "clientId": intent.client_user_message_id}]}]}, 52.0))
+    assert machine.state is State.ACKNOWLEDGED
+    assert found.envelopes[0].event.reason == "queue_turn_started"

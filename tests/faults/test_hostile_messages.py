@@ -82,3 +82,12 @@ def test_unknown_methods_are_ignored_not_quarantined():
     session, tap = RpcSession(), AppServerTap("unix:///x")
     out = tap.receive(session.receive('{"method": "thread/somethingNew", "params": {"threadId": "t"}}'), now=1.0)
     assert out.envelopes == [] and out.resume == []
+
+
+def test_a_re_sent_approval_request_is_the_same_fact():
+    """The server re-sends a pending approval on every resume: same ids, same time."""
+    request = ('{"method": "item/commandExecution/requestApproval", "id": %d, "params": {"threadId": "t",'
+               ' "turnId": "u", "itemId": "call-1", "startedAtMs": 1795997074672}}')
+    first = AppServerTap("unix:///x").receive(RpcSession().receive(request % 0), now=1.0).envelopes
+    again = AppServerTap("unix:///x").receive(RpcSession().receive(request % 7), now=99.0).envelopes
+    assert first == again and first[0].at == 1795997074.672

@@ -1,0 +1,135 @@
+"""Replay, whole process: ``tillerman replay`` of a large synthetic Codex rollout
+(``bench.sessions``) against the floor (``bench.floor``: read the same file, decode
+every line with one reused ``msgspec.json.Decoder()``, nothing else).
+
+Three processes, alternated and repeated: the floor, ``tillerman replay`` in memory,
+and ``tillerman replay --ledger`` into a fresh SQLite file. Each figure is the ratio
+of median wall times (process start to exit, interpreter start-up included for all
+three). Budgets: in memory ≤ 3×, into a ledger ≤ 5× the floor.
+
+Memory: peak RSS of each replay process (``wait4``'s ``ru_maxrss``) at two session
+lengths; streaming means it must not grow with the file (budget ≤ 1.2× from the
+short to the long one, into a ledger). In memory the ledger itself lives in RAM —
+that mode's growth is reported, not budgeted.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.common import INFO, Row, at_most, fmt_seconds, main, scratch_dir
+from bench.sessions import rollout_name, write_rollout
+
+MEMORY_BUDGET = 1.2
+IN_MEMORY_BUDGET = 3.0
+LEDGER_BUDGET = 5.0
+GENERATOR_VERSION = 1
+
+
+def rollout(lines: int, seed: int) -> str:
+    """The synthetic rollout of about ``lines`` lines, generated once and kept."""
+    folder = os.path.join(scratch_dir(), f"rollouts-v{GENERATOR_VERSION}-{lines}-{seed}")
+    path = os.path.join(folder, rollout_name(seed))
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        tmp = path + ".part"
+        write_rollout(tmp, lines, seed)
+        os.replace(tmp, path)
+    return path
+
+
+def measure(argv: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of one child process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:5])} … exited {proc.returncode}: {err.strip()[-300:]}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def commands(path: str, ledger: str) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "floor": [py, "-m", "bench.floor", path],
+        "memory": [py, "-m", "controller", "replay", "--json", path],
+        "ledger": [py, "-m", "controller", "replay", "--json", "--ledger", ledger, path],
+    }
+
+
+def _remove_ledger(ledger: str) -> None:
+    for suffix in ("", "-wal", "-shm", ".head"):
+        if os.path.exists(ledger + suffix):
+            os.unlink(ledger + suffix)
+
+
+def run_alternated(path: str, repeats: int) -> dict[str, list[tuple[float, float]]]:
+    ledger = os.path.join(os.path.dirname(path), "replay-bench.sqlite3")
+    cmds = commands(path, ledger)
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
+    for _ in range(repeats):
+        for name, argv in cmds.items():
+            _remove_ledger(ledger)
+            out[name].append(measure(argv))
+    _remove_ledger(ledger)
+    return out
+
+
+def run(quick: bool) -> list[Row]:
+    long_lines = 6_000 if quick else 1_000_000
+    short_lines = long_lines // 4
+    repeats = 2 if quick else 2
+    path = rollout(long_lines, seed=1)
+    short_path = rollout(short_lines, seed=2)
+    size_mb = os.path.getsize(path) / 2**20
+    with open(path, "rb") as fh:
+        lines = sum(1 for _ in fh)
+
+    measure(commands(path, "/dev/null")["floor"])  # warm the page cache and the imports
+    runs = run_alternated(path, repeats)
+    short = run_alternated(short_path, 1)
+
+    wall = {k: [t for t, _ in v] for k, v in runs.items()}
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    rss_long = {k: max(r for _, r in v) for k, v in runs.items()}
+    rss_short = {k: max(r for _, r in v) for k, v in short.items()}
+    events = _events(path)
+    detail = {"lines": lines, "bytes": os.path.getsize(path), "events": events, "repeats": repeats,
+              "seconds": wall, "peak_rss_mib": rss_long, "short_lines": short_lines,
+              "short_peak_rss_mib": rss_short}
+    rows = []
+    for mode, budget, label in (("memory", IN_MEMORY_BUDGET, "in memory"), ("ledger", LEDGER_BUDGET, "into a ledger")):
+        ratio = med[mode] / med["floor"]
+        rate = f"{events / med[mode] / 1000:.0f}k ev/s, {size_mb / med[mode]:.1f} MB/s"
+        rows.append(Row(f"replay {lines // 1000}k lines {label}", f"{fmt_seconds(wall[mode])} ({rate})",
+                        f"floor {fmt_seconds(wall['floor'])}", ratio, f"≤ {budget:g}×", at_most(ratio, budget),
+                        detail))
+    growth = rss_long["ledger"] / rss_short["ledger"]
+    rows.append(Row(f"replay peak RSS {short_lines // 1000}k→{lines // 1000}k lines, into a ledger",
+                    f"{rss_short['ledger']:.0f}→{rss_long['ledger']:.0f} MiB",
+                    f"floor {rss_long['floor']:.0f} MiB", growth, f"≤ {MEMORY_BUDGET}× growth",
+                    at_most(growth, MEMORY_BUDGET), detail))
+    rows.append(Row(f"replay peak RSS {short_lines // 1000}k→{lines // 1000}k lines, in memory",
+                    f"{rss_short['memory']:.0f}→{rss_long['memory']:.0f} MiB", "", rss_long["memory"] / rss_short["memory"],
+                    "report (ledger in RAM)", INFO, detail))
+    return rows
+
+
+def _events(path: str) -> int:
+    """Events replay records from the file (from one in-memory run's summary)."""
+    import json
+
+    out = subprocess.run([sys.executable, "-m", "controller", "replay", "--json", path],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["events"]
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,130 @@
+"""Reloading the rule and config files while the daemon runs.
+
+Sans-IO except for reading the two files: ``RuleReloader.poll`` looks at the files'
+(mtime, size, inode), and when either changed (or when asked to, on SIGHUP) loads
+them again and returns what to record and whether the running set changes:
+
+* valid: a ``ruleset_loaded`` event with the new digest (and the one it replaces);
+  the daemon swaps the set into its Step and its adapter, and the patterns into its
+  tap. A change that leaves the digests as they were (a comment, a reordering)
+  records nothing.
+* invalid: a ``ruleset_rejected`` event with the line-accurate error and the digest
+  that keeps deciding; the running set stays. The same broken content is rejected
+  once, not on every poll.
+
+Polling (``POLL_EVERY`` seconds) rather than inotify: two stats a second cost
+nothing, work on every filesystem, and see an editor's rename-over-save the same as
+an in-place write.
+
+Each poll also reports rules past ``review_by`` or ``expires`` (``rules.lifecycle.
+reviews``): a ``report`` event per rule, with a deterministic id and time (the due
+date), so a restart or a reload offers the same fact again and the ledger keeps one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import msgspec
+
+from ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
+from rules.config import Effective, load_effective
+from rules.files import RuleSetError
+from rules.lifecycle import reviews
+
+log = logging.getLogger("tillerman")
+
+POLL_EVERY = 1.0
+SOURCE = "tillerman"
+
+Signature = tuple[tuple[int, int, int] | None, ...]
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    envelopes: list[Envelope]
+    effective: Effective | None = None  # the new set to run with; None: keep the running one
+
+
+class RuleReloader:
+    def __init__(self, rules_path: str | Path | None, config_path: str | Path | None, effective: Effective) -> None:
+        self.rules_path = Path(rules_path) if rules_path else None
+        self.config_path = Path(config_path) if config_path else None
+        self.effective = effective
+        self._signature: Signature | None = None  # None: nothing recorded yet (the start)
+        self._reviewed: set[tuple[str, int, str]] = set()
+
+    def poll(self, now: float, *, forced: bool = False) -> Outcome:
+        """What to record now: the start, a reload, a rejection, overdue reviews."""
+        envelopes: list[Envelope] = []
+        new: Effective | None = None
+        signature = self._stat()
+        if self._signature is None:
+            self._signature = signature
+            envelopes.append(self._loaded(self.effective, None, "start", now))
+        elif forced or signature != self._signature:
+            self._signature = signature
+            reason = "sighup" if forced else "reload"
+            try:
+                candidate = load_effective(self.rules_path, self.config_path)
+            except RuleSetError as exc:
+                log.error("rule reload rejected (%s); still deciding with %s:\n%s",
+                          reason, self.effective.ruleset.digest, exc)
+                envelopes.append(self._rejected(str(exc), reason, now))
+            else:
+                if (candidate.ruleset.digest, candidate.patterns_digest) != (
+                        self.effective.ruleset.digest, self.effective.patterns_digest):
+                    log.warning("rules reloaded (%s): %s -> %s", reason, self.effective.ruleset.digest,
+                                candidate.ruleset.digest)
+                    envelopes.append(self._loaded(candidate, self.effective.ruleset.digest, reason, now))
+                    self.effective = new = candidate
+        envelopes.extend(self._reviews(now))
+        return Outcome(envelopes=envelopes, effective=new)
+
+    # -- records ------------------------------------------------------------------
+
+    def _loaded(self, effective: Effective, previous: str | None, reason: str, now: float) -> Envelope:
+        event = RulesetLoaded(
+            digest=effective.ruleset.digest, previous_digest=previous, reason=reason,
+            rules_path=str(self.rules_path) if self.rules_path else None,
+            config_path=str(self.config_path) if self.config_path else None,
+            rules=len(effective.ruleset.rules), patterns_digest=effective.patterns_digest,
+        )
+        return Envelope(event_id=f"ruleset_loaded:{uuid.uuid4().hex}", event=event, source=SOURCE, at=now)
+
+    def _rejected(self, error: str, reason: str, now: float) -> Envelope:
+        event = RulesetRejected(
+            error=error, kept_digest=self.effective.ruleset.digest, reason=reason,
+            rules_path=str(self.rules_path) if self.rules_path else None,
+            config_path=str(self.config_path) if self.config_path else None,
+        )
+        return Envelope(event_id=f"ruleset_rejected:{uuid.uuid4().hex}", event=event, source=SOURCE, at=now)
+
+    def _reviews(self, now: float) -> list[Envelope]:
+        out = []
+        for review in reviews(self.effective.ruleset, now):
+            key = (review.rule_id, review.rule_version, review.why)
+            if key in self._reviewed:
+                continue
+            self._reviewed.add(key)
+            log.warning("%s", review.message)
+            event = Report(rule_id=review.rule_id, rule_version=review.rule_version, finding=review.message,
+                           detail={"why": review.why, "due": review.due, "kind": "rule_review"})
+            out.append(Envelope(event_id=f"rule_review:{review.rule_id}:v{review.rule_version}:{review.why}",
+                                event=event, source=SOURCE, at=review.due_at))
+        return out
+
+    def _stat(self) -> Signature:
+        return tuple(_stat(path) for path in (self.rules_path, self.config_path))
+
+
+def _stat(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)  # gone: loading it reports why
+    return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -1,0 +1,380 @@
+"""``tillerman rules …``: validate, show, diff, propose, promote, proposals.
+
+Registered on the main group by ``controller.cli`` importing this module. Exit codes
+follow the CLI convention: 0 done, 1 a refused check (a promotion the lifecycle does
+not allow), 2 usage, unreadable input or an invalid rule or config file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from pathlib import Path
+
+import click
+import msgspec
+
+from controller.cli import main, open_ledger
+from controller.disagreement import DiffReport, diff
+from controller.output import EXIT_CHECK_FAILED, EXIT_USAGE, Fail, errors_to_exit_codes, json_option, print_json, print_table
+from controller.replay import ReplayError
+from controller.timefmt import iso, parse_time
+from ledger.events import Envelope, RulePromoted, RuleProposed
+from monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from rules import lifecycle
+from rules.config import Effective, load_effective, load_patterns
+from rules.files import RuleSetError, _parse_toml, _read, load_grants, load_rules
+from rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
+from rules.ruleset import build_ruleset
+
+SOURCE = "tillerman"
+LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
+
+
+def _ledger_option(fn):
+    return click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), help=LEDGER_HELP)(fn)
+
+
+def _rules_options(fn):
+    fn = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+                      help="Configuration file: grants and [patterns] (TOML).")(fn)
+    return click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True),
+                        help="Rule file (TOML; default: the built-in rules).")(fn)
+
+
+def _effective(rules_path: str | None, config_path: str | None) -> Effective:
+    try:
+        return load_effective(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
+    except RuleSetError as exc:
+        raise Fail(str(exc)) from exc
+
+
+@main.group()
+def rules() -> None:
+    """Validate, show and compare rule sets; propose and promote rules."""
+
+
+# -- validate -----------------------------------------------------------------------
+
+
+@rules.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@json_option
+def rules_validate(file, as_json):
+    """Check a rule file or a config file (grants, [patterns]); exit 2 with the file,
+    line, field and fix when it is invalid. A file with [[rule]] tables (or none of
+    [[grant]] and [patterns]) is a rule file.
+
+    Example: tillerman rules validate ~/.config/tillerman/rules.toml
+    """
+    try:
+        text = _read(Path(file))
+        data = _parse_toml(text, file)
+        if "rule" not in data and ("grant" in data or "patterns" in data):
+            grants, patterns = load_grants(text, file), load_patterns(text, file)
+            result = {"file": file, "valid": True, "kind": "config", "grants": len(grants),
+                      "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
+            line = (f"{file}: valid config file: {len(grants)} grants, patterns {len(patterns.critical)} critical, "
+                    f"{len(patterns.external)} external")
+        else:
+            found = load_rules(text, file)
+            statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
+            digest = build_ruleset(found, ()).digest
+            result = {"file": file, "valid": True, "kind": "rules", "rules": len(found), "statuses": statuses,
+                      "digest": digest}
+            shown = ", ".join(f"{n} {s}" for s, n in statuses.items()) or "none in force"
+            line = f"{file}: valid rule file: {len(found)} rules ({shown}), digest {digest}"
+    except RuleSetError as exc:
+        if as_json:
+            print_json({"file": file, "valid": False, "errors": str(exc).splitlines()})
+            raise SystemExit(EXIT_USAGE) from exc
+        raise Fail(str(exc)) from exc
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(line)
+
+
+# -- show ----------------------------------------------------------------------------
+
+
+def rule_json(rule, now: float) -> dict:
+    return {
+        "id": rule.id, "version": rule.version, "status": rule.status, "action": rule.action.value,
+        "condition": condition_text(rule), "owner": rule.owner, "review_by": rule.review_by.isoformat(),
+        "expires": rule.expires.isoformat() if rule.expires else None,
+        "threads": rule.threads if isinstance(rule.threads, str) else list(rule.threads),
+        "text": rule.text, "ack_deadline": duration_text(rule.ack_deadline) if rule.ack_deadline else None,
+        "verify": rule.verify, "digest": rule_digest(rule), "warning": lifecycle.warning(rule, now),
+    }
+
+
+@rules.command("show")
+@_rules_options
+@click.option("--now", "now_text", help="Judge review dates at this ISO-8601 time instead of now.")
+@json_option
+@errors_to_exit_codes
+def rules_show(rules_path, config_path, now_text, as_json):
+    """The effective rule set: each rule with its status, version, action, condition,
+    owner and review warnings; the grants; the command patterns; the digest.
+
+    Example: tillerman rules show --rules rules.toml --config config.toml
+    """
+    effective = _effective(rules_path, config_path)
+    now = parse_time(now_text) if now_text else time.time()
+    ruleset, patterns = effective.ruleset, effective.patterns
+    data = {
+        "digest": ruleset.digest,
+        "rules_path": rules_path,
+        "config_path": config_path,
+        "rules": [rule_json(r, now) for r in sorted(ruleset.rules, key=lambda r: r.id)],
+        "grants": [{"subject": g.subject, "actions": sorted(g.actions),
+                    "threads": g.threads if isinstance(g.threads, str) else list(g.threads)} for g in ruleset.grants],
+        "patterns": {"source": "built-in" if patterns == DEFAULT_PATTERNS else "config",
+                     "digest": effective.patterns_digest,
+                     "critical": list(patterns.critical), "external": list(patterns.external)},
+    }
+    if as_json:
+        print_json(data)
+        return
+    click.echo(f"rule set {ruleset.digest}")
+    click.echo(f"rules: {rules_path or 'built-in defaults'}; config: {config_path or 'none'}")
+    rows = [dict(r, warning=r["warning"] or "", expires=r["expires"] or "") for r in data["rules"]]
+    print_table(rows, ("id", "version", "status", "action", "condition", "owner", "review_by", "expires", "warning"),
+                "no rules")
+    click.echo("")
+    grants = [dict(g, actions=",".join(g["actions"]),
+                   threads=g["threads"] if isinstance(g["threads"], str) else ",".join(g["threads"]))
+              for g in data["grants"]]
+    print_table(grants, ("subject", "actions", "threads"), "no grants: nothing may be dispatched")
+    click.echo("")
+    click.echo(f"patterns ({data['patterns']['source']}, {effective.patterns_digest}):")
+    for kind in ("critical", "external"):
+        for pattern in data["patterns"][kind]:
+            click.echo(f"  {kind:<8}  {pattern}")
+
+
+# -- diff ----------------------------------------------------------------------------
+
+
+@rules.command("diff")
+@click.option("--against", "against", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="The candidate rule file.")
+@_rules_options
+@click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, exists=True),
+              help="Replay the observations of this ledger.")
+@click.argument("sessions", nargs=-1)
+@json_option
+@errors_to_exit_codes
+def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json):
+    """The disagreement set: replay a ledger or recorded sessions with the active rule
+    set and with the candidate (same grants and patterns), in memory, and list where
+    one would have acted differently: rule, file, thread, turn, time, and what each
+    would have done. Nothing is dispatched or written.
+
+    Example: tillerman rules diff --against candidate.toml ~/.codex/sessions/2026/11/
+    """
+    if bool(ledger_path) == bool(sessions):
+        raise Fail("give the input: --ledger PATH, or recorded session files or directories (not both)")
+    active = _effective(rules_path, config_path)
+    try:
+        candidate_rules = load_rules(_read(Path(against)), against)
+    except RuleSetError as exc:
+        raise Fail(str(exc)) from exc
+    candidate = Effective(ruleset=build_ruleset(candidate_rules, active.ruleset.grants),
+                          patterns=active.patterns, patterns_digest=active.patterns_digest)
+    try:
+        report = diff(active, candidate, [ledger_path] if ledger_path else list(sessions))
+    except ReplayError as exc:
+        raise Fail(str(exc)) from exc
+    if as_json:
+        print_json(_diff_json(report))
+        return
+    _print_diff(report, rules_path, against)
+
+
+def _act_json(act) -> dict | None:
+    return None if act is None else msgspec.to_builtins(act) | {"summary": act.summary}
+
+
+def _diff_json(report: DiffReport) -> dict:
+    data = msgspec.to_builtins(report)
+    data["disagreements"] = [msgspec.to_builtins(d) | {"active": _act_json(d.active), "candidate": _act_json(d.candidate)}
+                             for d in report.disagreements]
+    return data
+
+
+def _short(path: str, inputs: list[str]) -> str:
+    if len(inputs) < 2:
+        return Path(path).name
+    return os.path.relpath(path, os.path.commonpath(inputs))
+
+
+def _print_diff(report: DiffReport, rules_path: str | None, against: str) -> None:
+    click.echo(f"active     {report.active_digest}  ({rules_path or 'built-in defaults'})")
+    click.echo(f"candidate  {report.candidate_digest}  ({against})")
+    disagree = report.only_active + report.only_candidate + report.changed
+    click.echo(f"{len(report.inputs)} inputs: {report.acts['active']} acts by the active set, "
+               f"{report.acts['candidate']} by the candidate; {report.agreements} agree, {disagree} disagree "
+               f"({report.only_active} only active, {report.only_candidate} only candidate, {report.changed} changed)")
+    if not report.disagreements:
+        click.echo("no disagreements")
+        return
+    click.echo("")
+    rows = [{"rule": d.rule_id, "kind": d.kind, "file": _short(d.file, report.inputs), "thread": d.thread,
+             "turn": d.turn, "at": d.at, "active": d.active.summary if d.active else "-",
+             "candidate": d.candidate.summary if d.candidate else "-"} for d in report.disagreements]
+    print_table(rows, ("rule", "kind", "file", "thread", "turn", "at", "active", "candidate"), "")
+
+
+# -- propose, promote, proposals ------------------------------------------------------
+
+
+def _lifecycles(ledger) -> dict[str, lifecycle.Lifecycle]:
+    return lifecycle.fold(ledger.read())
+
+
+@rules.command("propose")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--evidence", multiple=True, help="Pointer to the evidence (ledger seq, session file:offset, issue …).")
+@click.option("--signature", help="The failure signature the rule predicts (what it should catch).")
+@click.option("--by", "by", default=lambda: os.environ.get("USER", "unknown"), help="Who proposes it (default $USER).")
+@_ledger_option
+@json_option
+@errors_to_exit_codes
+def rules_propose(file, evidence, signature, by, ledger_path, as_json):
+    """Record a candidate rule as proposed: its digest, the evidence it cites and the
+    failure it predicts. FILE holds one [[rule]] with status = "proposed" and an
+    action from the registered vocabulary. Nothing runs it until it is promoted.
+
+    Example: tillerman rules propose quiet-steer.toml --evidence ledger:seq:1042 --signature "same pytest failure 3x"
+    """
+    try:
+        found = load_rules(_read(Path(file)), file)
+    except RuleSetError as exc:
+        raise Fail(str(exc)) from exc
+    if len(found) != 1:
+        raise Fail(f"{file}: a proposal is one rule; found {len(found)} [[rule]] tables")
+    (rule,) = found
+    if rule.status != "proposed":
+        raise Fail(f'{file}: rule "{rule.id}" field status: a proposal must say status = "proposed" (got '
+                   f'"{rule.status}"); promotion to shadow or active is tillerman rules promote')
+    digest = rule_digest(rule)
+    with open_ledger(ledger_path) as ledger:
+        current = _lifecycles(ledger).get(rule.id)
+        if current is not None and current.rule_digest == digest:
+            click.echo(f"rule {rule.id} v{rule.version} is already proposed ({current.status}, {digest})")
+            return
+        event = RuleProposed(rule_id=rule.id, rule_version=rule.version, rule_digest=digest,
+                             action=rule.action.value, rule=rule_toml(rule), evidence=tuple(evidence),
+                             signature=signature, proposed_by=by, source_path=str(Path(file).resolve()))
+        ledger.append([Envelope(event_id=f"rule_proposed:{rule.id}:{digest}", event=event, source=SOURCE,
+                                at=time.time())], durable=True)
+        life = _lifecycles(ledger)[rule.id]
+    if as_json:
+        print_json(_life_json(life))
+        return
+    click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {digest}")
+    click.echo(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
+    click.echo(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id} --to shadow")
+
+
+@rules.command("promote")
+@click.argument("rule_id")
+@click.option("--to", "to", type=click.Choice(PROMOTION_TARGETS), required=True)
+@click.option("--by", "by", required=True, help="Who promotes it.")
+@click.option("--evaluation", required=True, help="The evaluation it cites (e.g. the rules diff run and its result).")
+@click.option("--rollback-trigger", "rollback", required=True, help="What observation sends it back to shadow.")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False),
+              help="Install the rule, with its new status, in this rule file (the daemon reloads it).")
+@_ledger_option
+@json_option
+@errors_to_exit_codes
+def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path, as_json):
+    """Promote a proposed rule: proposed → shadow → active (active → shadow rolls
+    back). Records who, the evaluation and the rollback trigger, bound to the rule's
+    digest; with --rules, writes the rule into that file (validated first).
+
+    Example: tillerman rules promote quiet-steer --to shadow --by ann --evaluation "rules diff 2026-11-30: 1 catch, 1 false" --rollback-trigger "any steer on a healthy build" --rules rules.toml
+    """
+    for name, value in (("--by", by), ("--evaluation", evaluation), ("--rollback-trigger", rollback)):
+        if not value.strip():
+            raise Fail(f"{name} is empty; say who, which evaluation, and what sends the rule back")
+    with open_ledger(ledger_path) as ledger:
+        life = _lifecycles(ledger).get(rule_id)
+        problem = lifecycle.promotion_problem(life, rule_id, to)
+        if problem is not None:
+            raise Fail(problem, EXIT_CHECK_FAILED)
+        (rule,) = load_rules(life.rule, f"ledger proposal {rule_id}")
+        block = rule_toml(rule, status=to)
+        staged = _stage(Path(rules_path), rule_id, block) if rules_path else None
+        event = RulePromoted(rule_id=rule_id, rule_version=rule.version, rule_digest=life.rule_digest,
+                             action=rule.action.value, from_status=life.status, to_status=to, by=by,
+                             evaluation=evaluation, rollback_trigger=rollback,
+                             rules_path=str(Path(rules_path).resolve()) if rules_path else None)
+        try:
+            ledger.append([Envelope(event_id=f"rule_promoted:{rule_id}:{life.rule_digest}:{len(life.promotions)}",
+                                    event=event, source=SOURCE, at=time.time())], durable=True)
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            raise
+        if staged is not None:
+            os.replace(staged, rules_path)
+        life = _lifecycles(ledger)[rule_id]
+    if as_json:
+        print_json(_life_json(life))
+        return
+    click.echo(f"promoted {rule_id} v{rule.version} {event.from_status} -> {to} by {by} ({life.rule_digest})")
+    if rules_path:
+        click.echo(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
+    else:
+        click.echo("not installed: add this to the daemon's rule file (or give --rules PATH):")
+        click.echo(block.rstrip("\n"))
+
+
+def _stage(path: Path, rule_id: str, block: str) -> Path:
+    """The rule file with the rule installed, validated, written beside it (not yet
+    in place). An invalid result is refused and nothing is written."""
+    try:
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        new = lifecycle.install(text, rule_id, block)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise Fail(f"{path}: cannot install the rule ({exc}); fix the file with tillerman rules validate") from exc
+    try:
+        load_rules(new, str(path))
+    except RuleSetError as exc:
+        raise Fail(f"{path}: the rule file would not validate with the rule installed; nothing written:\n{exc}") from exc
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.write_text(new, encoding="utf-8")
+    return staged
+
+
+def _life_json(life: lifecycle.Lifecycle) -> dict:
+    data = msgspec.to_builtins(life)
+    data["proposed_at"] = iso(life.proposed_at)
+    for item in data["promotions"]:
+        item["at"] = iso(item["at"])
+    return data
+
+
+@rules.command("proposals")
+@_ledger_option
+@json_option
+@errors_to_exit_codes
+def rules_proposals(ledger_path, as_json):
+    """Proposed rules and their current status (the lifecycle fold of the ledger).
+
+    Example: tillerman rules proposals --json
+    """
+    with open_ledger(ledger_path) as ledger:
+        lives = sorted(_lifecycles(ledger).values(), key=lambda life: life.rule_id)
+    rows = [_life_json(life) for life in lives]
+    if as_json:
+        print_json(rows)
+        return
+    table = [{"rule": r["rule_id"], "version": r["rule_version"], "status": r["status"], "action": r["action"],
+              "proposed_by": r["proposed_by"], "promotions": len(r["promotions"]), "digest": r["rule_digest"]}
+             for r in rows]
+    print_table(table, ("rule", "version", "status", "action", "proposed_by", "promotions", "digest"), "no proposed rules")

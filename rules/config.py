@@ -1,0 +1,139 @@
+"""The configuration file beyond grants: critical and external command patterns.
+
+    [patterns]
+    critical = ['\\bdeploy\\b', '\\bgit\\s+push\\b']   # replaces the built-in list
+    external = ['\\bgit\\s+push\\b', '\\bcurl\\b.*-X\\s*POST\\b']
+
+Each entry is a regular expression, searched case-insensitively anywhere in a command
+line (``monitor.commands``). A list given replaces the built-in one (see
+``monitor.commands.DEFAULT``, printed by ``tillerman rules show``); a list left out
+keeps it; an empty list classifies nothing as critical (or external). Every entry
+must compile; an unknown key under ``[patterns]`` is an error, with the file, line
+and a fix, like every other rule-file error.
+
+Stall and wait thresholds live in the rule file (``condition = { kind = "turn_quiet",
+for = "10m" }``): one place for a threshold, not two that can disagree.
+
+``load_effective`` is what the daemon, replay and ``tillerman rules …`` use: the rule
+set (rules and grants) plus the patterns, with both digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from monitor.commands import CommandPatterns
+from rules.files import RuleSetError, _locate, _parse_toml, _read, _show, load_grants, load_rules, _default_rules
+from rules.ruleset import RuleSet, build_ruleset
+
+PATTERN_KEYS = ("critical", "external")
+
+
+class Effective(msgspec.Struct, frozen=True, kw_only=True):
+    """What a daemon or a replay runs with."""
+
+    ruleset: RuleSet
+    patterns: CommandPatterns
+    patterns_digest: str
+
+
+class _PatternsSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    critical: list[str] | None = None
+    external: list[str] | None = None
+
+
+def patterns_digest(patterns: CommandPatterns) -> str:
+    body = msgspec.json.encode({"critical": list(patterns.critical), "external": list(patterns.external)})
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def load_patterns(text: str, source: str) -> CommandPatterns:
+    """The ``[patterns]`` table of a config file (absent: the built-in patterns)."""
+    data = _parse_toml(text, source)
+    table = data.get("patterns")
+    if table is None:
+        return DEFAULT_PATTERNS
+    if not isinstance(table, dict):
+        line = _locate(text, ("patterns",))
+        raise RuleSetError(f"{source}:{line}: top level field patterns: must be a table, written [patterns] "
+                           "followed by critical = [...] and external = [...]")
+    try:
+        spec = _PatternsSpec.model_validate(table)
+    except ValidationError as exc:
+        problems = sorted(_describe(error, table, text, source) for error in exc.errors())
+        raise RuleSetError("\n".join(message for _, message in problems)) from None
+    problems = []
+    for key in PATTERN_KEYS:
+        for index, pattern in enumerate(getattr(spec, key) or ()):
+            problem = _pattern_problem(pattern)
+            if problem is not None:
+                line = _item_line(text, key, pattern)
+                problems.append((line, f"{source}:{line}: patterns field {key}[{index}]: {problem}"))
+    if problems:
+        raise RuleSetError("\n".join(message for _, message in sorted(problems)))
+    return CommandPatterns(
+        critical=tuple(spec.critical) if spec.critical is not None else DEFAULT_PATTERNS.critical,
+        external=tuple(spec.external) if spec.external is not None else DEFAULT_PATTERNS.external,
+    )
+
+
+def load_effective(rules_path: Path | None, config_path: Path | None) -> Effective:
+    """Rules (None: the built-in defaults), grants and patterns (None: no grants, the
+    built-in patterns). Raises ``RuleSetError`` naming the file, line and fix."""
+    rules = load_rules(_read(rules_path), str(rules_path)) if rules_path is not None else _default_rules()
+    if config_path is not None:
+        text = _read(config_path)
+        grants = load_grants(text, str(config_path))
+        patterns = load_patterns(text, str(config_path))
+    else:
+        grants, patterns = (), DEFAULT_PATTERNS
+    return Effective(ruleset=build_ruleset(rules, grants), patterns=patterns, patterns_digest=patterns_digest(patterns))
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    if not pattern.strip():
+        return "empty pattern; write a regular expression, e.g. '\\bdeploy\\b'"
+    try:
+        re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        return (f"invalid regular expression {_show(pattern)} ({exc.msg} at position {exc.pos}); "
+                "fix it, or escape literal characters with a backslash")
+    return None
+
+
+def _item_line(text: str, key: str, pattern: str) -> int:
+    """The line of one list entry: the first line from the key on that holds it as
+    written (a literal '…' string, or a basic "…" one), else the key's line."""
+    start = _locate(text, ("patterns", key))
+    lines = text.splitlines()
+    forms = (f"'{pattern}'", '"' + pattern.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    for number in range(start - 1, len(lines)):
+        if any(form in lines[number] for form in forms):
+            return number + 1
+    return start
+
+
+def _describe(error: dict[str, Any], table: dict[str, Any], text: str, source: str) -> tuple[int, str]:
+    loc = error["loc"]
+    key = loc[0] if loc else "patterns"
+    line = _locate(text, ("patterns", key))
+    where = f"{key}[{loc[1]}]" if len(loc) > 1 else str(key)
+    value = error.get("input")
+    match error["type"]:
+        case "extra_forbidden":
+            problem = f"unknown field; expected one of {', '.join(PATTERN_KEYS)}"
+        case "list_type":
+            problem = f"must be a list of regular expressions (got {_show(value)}); write {key} = ['\\bdeploy\\b']"
+        case "string_type":
+            problem = f"must be a string holding a regular expression (got {_show(value)})"
+        case _:
+            problem = f"{error['msg'][0].lower()}{error['msg'][1:]} (got {_show(value)})"
+    return line, f"{source}:{line}: patterns field {where}: {problem}"

@@ -1,0 +1,164 @@
+"""The daemon's rule reload: a valid change is applied and recorded with its digest, a
+broken one is recorded and the last good set keeps deciding; SIGHUP reloads too;
+review dates are reported once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+
+import anyio
+
+from controller.daemon import Daemon, DaemonOptions
+from controller.reload import RuleReloader
+from ledger import events as ev
+from ledger.events import Envelope
+from ledger.projections import Projection
+from ledger.sqlite import SQLiteRecorder
+from rules.config import load_effective
+
+RULE = """\
+[[rule]]
+id = "repeated-failure"
+version = {version}
+status = "active"
+owner = "platform-team"
+review_by = 2099-01-01
+condition = {{ kind = "repeated_failure", count = {count} }}
+action = "report_overdue"
+"""
+CONFIG = """\
+[patterns]
+critical = ['\\bdeploy\\b']
+"""
+
+
+def kinds(recorder, kind):
+    return [e.envelope.event for e in recorder.read() if ev.kind_of(e.envelope.event) == kind]
+
+
+async def until(predicate, timeout=5.0):
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+def failing_thread(times: int, thread: str = "T") -> Projection:
+    """A projection with one thread whose active turn saw ``times`` identical failures."""
+    events = [ev.TurnStarted(thread_id=thread, turn_id="U")]
+    for i in range(times):
+        events += [ev.ItemStarted(thread_id=thread, turn_id="U", item_id=f"i{i}", item_type="command", tool="pytest",
+                                  args_digest="d1"),
+                   ev.ItemCompleted(thread_id=thread, turn_id="U", item_id=f"i{i}", item_type="command", status="failed",
+                                    exit_code=1, tool="pytest", args_digest="d1")]
+    with SQLiteRecorder(":memory:") as rec:
+        rec.append([Envelope(event_id=f"e{i}", event=e, source="appserver:x", at=float(i)) for i, e in enumerate(events)])
+        return Projection().fold(rec.read())
+
+
+def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
+    rules, config = tmp_path / "rules.toml", tmp_path / "config.toml"
+    rules.write_text(RULE.format(version=1, count=3))
+    config.write_text(CONFIG)
+    first = load_effective(rules, config)
+    recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
+
+    async def scenario():
+        daemon = Daemon(recorder, first.ruleset, DaemonOptions(url="ws://127.0.0.1:1", rules_path=str(rules),
+                                                               config_path=str(config), patterns=first.patterns))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon._watch_rules, 0.02)
+            await until(lambda: kinds(recorder, "ruleset_loaded"))
+            (start,) = kinds(recorder, "ruleset_loaded")
+            assert (start.reason, start.digest, start.previous_digest, start.rules) == ("start", first.ruleset.digest, None, 1)
+
+            # a valid change: applied, recorded with the new digest
+            rules.write_text(RULE.format(version=2, count=2))
+            await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 2)
+            second = load_effective(rules, config)
+            loaded = kinds(recorder, "ruleset_loaded")[1]
+            assert (loaded.reason, loaded.digest, loaded.previous_digest) == ("reload", second.ruleset.digest,
+                                                                              first.ruleset.digest)
+            assert daemon.step.ruleset == second.ruleset
+            (finding,) = [e.event for e in daemon.step.step(failing_thread(2), ["T"], 10.0)]
+            assert (finding.rule_id, finding.rule_version, finding.ruleset_digest) == ("repeated-failure", 2,
+                                                                                      second.ruleset.digest)
+
+            # a broken change: recorded with the error, the last good set keeps deciding
+            rules.write_text(RULE.format(version=3, count=2).replace('"report_overdue"', '"reboot"'))
+            await until(lambda: kinds(recorder, "ruleset_rejected"))
+            (rejected,) = kinds(recorder, "ruleset_rejected")
+            assert rejected.kept_digest == second.ruleset.digest and rejected.reason == "reload"
+            assert rejected.error == (f'{rules}:8: rule "repeated-failure" field action: unknown action "reboot"; '
+                                      "expected one of observe, observe_critical, reconcile, reconcile_turn, "
+                                      "report_overdue, steer, queue, interrupt, verify_effect, expire, escalate")
+            await anyio.sleep(0.1)  # later polls do not record the same rejection again
+            assert len(kinds(recorder, "ruleset_rejected")) == 1
+            assert daemon.step.ruleset == second.ruleset
+            (finding,) = [e.event for e in daemon.step.step(failing_thread(2, "T2"), ["T2"], 11.0)]
+            assert finding.rule_version == 2 and finding.ruleset_digest == second.ruleset.digest
+
+            # the config file is watched too; while the rule file is broken nothing applies
+            config.write_text("[patterns]\ncritical = ['\\bcargo\\s+build\\b']\n")
+            await until(lambda: len(kinds(recorder, "ruleset_rejected")) == 2)
+            assert daemon.tap._mapping.patterns == first.patterns
+            # fixed: the same rules, new patterns: recorded, and the tap classifies with them
+            rules.write_text(RULE.format(version=2, count=2))
+            await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 3)
+            third = kinds(recorder, "ruleset_loaded")[2]
+            assert third.digest == second.ruleset.digest and third.patterns_digest != loaded.patterns_digest
+            assert daemon.tap._mapping.patterns.classify("cargo build --release") == (True, False)
+            assert daemon.step.ruleset.digest == kinds(recorder, "ruleset_loaded")[2].digest
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(scenario)
+    finally:
+        recorder.close()
+
+
+def test_sighup_reloads_a_change_the_poll_cannot_see(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULE.format(version=1, count=3))
+    first = load_effective(rules, None)
+    recorder = SQLiteRecorder(":memory:")
+
+    async def scenario():
+        daemon = Daemon(recorder, first.ruleset, DaemonOptions(url="ws://127.0.0.1:1", rules_path=str(rules)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon._watch_rules, 30.0)  # the poll would not come round in this test
+            await until(lambda: kinds(recorder, "ruleset_loaded"))
+            stat = os.stat(rules)
+            rules.write_text(RULE.format(version=1, count=4))  # same size
+            os.utime(rules, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            await anyio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGHUP)
+            await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 2)
+            assert kinds(recorder, "ruleset_loaded")[1].reason == "sighup"
+            assert daemon.step.ruleset.rules[0].condition.count == 4
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(scenario)
+    finally:
+        recorder.close()
+
+
+def test_rules_past_review_are_reported_once(tmp_path, caplog):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(RULE.format(version=1, count=3).replace("2099-01-01", "2020-01-01")
+                     + 'expires = 2021-01-01\n' + textwrap.dedent(RULE.format(version=1, count=3)).replace(
+                         '"repeated-failure"', '"fresh"'))
+    effective = load_effective(rules, None)
+    reloader = RuleReloader(rules, None, effective)
+    with SQLiteRecorder(":memory:") as recorder:
+        recorder.append(reloader.poll(1_700_000_000.0).envelopes)
+        recorder.append(reloader.poll(1_700_000_001.0).envelopes)
+        # a restarted daemon offers the same report again: the ledger keeps one
+        recorder.append(RuleReloader(rules, None, effective).poll(1_700_000_002.0).envelopes)
+        (report,) = kinds(recorder, "report")
+    assert report.rule_id == "repeated-failure" and report.detail == {"why": "expired", "due": "2021-01-01",
+                                                                      "kind": "rule_review"}
+    assert report.finding.startswith("rule repeated-failure v1 expired on 2021-01-01")
+    assert caplog.text.count("expired on 2021-01-01") == 2  # one log line per daemon start

@@ -1,0 +1,229 @@
+"""``tillerman rules …`` through the real command line: exact outputs and exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from controller.cli import main
+from ledger import events as ev
+from ledger.sqlite import SQLiteRecorder
+from rules.config import load_effective
+from rules.files import default_ruleset, load_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+DIS = ROOT / "fixtures" / "disagreement"
+DEFAULT_DIGEST = default_ruleset().digest
+
+PROPOSAL = """\
+[[rule]]
+id = "quiet-steer"
+version = 1
+status = "proposed"
+owner = "platform-team"
+review_by = 2027-06-01
+condition = { kind = "turn_quiet", for = "5m" }
+action = "steer"
+text = "Turn {turn_id} has been quiet for {quiet_for}: say what you are waiting for, or change approach."
+ack_deadline = "2m"
+"""
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TILLERMAN_LEDGER", str(tmp_path / "ledger.sqlite3"))
+    (tmp_path / "proposal.toml").write_text(PROPOSAL)
+    return tmp_path
+
+
+def run(*args):
+    result = CliRunner().invoke(main, ["rules", *map(str, args)])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_validate_a_rule_file(here):
+    digest = "sha256:74de0cc6feabd67f3927f8a0ddb61e41846b513427cab1a79c06c366c58a20a6"
+    assert run("validate", "proposal.toml") == (
+        0, f"proposal.toml: valid rule file: 1 rules (1 proposed), digest {digest}\n", "")
+    code, out, _ = run("validate", "proposal.toml", "--json")
+    assert code == 0 and json.loads(out) == {"file": "proposal.toml", "valid": True, "kind": "rules", "rules": 1,
+                                             "statuses": {"proposed": 1}, "digest": digest}
+
+
+def test_validate_a_config_file(here):
+    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n'
+                                      "[patterns]\ncritical = ['deploy']\n")
+    assert run("validate", "config.toml") == (
+        0, "config.toml: valid config file: 1 grants, patterns 1 critical, 7 external\n", "")
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (('"steer"', '"reboot"'), 'bad.toml:8: rule "quiet-steer" field action: unknown action "reboot"; expected one of '
+     "observe, observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, verify_effect, "
+     "expire, escalate"),
+    (('for = "5m"', 'for = "5 minutes"'), 'bad.toml:7: rule "quiet-steer" field condition.for: invalid duration '
+     '"5 minutes"; write a whole number and a unit: 90s, 5m, 2h or 1d'),
+    (("version = 1", 'version = "1"'), 'bad.toml:3: rule "quiet-steer" field version: input should be a valid '
+     'integer (got "1"); write it like version = 1'),
+    (("owner =", "team ="), 'bad.toml:1: rule "quiet-steer" field owner: missing; add owner = "platform-team"\n'
+     'bad.toml:5: rule "quiet-steer" field team: unknown field; expected one of id, version, '
+     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify"),
+    (('status = "proposed"', "status = proposed"), "bad.toml:4: invalid TOML: Invalid value at column 10; strings need "
+     'quotes, e.g. status = "active"'),
+])
+def test_validate_refuses_with_the_line_and_exit_2(here, change, error):
+    (here / "bad.toml").write_text(PROPOSAL.replace(*change))
+    assert run("validate", "bad.toml") == (2, "", f"Error: {error}\n")
+    code, out, _ = run("validate", "bad.toml", "--json")
+    assert code == 2 and json.loads(out) == {"file": "bad.toml", "valid": False, "errors": error.splitlines()}
+
+
+def test_show_the_effective_set(here):
+    (here / "rules.toml").write_text(PROPOSAL.replace('"proposed"', '"shadow"').replace("2027-06-01", "2026-01-01")
+                                     + "expires = 2027-01-01\n")
+    (here / "config.toml").write_text('[[grant]]\nsubject = "rule:quiet-steer"\nactions = ["steer"]\n\n'
+                                      "[patterns]\ncritical = ['\\bdeploy\\b']\nexternal = []\n")
+    code, out, err = run("show", "--rules", "rules.toml", "--config", "config.toml", "--now", "2026-06-01T00:00:00Z")
+    digest = json.loads(run("show", "--rules", "rules.toml", "--config", "config.toml", "--json")[1])["digest"]
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[:4] == [
+        f"rule set {digest}",
+        "rules: rules.toml; config: config.toml",
+        "ID           VERSION  STATUS  ACTION  CONDITION                            OWNER          REVIEW_BY   EXPIRES     WARNING",
+        "quiet-steer  1        shadow  steer   { kind = \"turn_quiet\", for = \"5m\" }  platform-team  2026-01-01  2027-01-01  review_overdue 2026-01-01",
+    ]
+    assert lines[5:9] == ["SUBJECT           ACTIONS  THREADS", "rule:quiet-steer  steer    *", "",
+                          lines[8]]
+    assert lines[8].startswith("patterns (config, sha256:") and lines[9:] == ["  critical  \\bdeploy\\b"]
+    code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml", "--now", "2027-02-01T00:00:00Z",
+                       "--json")
+    data = json.loads(out)
+    assert data["rules"][0]["warning"] == "expired 2027-01-01"
+    assert data["patterns"]["critical"] == ["\\bdeploy\\b"] and data["patterns"]["external"] == []
+    assert data["grants"] == [{"subject": "rule:quiet-steer", "actions": ["steer"], "threads": "*"}]
+
+
+def test_show_defaults(here):
+    code, out, _ = run("show", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["digest"] == DEFAULT_DIGEST and data["grants"] == []
+    assert [r["id"] for r in data["rules"]] == ["approval-wait", "overdue-intent", "quiet-critical-tool",
+                                               "repeated-failure", "stall"]
+    assert data["patterns"]["source"] == "built-in" and len(data["patterns"]["critical"]) == 7
+
+
+def test_diff_finds_the_false_intervention_and_the_catch(here):
+    code, out, err = run("diff", "--against", DIS / "candidate.toml", "--config", DIS / "grants.toml", DIS)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    active = load_effective(None, DIS / "grants.toml").ruleset.digest  # the defaults with the fixture's grants
+    assert lines[0] == f"active     {active}  (built-in defaults)"
+    assert lines[1].startswith("candidate  sha256:") and lines[1].endswith(f"({DIS / 'candidate.toml'})")
+    assert lines[2] == ("2 inputs: 2 acts by the active set, 4 by the candidate; 2 agree, 2 disagree "
+                        "(0 only active, 2 only candidate, 0 changed)")
+    assert lines[4].split() == ["RULE", "KIND", "FILE", "THREAD", "TURN", "AT", "ACTIVE", "CANDIDATE"]
+    assert lines[5].split() == [
+        "quiet-steer", "only_candidate", "healthy/rollout-2026-10-20T09-00-00-0199b000-0000-7000-8000-00000000cc01.jsonl",
+        "0199b000-0000-7000-8000-00000000cc01", "0199b000-0000-7000-8000-0000000000h1", "2026-10-20T09:05:05Z",
+        "-", "steer", "(observe", "replayed_would_steer)"]
+    assert lines[6].split()[2] == "stuck/rollout-2026-10-21T14-00-00-0199b000-0000-7000-8000-00000000dd01.jsonl"
+    assert lines[6].split()[5] == "2026-10-21T14:07:10.900Z"  # five quiet minutes after the third failure
+
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", "--config", DIS / "grants.toml", DIS, "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert {k: data[k] for k in ("agreements", "only_active", "only_candidate", "changed", "acts", "by_rule")} == {
+        "agreements": 2, "only_active": 0, "only_candidate": 2, "changed": 0,
+        "acts": {"active": 2, "candidate": 4},
+        "by_rule": {"quiet-steer": {"only_active": 0, "only_candidate": 2, "changed": 0}}}
+    healthy, stuck = data["disagreements"]
+    assert healthy["active"] is None and healthy["candidate"]["summary"] == "steer (observe replayed_would_steer)"
+    assert stuck["turn"] == "0199b000-0000-7000-8000-0000000000s1"
+
+
+def test_diff_sees_a_quiet_critical_build_as_healthy(here):
+    """With cargo build configured as critical, the quiet build is left alone: only the catch remains."""
+    (here / "config.toml").write_text((DIS / "grants.toml").read_text() + "\n[patterns]\ncritical = ['\\bcargo\\s+build\\b']\n")
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", "--config", "config.toml", DIS, "--json")
+    (only,) = json.loads(out)["disagreements"]
+    assert code == 0 and "stuck/" in only["file"]
+
+
+def test_diff_over_a_ledger_and_without_input(here):
+    ledger = here / "replayed.sqlite3"
+    assert CliRunner().invoke(main, ["replay", "--ledger", str(ledger), str(DIS / "stuck")]).exit_code == 0
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", "--ledger", ledger, "--json")
+    assert code == 0 and [d["rule_id"] for d in json.loads(out)["disagreements"]] == ["quiet-steer"]
+    assert run("diff", "--against", DIS / "candidate.toml") == (
+        2, "", "Error: give the input: --ledger PATH, or recorded session files or directories (not both)\n")
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", DIS / "stuck", "--json")
+    assert json.loads(out)["disagreements"][0]["candidate"]["decision"] == "escalate no_grant"
+
+
+def test_propose_and_promote(here):
+    digest = "sha256:ef73d07229d990cf868af8eeb975e15138a5843bcd198c96cf0cb65dff6bd9cc"
+    assert run("propose", "proposal.toml", "--evidence", "ledger:seq:17", "--signature", "same test 3x, then quiet",
+               "--by", "model") == (0, (
+        f"proposed quiet-steer v1 (steer) {digest}\n"
+        "evidence: ledger:seq:17; signature: same test 3x, then quiet\n"
+        "next: tillerman rules diff --against proposal.toml …, then tillerman rules promote quiet-steer --to shadow\n"),
+        "")
+    assert run("propose", "proposal.toml") == (0, f"rule quiet-steer v1 is already proposed (proposed, {digest})\n", "")
+    assert run("promote", "quiet-steer", "--to", "active", "--by", "ann", "--evaluation", "e",
+               "--rollback-trigger", "r") == (1, "", (
+        "Error: rule quiet-steer is proposed: it cannot go to active (allowed: shadow); promote it to shadow "
+        "first and judge it with tillerman rules diff\n"))
+    shutil.copy(ROOT / "rules" / "defaults.toml", here / "rules.toml")
+    assert run("promote", "quiet-steer", "--to", "shadow", "--by", "ann", "--evaluation", "diff: 1 catch, 1 false",
+               "--rollback-trigger", "a steer on a healthy build", "--rules", "rules.toml") == (0, (
+        f"promoted quiet-steer v1 proposed -> shadow by ann ({digest})\n"
+        "installed in rules.toml; a running daemon reloads it and records the new digest\n"), "")
+    installed = {r.id: r for r in load_rules((here / "rules.toml").read_text(), "rules.toml")}
+    assert installed["quiet-steer"].status == "shadow" and len(installed) == 6
+    code, out, _ = run("promote", "quiet-steer", "--to", "active", "--by", "bo", "--evaluation", "shadow week: 0 false",
+                       "--rollback-trigger", "any false steer", "--rules", "rules.toml", "--json")
+    life = json.loads(out)
+    assert code == 0 and life["status"] == "active" and life["rule_digest"] == digest
+    assert [(p["from_status"], p["to_status"], p["by"], p["evaluation"], p["rollback_trigger"])
+            for p in life["promotions"]] == [
+        ("proposed", "shadow", "ann", "diff: 1 catch, 1 false", "a steer on a healthy build"),
+        ("shadow", "active", "bo", "shadow week: 0 false", "any false steer")]
+    assert life["evidence"] == ["ledger:seq:17"] and life["signature"] == "same test 3x, then quiet"
+    assert {r.id: r.status for r in load_rules((here / "rules.toml").read_text(), "x")}["quiet-steer"] == "active"
+    with SQLiteRecorder(here / "ledger.sqlite3") as rec:
+        kinds = [ev.kind_of(e.envelope.event) for e in rec.read()]
+    assert kinds == ["rule_proposed", "rule_promoted", "rule_promoted"]
+    code, out, _ = run("proposals")
+    assert code == 0 and out.splitlines()[1].split()[:6] == ["quiet-steer", "1", "active", "steer", "model", "2"]
+
+
+def test_a_proposal_chooses_registered_actions_only_and_says_proposed(here):
+    (here / "bad.toml").write_text(PROPOSAL.replace('"steer"', '"run_shell"'))
+    code, _, err = run("propose", "bad.toml")
+    assert code == 2 and 'field action: unknown action "run_shell"' in err
+    (here / "active.toml").write_text(PROPOSAL.replace('"proposed"', '"active"'))
+    assert run("propose", "active.toml") == (2, "", (
+        'Error: active.toml: rule "quiet-steer" field status: a proposal must say status = "proposed" (got "active"); '
+        "promotion to shadow or active is tillerman rules promote\n"))
+    (here / "grant.toml").write_text(PROPOSAL + '\n[[grant]]\nsubject = "rule:quiet-steer"\nactions = ["steer"]\n')
+    code, _, err = run("propose", "grant.toml")
+    assert code == 2 and "top level field grant: unknown field; expected one of rule" in err
+    assert not (here / "ledger.sqlite3").exists() or not list(SQLiteRecorder(here / "ledger.sqlite3").read())
+
+
+def test_a_promotion_that_would_break_the_rule_file_writes_and_records_nothing(here):
+    run("propose", "proposal.toml")
+    run("promote", "quiet-steer", "--to", "shadow", "--by", "a", "--evaluation", "e", "--rollback-trigger", "r")
+    (here / "rules.toml").write_text('[[rule]]\nid = "x"\n')
+    code, _, err = run("promote", "quiet-steer", "--to", "active", "--by", "a", "--evaluation", "e",
+                       "--rollback-trigger", "r", "--rules", "rules.toml")
+    assert code == 2 and "the rule file would not validate with the rule installed; nothing written" in err
+    assert (here / "rules.toml").read_text() == '[[rule]]\nid = "x"\n'
+    assert sorted(p.name for p in here.iterdir() if p.name.startswith(".")) == []
+    assert json.loads(run("proposals", "--json")[1])[0]["status"] == "shadow"

@@ -1,0 +1,146 @@
+"""Helpers for running the whole daemon in-process beside a harness on the REAL app-server.
+
+``Session`` holds the harness connection (it answers approvals, like an IDE would) and,
+once ``start_daemon`` is called, a ``controller.daemon.Daemon`` with its own SQLite
+ledger and a ``--trace`` file, so a test can see every request the daemon sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+
+from controller.daemon import Daemon, DaemonOptions
+from fixtures.codex_server import AppServer, EventLog, HarnessClient, is_notification, watched_connection
+from ledger import projections
+from ledger.events import Entry
+from ledger.projections import IntentView, Projection
+from ledger.sqlite import SQLiteRecorder
+from rules.files import load_ruleset
+from rules.ruleset import RuleSet
+
+T = TypeVar("T")
+SETTLED = frozenset({"acknowledged", "effect_verified", "effect_failed", "expired", "rejected"})
+
+
+def text_input(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text}]
+
+
+def ruleset_from(tmp_path: Path, rules: str, grants: str) -> RuleSet:
+    """A rule set loaded from TOML files, as ``tillerman run --rules --config`` would."""
+    rules_path, config_path = tmp_path / "rules.toml", tmp_path / "config.toml"
+    rules_path.write_text(rules)
+    config_path.write_text(grants)
+    return load_ruleset(rules_path, config_path)
+
+
+async def wait_until(predicate: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.02) -> T:
+    try:
+        with anyio.fail_after(timeout):
+            while not (value := predicate()):
+                await anyio.sleep(interval)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+    return value
+
+
+class Session:
+    def __init__(self, server: AppServer, harness: HarnessClient, log: EventLog, tmp_path: Path):
+        self.server = server
+        self.harness = harness
+        self.log = log
+        self.tmp_path = tmp_path
+        self.recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
+        self.trace_path = tmp_path / "daemon-trace.jsonl"
+        self.daemon: Daemon | None = None
+        self._tg: Any = None
+
+    # -- the daemon -------------------------------------------------------------------
+
+    async def start_daemon(self, ruleset: RuleSet) -> Daemon:
+        self.daemon = Daemon(self.recorder, ruleset,
+                             DaemonOptions(url=self.server.url, trace=str(self.trace_path), request_timeout=5.0))
+        await self._tg.start(self.daemon.run)
+        return self.daemon
+
+    def projection(self) -> Projection:
+        return projections.load(self.recorder)
+
+    def intent(self, intent_id: str) -> IntentView:
+        return self.projection().intents[intent_id]
+
+    def entries(self) -> list[Entry]:
+        return list(self.recorder.read())
+
+    def events(self, kind: type) -> list:
+        return [e.envelope.event for e in self.entries() if isinstance(e.envelope.event, kind)]
+
+    async def wait_state(self, intent_id: str, states: frozenset[str] | set[str], timeout: float = 20.0) -> IntentView:
+        return await wait_until(lambda: (v := self.intent(intent_id)).state in states and v,
+                                f"intent {intent_id} to reach one of {sorted(states)}", timeout, interval=0.01)
+
+    def sent(self, method: str | None = None) -> list[dict]:
+        """Every request the daemon sent (from its trace), optionally of one method."""
+        if not self.trace_path.exists():
+            return []
+        out = []
+        for line in self.trace_path.read_text().splitlines():
+            record = json.loads(line)
+            msg = record.get("msg")
+            if record.get("dir") == "out" and isinstance(msg, dict) and "method" in msg:
+                if method is None or msg["method"] == method:
+                    out.append(msg)
+        return out
+
+    # -- the harness ------------------------------------------------------------------
+
+    async def start_thread(self, workspace: Path, **params: Any) -> str:
+        return (await self.harness.request("thread/start", {"cwd": str(workspace), **params}))["thread"]["id"]
+
+    async def start_turn(self, thread_id: str, prompt: str) -> str:
+        started = await self.harness.request("turn/start", {"threadId": thread_id, "input": text_input(prompt)})
+        return started["turn"]["id"]
+
+    async def turn_completed(self, thread_id: str, turn_id: str, timeout: float = 20.0) -> str:
+        """The final status of the turn, as the harness saw it."""
+        message = await self.log.wait_for(
+            lambda m: is_notification("turn/completed", threadId=thread_id)(m) and m.params["turn"]["id"] == turn_id,
+            timeout=timeout)
+        return message.params["turn"]["status"]
+
+    def user_messages(self, thread_id: str | None = None) -> list[dict]:
+        """``item/completed`` userMessage params the harness saw (turnId, item)."""
+        return [m.params for m in self.log.messages
+                if is_notification("item/completed")(m) and m.params["item"].get("type") == "userMessage"
+                and (thread_id is None or m.params.get("threadId") == thread_id)]
+
+    def sees_command_started(self, thread_id: str, turn_id: str) -> bool:
+        """The daemon's ledger records the turn's command running (it is subscribed)."""
+        return any(getattr(e, "item_type", None) == "commandExecution" and e.turn_id == turn_id
+                   and e.thread_id == thread_id and type(e).__name__ == "ItemStarted"
+                   for e in (x.envelope.event for x in self.entries()))
+
+
+@asynccontextmanager
+async def session(server: AppServer, tmp_path: Path) -> AsyncIterator[Session]:
+    """The harness connects (and initializes) first; the daemon is started by the test."""
+    async with watched_connection(server.url, client_name="harness", client_class=HarnessClient) as (harness, log), \
+            anyio.create_task_group() as tg:
+        s = Session(server, harness, log, tmp_path)
+        s._tg = tg
+        try:
+            yield s
+        finally:
+            tg.cancel_scope.cancel()
+    s.recorder.close()
+
+
+def reached_model(model, text: str) -> int:
+    """Model requests whose input holds ``text`` anywhere (any role, any position)."""
+    return sum(1 for r in model.requests if text in json.dumps(r.body))
