@@ -23,15 +23,13 @@ from controller.output import (
     print_table,
 )
 from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing
-from controller.daemon import DaemonOptions, run_daemon
 from controller.overdue import overdue as find_overdue
-from controller.shim import run_shim
-from controller.status import ledger_status
 from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
 from controller.timefmt import format_duration, parse_duration, parse_time
 from ledger import projections
 from ledger.intent_states import State
+from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
 from rules.config import Effective, load_effective
 from rules.files import RuleSetError
@@ -202,7 +200,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
     effective = _load_rules(rules_path, config_path)
-    recorder = SQLiteRecorder(ledger_path) if ledger_path else SQLiteRecorder(":memory:")
+    recorder = SQLiteRecorder(ledger_path) if ledger_path else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
@@ -304,6 +302,8 @@ def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path,
         url = server.url
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
     path = Path(ledger_path) if ledger_path else default_ledger_path()
+    from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
+
     options = DaemonOptions(url=url, client_name=client_name, trace=trace_path, retain_payloads=retain_payloads,
                             dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
                             config_path=config_path, patterns=effective.patterns,
@@ -330,6 +330,8 @@ def status_cmd(as_json, ledger_path):
     """
     path = Path(ledger_path) if ledger_path else default_ledger_path()
     with open_ledger(str(path), must_exist=True) as recorder:
+        from controller.status import ledger_status
+
         data = ledger_status(recorder, path, time.time())
     if as_json:
         print_json(data)
@@ -359,6 +361,8 @@ def shim_cmd(socket_path, ignored):
     Example: tillerman shim ~/.codex/app-server-control/tillerman.sock
     """
     try:
+        from controller.shim import run_shim
+
         anyio.run(run_shim, socket_path)
     except OSError as exc:
         raise Fail(f"cannot connect to {socket_path}: {exc}; is the shared app-server running?") from exc

@@ -19,6 +19,7 @@ reconciles every intent whose delivery is under way (``dispatch_unknown``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -27,9 +28,11 @@ import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import msgspec
+import watchfiles
 from anyio.abc import TaskStatus
 
 from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
@@ -63,10 +66,11 @@ from rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
 
-POLL_INTERVAL = 0.05  # how often the brain looks for intents other processes proposed
+POLL_INTERVAL = 1.0  # the brain's longest sleep: a safety net under the ledger watcher
+LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopped) this often
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT = "daemon"  # snapshot name of the heartbeat record (read by `tillerman status`)
-HEARTBEAT_EVERY = 2.0  # seconds; the fold snapshot is saved with it
+HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
 KILL_AT_ENV = "TILLERMAN_KILL_AT"
 _UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
@@ -100,6 +104,7 @@ class Daemon:
         self.adapter: GuardedAdapter | None = None
         self.machines: dict[str, Delivery] = {}
         self._verifying: set[str] = set()  # intents whose readback this run already asked for
+        self._saved_seq = -1  # the seq of the last saved fold snapshot
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
@@ -117,11 +122,29 @@ class Daemon:
                 await tg.start(self._connection, tg)
             await self._reconcile_under_way(tg)  # a restart reads back before anything is sent
             tg.start_soon(self._brain, tg)
+            ledger_path = getattr(self.recorder, "path", ":memory:")
+            if ledger_path != ":memory:":
+                tg.start_soon(self._watch_ledger, Path(ledger_path))
             if self.options.watch:
                 tg.start_soon(self._follow_files)
             tg.start_soon(self.notifier.run)
             tg.start_soon(self._watch_rules)
             task_status.started()
+
+    async def _watch_ledger(self, path: Path) -> None:
+        """Wake the brain when anyone writes the ledger (another process proposing an
+        intent, a delivery task recording an answer): SQLite appends to its WAL file, and
+        the kernel tells us. No busy polling, so an idle daemon costs almost nothing."""
+        wal = str(path) + "-wal"
+        async for _ in watchfiles.awatch(path.parent, watch_filter=lambda change, name: name == wal,
+                                         debounce=2 * LEDGER_STEP_MS, step=LEDGER_STEP_MS,
+                                         yield_on_timeout=False, recursive=False):
+            self.wake()
+
+    def wake(self) -> None:
+        """Ask the brain to look at the ledger now."""
+        with contextlib.suppress(anyio.WouldBlock):
+            self._inbox_send.send_nowait([])
 
     async def _signals(self, scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
@@ -246,7 +269,8 @@ class Daemon:
                 pending.extend(item)
 
         while True:
-            with anyio.move_on_after(POLL_INTERVAL):
+            wait = POLL_INTERVAL if self._due is None else min(POLL_INTERVAL, max(0.0, self._due - self.clock()))
+            with anyio.move_on_after(wait):
                 take(await self._inbox.receive())
             while len(pending) < BATCH:  # take whatever else is already waiting
                 try:
@@ -254,7 +278,8 @@ class Daemon:
                 except anyio.WouldBlock:
                     break
             try:
-                self._think(tg, pending, offsets)
+                if pending or offsets or self._ledger_changed() or self._timer_due():
+                    self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
                 if self.clock() - last_beat >= HEARTBEAT_EVERY:
@@ -267,11 +292,22 @@ class Daemon:
                           exc, len(pending))
                 await anyio.sleep(1.0)
 
+    def _ledger_changed(self) -> bool:
+        """Whether the ledger gained rows the fold has not seen (another process's
+        intent, or this daemon's delivery tasks): one indexed lookup, so an idle daemon
+        stays near zero CPU."""
+        return self.recorder.max_seq() != self.projection.seq
+
+    def _timer_due(self) -> bool:
+        return self._due is not None and self.clock() >= self._due
+
     def _heartbeat(self, now: float) -> None:
         beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url, "watch": list(self.options.watch),
                 "connected": self.connected.is_set()}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
-        projections.save(self.recorder, self.projection)
+        if self.projection.seq != self._saved_seq:
+            projections.save(self.recorder, self.projection)
+            self._saved_seq = self.projection.seq
 
     def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
         now = self.clock()
@@ -447,6 +483,7 @@ class Daemon:
                 # have moved ahead of the ledger: rebuild it from the ledger next time.
                 log.error("intent %s: ledger not writable (%s); nothing sent", intent_id, exc)
                 self.machines.pop(intent_id, None)
+            self.wake()  # fold what it recorded now, whatever the ledger watcher sees
             if machine.finished:
                 self.machines.pop(intent_id, None)
 

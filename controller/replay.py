@@ -12,6 +12,7 @@ replays of the same input print the same ``decisions_digest``.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import sqlite3
@@ -35,7 +36,8 @@ from monitor.formats import PARSERS, detect_format
 from monitor.identity import file_identity, read_first_line
 from monitor.parser import Parsed
 from monitor.tailer import file_envelope, file_source
-from rules.detect import next_due
+from ledger.snapshot import ThreadSnapshot
+from rules.detect import Watch, watch, watch_may_find, watch_next_due
 from rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
@@ -44,6 +46,7 @@ FORMATS = ("auto", *sorted(PARSERS), "ledger")
 BATCH = 512  # observations appended per transaction at most
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
 
 
 class ReplayError(Exception):
@@ -91,6 +94,37 @@ def collect_files(paths: list[str]) -> list[Path]:
     return found
 
 
+class _CachingProjection(Projection, dict=True):
+    """The fold, keeping each thread's snapshot (and its timer dues) until an entry
+    about that thread is folded. Every change to a thread's state goes through an
+    event carrying its ``thread_id`` (``ledger.projections``), so a kept snapshot is
+    always the one ``Projection.snapshot`` would build now. Replay asks for the same
+    thread's snapshot several times per event (timers, detection, the policy)."""
+
+    def __post_init__(self) -> None:
+        self._snapshots: dict[str, ThreadSnapshot] = {}
+        self._watches: dict[str, Watch] = {}
+
+    def apply(self, entry: Entry) -> None:
+        thread_id = entry.envelope.event.thread_id
+        if thread_id is not None:
+            self._snapshots.pop(thread_id, None)
+            self._watches.pop(thread_id, None)
+        Projection.apply(self, entry)
+
+    def snapshot(self, thread_id: str) -> ThreadSnapshot:
+        snap = self._snapshots.get(thread_id)
+        if snap is None:
+            snap = self._snapshots[thread_id] = Projection.snapshot(self, thread_id)
+        return snap
+
+    def watch(self, thread_id: str, ruleset: RuleSet) -> Watch:
+        w = self._watches.get(thread_id)
+        if w is None:
+            w = self._watches[thread_id] = watch(self.snapshot(thread_id), ruleset)
+        return w
+
+
 class Replayer:
     def __init__(
         self,
@@ -111,7 +145,7 @@ class Replayer:
         self.retain_payloads = retain_payloads
         self.progress = progress
         self.step = Step(ruleset, replay=True)
-        self.projection = Projection()
+        self.projection = _CachingProjection()
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
@@ -130,6 +164,20 @@ class Replayer:
     # -- driving ------------------------------------------------------------------
 
     def run(self, paths: list[str]) -> ReplaySummary:
+        # Replay allocates a few short-lived containers per record and keeps little:
+        # the collector's default gen-0 threshold (700) made it walk the young objects,
+        # and every full pass the whole module graph, thousands of times per file.
+        # Long-lived objects are frozen out of its sight, and it runs less often.
+        thresholds = gc.get_threshold()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLD)
+        try:
+            return self._run(paths)
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
+
+    def _run(self, paths: list[str]) -> ReplaySummary:
         found = collect_files(paths)
         self._batching = self.recorder.max_seq() == 0 and self.projection.seq == 0
         files = []
@@ -231,14 +279,23 @@ class Replayer:
         for view in self._open.values():
             i = view.intent
             candidates.extend(t for t in (i.ack_deadline, i.effect_deadline, i.expires_at) if t is not None and t > now)
-        for thread_id in self.projection.threads:
-            due = next_due(self.projection.snapshot(thread_id), now, self.ruleset)
-            if due is not None and due > now:
-                candidates.append(due)
+        projection, ruleset = self.projection, self.ruleset
+        for thread_id in projection.threads:
+            w = projection.watch(thread_id, ruleset)
+            if w.timers:
+                due = watch_next_due(w, now)
+                if due is not None:
+                    candidates.append(due)
         return min(candidates, default=None)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
-        self._record(self.step.step(self.projection, thread_ids, now))
+        # Detection runs only for threads where it can find something at ``now``
+        # (``watch_may_find``); elsewhere ``detect`` would return nothing.
+        projection, ruleset = self.projection, self.ruleset
+        finding = [t for t in thread_ids
+                   if watch_may_find(projection.watch(t, ruleset), projection.snapshot(t), now)]
+        if finding:
+            self._record(self.step.step(projection, finding, now))
         wanted = set(thread_ids)
         views = [v for v in self._open.values() if v.intent.thread_id in wanted]
         self._record(self.step.decide_intents(self.projection, views, now)[0])

@@ -103,6 +103,50 @@ def next_due(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> float | 
     return min((t.since + t.limit for t in timers if t is not None and t.since + t.limit > now), default=None)
 
 
+class Watch(msgspec.Struct, frozen=True):
+    """What ``detect`` looks at in one snapshot, whatever the time: the lasting
+    conditions (since, limit, rule) and the repeated-failure thresholds (count, rule)
+    of every rule evaluated for the thread. A function of the snapshot alone, so a
+    caller that keeps a snapshot can keep its watch and ask it at every new ``now``
+    (replay does, at every event, on its virtual clock)."""
+
+    timers: tuple[tuple[float, float, Rule], ...]
+    failures: tuple[tuple[int, Rule], ...]
+
+
+def watch(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Watch:
+    timers, failures = [], []
+    for rule in ruleset.rules:
+        if rule.status in EVALUATED_STATUSES and matches_thread(rule.threads, snapshot.thread_id):
+            if isinstance(rule.condition, RepeatedFailure):
+                if snapshot.failures:
+                    failures.append((rule.condition.count, rule))
+                continue
+            timer = _timer(rule.condition, snapshot)
+            if timer is not None:
+                timers.append((timer.since, timer.limit, rule))
+    return Watch(tuple(timers), tuple(failures))
+
+
+def watch_next_due(w: Watch, now: float) -> float | None:
+    """``next_due`` of the watched snapshot: the same answer."""
+    return min((since + limit for since, limit, rule in w.timers if since + limit > now and rule.in_force(now)),
+               default=None)
+
+
+def watch_may_find(w: Watch, snapshot: ThreadSnapshot, now: float) -> bool:
+    """False only when ``detect(snapshot, now, ...)`` is certainly empty: no lasting
+    condition has lasted its limit (the very comparison ``_observe`` makes) and no
+    command failed as often as a repeated-failure rule counts."""
+    for since, limit, rule in w.timers:
+        if now - since >= limit and rule.in_force(now):
+            return True
+    if w.failures:
+        most = max(count for count, _, _ in snapshot.failures.values())
+        return any(most >= limit for limit, _ in w.failures)
+    return False
+
+
 def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:
     return [
         rule
