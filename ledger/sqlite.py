@@ -15,23 +15,21 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ledger import events
-from ledger.errors import IllegalTransition, IntegrityError, OperationalError, SchemaError
-from ledger.events import Entry, Envelope, IntentEvidence, IntentProposed, IntentTransition
+from ledger.batch import prepare, row_columns
+from ledger.errors import IntegrityError, OperationalError, SchemaError
+from ledger.events import Entry, Envelope
 from ledger.file_offsets import FileOffset
-from ledger.intent_states import State, check_transition
+from ledger.intent_states import State
 from ledger.migrations import SCHEMA_VERSION, migrate
 from ledger.recorder import (
     GENESIS,
     AppendResult,
     Recorder,
     VerifyReport,
-    content_digest,
-    encode_payload,
-    row_hash,
 )
 
 BUSY_TIMEOUT_MS = 10_000
@@ -41,14 +39,6 @@ _COLUMNS = (
     "seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
     " offset, length, payload, digest, prev_hash, hash"
 )
-
-
-def _intent_id(event: events.Event) -> str | None:
-    if isinstance(event, IntentProposed):
-        return event.intent.id
-    if isinstance(event, IntentTransition | IntentEvidence | events.DecisionRecorded):
-        return event.intent_id
-    return None
 
 
 def _translate(exc: sqlite3.Error) -> Exception:
@@ -121,48 +111,18 @@ class SQLiteRecorder(Recorder):
         events read from those spans (the last one per identity wins)."""
         if not batch and not offsets:
             return AppendResult()
-        observed = time.time()
         with self._transaction(durable) as db:
             if offsets:
-                self._save_offsets(db, offsets, observed)
-            seq, prev = self._head(db)
-            known = self._known_digests(db, [e.event_id for e in batch])
-            intent_states: dict[str, State | None] = {}
-            rows, seqs, conflicts, duplicates = [], [], [], 0
-            pending = list(batch)
-            i = 0
-            while i < len(pending):
-                env = pending[i]
-                i += 1
-                if env.observed_at is None:
-                    env = _with_observed(env, observed)
-                payload = encode_payload(env)
-                digest = content_digest(env, payload)
-                if env.event_id in known:
-                    if known[env.event_id] == digest:
-                        duplicates += 1
-                    else:
-                        conflicts.append(env.event_id)
-                        record = _conflict(env, known[env.event_id], digest, observed)
-                        known.update(self._known_digests(db, [record.event_id]))
-                        pending.append(record)
-                    continue
-                self._check_intent(db, env.event, intent_states)
-                seq += 1
-                link = row_hash(prev, seq, env, payload, digest)
-                ev = env.event
-                rows.append((
-                    seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id,
-                    ev.turn_id, events.kind_of(ev), _intent_id(ev), env.offset, env.length,
-                    payload, digest, prev, link,
-                ))
-                known[env.event_id] = digest
-                seqs.append(seq)
-                prev = link
-            db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", rows)
-        if rows:
-            self._write_anchor(seq, prev)
-        return AppendResult(tuple(seqs), duplicates, tuple(conflicts))
+                self._save_offsets(db, offsets, time.time())
+            head_seq, head_hash = self._head(db)
+            prepared = prepare(batch, head_seq, head_hash, time.time(),
+                               lambda ids: self._known_digests(db, ids),
+                               lambda intent_id: self._intent_state(db, intent_id))
+            db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                           [row_columns(row) for row in prepared.rows])
+        if prepared.rows:
+            self._write_anchor(prepared.rows[-1].seq, prepared.rows[-1].hash)
+        return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     @staticmethod
     def _save_offsets(db: sqlite3.Connection, offsets: Sequence[FileOffset], now: float) -> None:
@@ -191,7 +151,7 @@ class SQLiteRecorder(Recorder):
         row = db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         return (row[0], row[1]) if row else (0, GENESIS)
 
-    def _known_digests(self, db: sqlite3.Connection, ids: list[str]) -> dict[str, str]:
+    def _known_digests(self, db: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), _IN_CHUNK):
@@ -200,40 +160,15 @@ class SQLiteRecorder(Recorder):
             found.update(db.execute(f"SELECT event_id, digest FROM events WHERE event_id IN ({marks})", chunk))
         return found
 
-    def _check_intent(self, db: sqlite3.Connection, event: events.Event, states: dict[str, State | None]) -> None:
-        """Refuse, before anything is written, a transition the table does not allow."""
-        if isinstance(event, IntentProposed):
-            if self._intent_state(db, event.intent.id, states) is not None:
-                raise IllegalTransition(f"intent {event.intent.id} already exists")
-            states[event.intent.id] = State.PROPOSED
-        elif isinstance(event, IntentTransition):
-            current = self._intent_state(db, event.intent_id, states)
-            if current is None:
-                raise IllegalTransition(f"no intent {event.intent_id} to move to {event.to_state}")
-            if event.from_state != current:
-                raise IllegalTransition(
-                    f"intent {event.intent_id} is {current}, not {event.from_state}: it moved meanwhile"
-                )
-            check_transition(current, State(event.to_state), event.reason)
-            states[event.intent_id] = State(event.to_state)
-        elif isinstance(event, IntentEvidence):
-            if self._intent_state(db, event.intent_id, states) is None:
-                raise IllegalTransition(f"no intent {event.intent_id} to record evidence for")
-
-    def _intent_state(self, db: sqlite3.Connection, intent_id: str, states: dict[str, State | None]) -> State | None:
-        if intent_id not in states:
-            row = db.execute(
-                "SELECT kind, payload FROM events WHERE intent_id = ?"
-                " AND kind IN ('intent_proposed', 'intent_transition') ORDER BY seq DESC LIMIT 1",
-                (intent_id,),
-            ).fetchone()
-            if row is None:
-                states[intent_id] = None
-            elif row[0] == "intent_proposed":
-                states[intent_id] = State.PROPOSED
-            else:
-                states[intent_id] = State(events.decode(row[1]).to_state)
-        return states[intent_id]
+    def _intent_state(self, db: sqlite3.Connection, intent_id: str) -> State | None:
+        row = db.execute(
+            "SELECT kind, payload FROM events WHERE intent_id = ?"
+            " AND kind IN ('intent_proposed', 'intent_transition') ORDER BY seq DESC LIMIT 1",
+            (intent_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return State.PROPOSED if row[0] == "intent_proposed" else State(events.decode(row[1]).to_state)
 
     # -- read -------------------------------------------------------------------
 
@@ -347,25 +282,6 @@ def _entry(row: tuple) -> Entry:
         observed_at=observed_at, offset=offset, length=length,
     )
     return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)
-
-
-def _with_observed(env: Envelope, observed: float) -> Envelope:
-    return Envelope(
-        event_id=env.event_id, event=env.event, source=env.source, at=env.at,
-        observed_at=observed, offset=env.offset, length=env.length,
-    )
-
-
-def _conflict(env: Envelope, existing: str, offered: str, observed: float) -> Envelope:
-    ev = env.event
-    return Envelope(
-        event_id=f"conflict:{env.event_id}:{offered[:16]}",
-        event=events.Conflict(
-            thread_id=ev.thread_id, turn_id=ev.turn_id, event_id=env.event_id,
-            existing_digest=existing, offered_digest=offered,
-        ),
-        source=env.source, at=env.at, observed_at=observed,
-    )
 
 
 def _create_private(path: Path) -> None:

@@ -2,6 +2,7 @@ import msgspec
 
 from controller.replay import Replayer
 from ledger.memory import MemoryRecorder
+from ledger.batch import row_columns
 from ledger.sqlite import _COLUMNS, SQLiteRecorder
 from rules.config import load_effective
 from tests.ledger.recorder_contract import RecorderContract, turn
@@ -20,7 +21,7 @@ def test_rows_and_hashes_match_sqlite():
         batch = [msgspec.structs.replace(e, observed_at=1.0) for e in batch]
         assert mem.append(batch) == lite.append(batch)
     assert list(mem.read()) == list(lite.read())
-    assert list(mem._rows()) == [tuple(r) for r in lite._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY seq")]
+    assert [row_columns(r) for r in mem._rows] == [tuple(r) for r in lite._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY seq")]
 
 
 def test_replay_records_the_same_entries(tmp_path):

@@ -1,0 +1,137 @@
+"""Preparing a batch for the chain: what every backend does before it stores rows.
+
+For each offered envelope, in order: an identical duplicate of a stored (or earlier
+in the batch) ``event_id`` is a silent no-op; the same id with different content
+becomes a ``conflict`` event instead (never an overwrite); an intent event is checked
+against the state table, and a move the table does not allow refuses the WHOLE batch
+(``IllegalTransition``) before anything is stored. The rest get contiguous seqs and
+their chain links. A backend supplies two lookups — stored digests and an intent's
+current state — and stores the prepared rows in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import msgspec
+
+from ledger import events
+from ledger.errors import IllegalTransition
+from ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
+from ledger.intent_states import State, check_transition
+from ledger.recorder import content_digest, encode_payload, row_hash
+
+DigestLookup = Callable[[Iterable[str]], dict[str, str]]  # event ids -> stored content digests
+StateLookup = Callable[[str], State | None]  # intent id -> its state in the store, None if absent
+
+
+class Row(msgspec.Struct, frozen=True):
+    seq: int
+    envelope: Envelope
+    payload: bytes
+    digest: str
+    prev_hash: str
+    hash: str
+
+    @property
+    def intent_id(self) -> str | None:
+        return intent_id_of(self.envelope.event)
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    rows: list[Row]
+    duplicates: int
+    conflicts: tuple[str, ...]
+    intent_states: dict[str, State]  # the intents this batch moves, and where to
+
+
+def prepare(
+    batch: Sequence[Envelope], head_seq: int, head_hash: str, observed: float,
+    stored_digests: DigestLookup, stored_state: StateLookup,
+) -> Prepared:
+    known = stored_digests(e.event_id for e in batch)
+    states: dict[str, State | None] = {}
+
+    def state_of(intent_id: str) -> State | None:
+        if intent_id not in states:
+            states[intent_id] = stored_state(intent_id)
+        return states[intent_id]
+
+    rows: list[Row] = []
+    conflicts: list[str] = []
+    duplicates = 0
+    seq, prev = head_seq, head_hash
+    pending = list(batch)
+    for env in pending:  # conflict records appended below are prepared in turn
+        if env.observed_at is None:
+            env = msgspec.structs.replace(env, observed_at=observed)
+        payload = encode_payload(env)
+        digest = content_digest(env, payload)
+        existing = known.get(env.event_id)
+        if existing is not None:
+            if existing == digest:
+                duplicates += 1
+            else:
+                conflicts.append(env.event_id)
+                record = conflict_envelope(env, existing, digest, observed)
+                known.update(stored_digests([record.event_id]))
+                pending.append(record)
+            continue
+        _check_intent(env.event, state_of, states)
+        seq += 1
+        link = row_hash(prev, seq, env, payload, digest)
+        rows.append(Row(seq, env, payload, digest, prev, link))
+        known[env.event_id] = digest
+        prev = link
+    moved = {intent_id: state for intent_id, state in states.items() if state is not None}
+    return Prepared(rows, duplicates, tuple(conflicts), moved)
+
+
+def _check_intent(event: events.Event, state_of: StateLookup, states: dict[str, State | None]) -> None:
+    """Refuse, before anything is stored, an intent event the table does not allow."""
+    if isinstance(event, IntentProposed):
+        if state_of(event.intent.id) is not None:
+            raise IllegalTransition(f"intent {event.intent.id} already exists")
+        states[event.intent.id] = State.PROPOSED
+    elif isinstance(event, IntentTransition):
+        current = state_of(event.intent_id)
+        if current is None:
+            raise IllegalTransition(f"no intent {event.intent_id} to move to {event.to_state}")
+        if event.from_state != current:
+            raise IllegalTransition(
+                f"intent {event.intent_id} is {current}, not {event.from_state}: it moved meanwhile"
+            )
+        check_transition(current, State(event.to_state), event.reason)
+        states[event.intent_id] = State(event.to_state)
+    elif isinstance(event, IntentEvidence):
+        if state_of(event.intent_id) is None:
+            raise IllegalTransition(f"no intent {event.intent_id} to record evidence for")
+
+
+def intent_id_of(event: events.Event) -> str | None:
+    """The intent an event is about (for the backends' per-intent lookup)."""
+    if isinstance(event, IntentProposed):
+        return event.intent.id
+    if isinstance(event, IntentTransition | IntentEvidence | events.DecisionRecorded):
+        return event.intent_id
+    return None
+
+
+def conflict_envelope(env: Envelope, existing: str, offered: str, observed: float) -> Envelope:
+    ev = env.event
+    return Envelope(
+        event_id=f"conflict:{env.event_id}:{offered[:16]}",
+        event=events.Conflict(
+            thread_id=ev.thread_id, turn_id=ev.turn_id, event_id=env.event_id,
+            existing_digest=existing, offered_digest=offered,
+        ),
+        source=env.source, at=env.at, observed_at=observed,
+    )
+
+
+def row_columns(row: Row) -> tuple:
+    """A row in the stored column order (``ledger.sqlite._COLUMNS``; ``verify_rows`` reads it)."""
+    env, ev = row.envelope, row.envelope.event
+    return (row.seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id, ev.turn_id,
+            events.kind_of(ev), row.intent_id, env.offset, env.length, row.payload, row.digest,
+            row.prev_hash, row.hash)
