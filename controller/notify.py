@@ -55,12 +55,17 @@ class OverdueNotifier:
     async def run(self) -> None:
         async for notice in self._receive:
             with anyio.move_on_after(COMMAND_TIMEOUT) as scope:
-                try:
-                    done = await anyio.run_process(self.command, input=json.dumps(notice).encode(), check=False,
-                                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                    if done.returncode:
-                        log.warning("--on-overdue exited %s: %s", done.returncode, done.stderr.decode()[-200:])
-                except OSError as exc:
-                    log.warning("--on-overdue could not run: %s", exc)
+                await self._hand_over(notice)
             if scope.cancelled_caught:
                 log.warning("--on-overdue took longer than %ss; stopped it", COMMAND_TIMEOUT)
+
+    async def _hand_over(self, notice: dict) -> None:
+        """Run the command once with the notice on stdin; whatever it does, only log."""
+        done = None
+        try:
+            done = await anyio.run_process(self.command, input=json.dumps(notice).encode(), check=False,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except* (OSError, anyio.BrokenResourceError) as failed:  # could not start, or left stdin unread
+            log.warning("--on-overdue could not take the notice: %r", failed.exceptions[0])
+        if done is not None and done.returncode:
+            log.warning("--on-overdue exited %s: %s", done.returncode, done.stderr.decode()[-200:])

@@ -63,9 +63,9 @@ class Session:
 
     # -- the daemon -------------------------------------------------------------------
 
-    async def start_daemon(self, ruleset: RuleSet) -> Daemon:
-        self.daemon = Daemon(self.recorder, ruleset,
-                             DaemonOptions(url=self.server.url, trace=str(self.trace_path), request_timeout=5.0))
+    async def start_daemon(self, ruleset: RuleSet, **options: Any) -> Daemon:
+        self.daemon = Daemon(self.recorder, ruleset, DaemonOptions(
+            url=self.server.url, trace=str(self.trace_path), request_timeout=5.0, **options))
         await self._tg.start(self.daemon.run)
         return self.daemon
 
