@@ -16,7 +16,7 @@
    (``fixtures.codex_server`` + ``fixtures.scripted_model``); a harness starts a thread;
    a separate process proposes intents for it (``controller.intents.propose``, a
    durable append) at random intervals. Latency: the daemon's decision record for the
-   intent minus the proposal's record (both ``observed_at``, one clock).
+   intent minus the moment the proposer's commit returned (one clock: the same machine).
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ rnd = random.Random(11)
 with SQLiteRecorder(ledger) as rec:
     for i in range(n):
         time.sleep(rnd.uniform(0.02, 0.15))
-        intents.propose(rec, thread_id=thread, mode="queue", text=f"bench note {i}: summarize progress", owner="%s")
+        intent = intents.propose(rec, thread_id=thread, mode="queue", text=f"bench note {i}: summarize progress",
+                                 owner="%s")
+        print(intent.id, time.time(), flush=True)  # committed (and fsynced): visible to the daemon from now
 """ % OWNER
 
 
@@ -159,18 +161,20 @@ async def _pickup(n: int, workdir: Path) -> list[float]:
                 await tg.start(daemon.run)
                 thread = (await harness.request("thread/start", {"cwd": str(home / "ws")}))["thread"]["id"]
                 await harness.request("turn/start", {"threadId": thread, "input": [{"type": "text", "text": "hello"}]})
-                await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [sys.executable, "-c", _PROPOSER, str(ledger), thread, str(n)], check=True))
+                done = await anyio.to_thread.run_sync(lambda: subprocess.run(
+                    [sys.executable, "-c", _PROPOSER, str(ledger), thread, str(n)], check=True,
+                    capture_output=True, text=True))
                 await anyio.sleep(0.5)  # the last pickups
                 tg.cancel_scope.cancel()
             recorder.close()
-    proposed, decided = {}, {}
+    # From the moment the proposer's transaction is committed (when propose() returns;
+    # before that no other process can see the intent) to the daemon's first decision.
+    proposed = {intent_id: float(at) for intent_id, at in (line.split() for line in done.stdout.splitlines())}
+    decided = {}
     with SQLiteRecorder(ledger) as rec:
         for entry in rec.read():
             e, at = entry.envelope.event, entry.envelope.observed_at
-            if isinstance(e, ev.IntentProposed):
-                proposed[e.intent.id] = at
-            elif isinstance(e, ev.DecisionRecorded) and e.intent_id not in decided:
+            if isinstance(e, ev.DecisionRecorded) and e.intent_id not in decided:
                 decided[e.intent_id] = at
     missing = [i for i in proposed if i not in decided]
     if missing:

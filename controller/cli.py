@@ -350,7 +350,7 @@ def status_cmd(as_json, ledger_path):
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
 
 
-@main.command("shim")
+@main.command("shim", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("socket_path", type=click.Path(dir_okay=False))
 @click.argument("ignored", nargs=-1, type=click.UNPROCESSED)
 def shim_cmd(socket_path, ignored):

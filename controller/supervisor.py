@@ -21,6 +21,7 @@ from ledger.intent_states import TRANSITIONS as _MOVES
 from ledger.intent_states import State
 from ledger.intents import Intent, intent_id_from
 from ledger.projections import IntentView, Projection
+from ledger.snapshot import ThreadSnapshot
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.detect import Finding, detect
 from rules.policy import decide
@@ -57,9 +58,12 @@ class Step:
         current decision is returned, for the daemon to carry out (replay never does)."""
         out: list[Envelope] = []
         decided: list[tuple[IntentView, Decision]] = []
+        snapshots: dict[str, ThreadSnapshot] = {}  # one per thread: nothing folds meanwhile
         for view in sorted(views, key=lambda v: v.intent.id):
-            decision = decide(view.intent, State(view.state), projection.snapshot(view.intent.thread_id),
-                              now, self.ruleset)
+            thread_id = view.intent.thread_id
+            if thread_id not in snapshots:
+                snapshots[thread_id] = projection.snapshot(thread_id)
+            decision = decide(view.intent, State(view.state), snapshots[thread_id], now, self.ruleset)
             decided.append((view, decision))
             if view.last_decision == (decision.action, decision.reason):
                 continue
