@@ -174,7 +174,7 @@ class Daemon:
                     self.step.ruleset = swap.ruleset
                     if self.adapter is not None:
                         self.adapter.ruleset = swap.ruleset
-                    self.tap._mapping.patterns = swap.patterns  # classifies items from now on
+                    self.tap.use_patterns(swap.patterns)
                     self._due = self.clock()  # re-evaluate every thread under the new rules
                     swap = None
                 forced = False
@@ -302,8 +302,8 @@ class Daemon:
         return self._due is not None and self.clock() >= self._due
 
     def _heartbeat(self, now: float) -> None:
-        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url, "watch": list(self.options.watch),
-                "connected": self.connected.is_set()}
+        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url,
+                "watch": list(self.options.watch), "connected": self.connected.is_set()}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:
             projections.save(self.recorder, self.projection)

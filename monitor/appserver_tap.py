@@ -42,6 +42,10 @@ class AppServerTap:
         self._asked: set[str] = set()  # threads a resume was sent for on this connection
         self._position = 0  # messages received on this connection: quarantine evidence
 
+    def use_patterns(self, patterns: CommandPatterns) -> None:
+        """Classify commands with these patterns from now on (a reloaded configuration)."""
+        self._mapping.patterns = patterns
+
     def connected(self) -> None:
         """A new connection: its subscriptions start empty."""
         self._asked.clear()
