@@ -102,6 +102,7 @@ class Daemon:
         self.projection = Projection()
         self.tap = AppServerTap(options.url, patterns=options.patterns, retain_payloads=options.retain_payloads)
         self.adapter: GuardedAdapter | None = None
+        self.tailer: Tailer | None = None  # set when --watch follows files
         self.machines: dict[str, Delivery] = {}
         self._verifying: set[str] = set()  # intents whose readback this run already asked for
         self._saved_seq = -1  # the seq of the last saved fold snapshot
@@ -175,6 +176,8 @@ class Daemon:
                     if self.adapter is not None:
                         self.adapter.ruleset = swap.ruleset
                     self.tap.use_patterns(swap.patterns)
+                    if self.tailer is not None:
+                        self.tailer.use_patterns(swap.patterns)
                     self._due = self.clock()  # re-evaluate every thread under the new rules
                     swap = None
                 forced = False
@@ -230,8 +233,8 @@ class Daemon:
         """Follow the session files under ``--watch`` (observe-only: file threads are not
         steerable). Each batch goes through the brain like the connection's."""
         known = self.recorder.file_offsets() if hasattr(self.recorder, "file_offsets") else []
-        tailer = Tailer(known=known, patterns=self.options.patterns, retain_payloads=self.options.retain_payloads)
-        await Watch(self.options.watch, tailer, self._inbox_send.send).run()
+        self.tailer = Tailer(known=known, patterns=self.options.patterns, retain_payloads=self.options.retain_payloads)
+        await Watch(self.options.watch, self.tailer, self._inbox_send.send).run()
 
     async def _resume(self, client, thread_id: str) -> None:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ledger.events import Event
 from monitor.appserver_events import AppServerEvents
+from monitor.commands import CommandPatterns
 from monitor.parser import Parser, WrongType, obj, text
 
 
@@ -22,6 +23,10 @@ class AppServerTraceParser(Parser):
         super().__init__(source, **options)
         self._mapping = AppServerEvents(patterns=self.patterns, retain_payloads=self.retain_payloads)
         self._asked: dict[tuple[type, object], str] = {}  # the client's request ids awaiting a reply → method
+
+    def use_patterns(self, patterns: CommandPatterns) -> None:
+        super().use_patterns(patterns)
+        self._mapping.patterns = patterns
 
     def _time(self, record: dict) -> float | None:
         ts = record.get("ts")

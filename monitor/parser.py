@@ -66,6 +66,10 @@ class Parser:
         self._framer = LineFramer(max_line)
         self._line: Line | None = None  # the record being read, for subclasses
 
+    def use_patterns(self, patterns: CommandPatterns) -> None:
+        """Classify commands with these patterns from now on (a reloaded configuration)."""
+        self.patterns = patterns
+
     def feed(self, data: bytes) -> list[Parsed]:
         return self._parse(self._framer.feed(data))
 

@@ -138,6 +138,13 @@ class Tailer:
     def __post_init__(self) -> None:
         self._rows = {row.identity: row for row in self.known}
 
+    def use_patterns(self, patterns: CommandPatterns) -> None:
+        """A reloaded configuration: files already open classify with it from now on too."""
+        self.patterns = patterns
+        for gen in self._live.values():
+            if gen.parser is not None:
+                gen.parser.use_patterns(patterns)
+
     # -- what is followed ------------------------------------------------------------
 
     @property

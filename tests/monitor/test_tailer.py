@@ -4,6 +4,7 @@ input, and live == replay."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -13,6 +14,7 @@ import pytest
 from ledger import events as ev
 from ledger.sqlite import SQLiteRecorder
 from monitor import tailer as tailer_module
+from monitor.commands import CommandPatterns
 from monitor.tailer import FILE_DELETED, FILE_TRUNCATED, SYMLINK_LOOP, UNKNOWN_FORMAT, UNREADABLE, Tailer
 from tests.monitor.tailer_support import (
     SESSIONS,
@@ -376,3 +378,24 @@ def test_a_copied_fixture_tree_equals_replay_of_the_tree(ledger, tmp_path):
     complete = [f for p in sorted(tree.rglob("*.jsonl")) for f in replayed(p)
                 if f[4] < p.read_bytes().rfind(b"\n") + 1]  # live holds an unterminated tail
     assert sorted(facts(ledger)) == sorted(complete)
+
+
+def test_reloaded_patterns_reach_files_already_open(ledger, rollout):
+    """A configuration reload re-classifies commands in files the tailer already follows."""
+    tailer = Tailer()
+    append(rollout, session_meta())
+    drive(tailer, ledger, rollout)
+
+    def call(call_id: str) -> bytes:
+        return (json.dumps({"timestamp": "2026-11-30T00:05:00.000Z", "type": "response_item", "payload": {
+            "type": "function_call", "name": "shell", "call_id": call_id,
+            "arguments": json.dumps({"command": ["bash", "-lc", "frobnicate --all"]})}}) + "\n").encode()
+
+    append(rollout, call("c1"))
+    drive(tailer, ledger, rollout)
+    tailer.use_patterns(CommandPatterns(critical=(r"\bfrobnicate\b",), external=()))
+    append(rollout, call("c2"))
+    drive(tailer, ledger, rollout)
+    started = {e.envelope.event.item_id: e.envelope.event.critical for e in ledger.read()
+               if isinstance(e.envelope.event, ev.ItemStarted)}
+    assert started == {"c1": False, "c2": True}
