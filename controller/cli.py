@@ -31,6 +31,7 @@ from ledger import projections
 from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
+from monitor.codex_home import OWN_CLIENT_NAME, codex_home, resolve_target
 from rules.config import Effective, load_effective
 from rules.files import RuleSetError
 
@@ -44,8 +45,14 @@ def default_ledger_path() -> Path:
     return Path(state) / "tillerman" / "ledger.sqlite3"
 
 
+def ledger_file(path: str | None) -> Path:
+    """The ledger's absolute path: resolved here, at the edge, because the daemon matches
+    it against the absolute paths the kernel reports for its WAL file."""
+    return (Path(path) if path else default_ledger_path()).absolute()
+
+
 def open_ledger(path: str | None, *, must_exist: bool = False) -> SQLiteRecorder:
-    target = Path(path) if path else default_ledger_path()
+    target = ledger_file(path)
     if must_exist and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
     return SQLiteRecorder(target)
@@ -256,14 +263,18 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 
 
 @main.command("run")
-@click.option("--codex", "url", help="The shared app-server to attach to: unix://PATH or ws://HOST:PORT.")
+@click.option("--codex", "url", metavar="URL",
+              help="The app-server to attach to: unix://PATH or ws://HOST:PORT (default, and for a bare unix://:"
+                   " Codex's shared server on $CODEX_HOME/app-server-control/app-server-control.sock).")
+@click.option("--no-codex", is_flag=True, help="Attach to no app-server: follow --watch files only.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
 @click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
-                   " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without --codex.")
-@click.option("--client-name", default="tillerman", show_default=True,
-              help="clientInfo.name to initialize with (use the harness's name when tillerman connects first).")
+                   " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
+@click.option("--client-name",
+              help="clientInfo.name to initialize with (default: codex-tui on Codex's shared server, so the"
+                   " user's threads are not branded; tillerman elsewhere).")
 @ledger_option
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help="Grants (TOML).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
@@ -273,26 +284,33 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
-            dry_run, on_overdue, verbose):
+def run_cmd(url, no_codex, spawn_codex, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path,
+            retain_payloads, dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
-    With --watch DIR (alone or with --codex), session files under DIR are followed as they
-    grow, resumably (offsets are kept in the ledger): their threads are observed and
-    reported on, never steered.
+    With no --codex it attaches to Codex's shared server, the one your Codex TUI uses
+    ($CODEX_HOME/app-server-control/app-server-control.sock); while nothing listens there
+    it says how to start it and keeps retrying, following --watch files meanwhile.
 
-    Example: tillerman run --codex unix://$CODEX_HOME/app-server-control/app-server-control.sock
+    With --watch DIR, session files under DIR are followed as they grow, resumably
+    (offsets are kept in the ledger): their threads are observed and reported on,
+    never steered.
+
+    Example: tillerman run --watch ~/.codex/sessions
     """
-    if not url and not spawn_codex and not watch_dirs:
-        raise Fail("nothing to supervise: give --codex unix://PATH (or ws://HOST:PORT), --spawn-codex,"
-                   " or --watch DIR")
+    if no_codex and (url or spawn_codex):
+        raise Fail("--no-codex attaches to no app-server: drop --codex and --spawn-codex, or drop --no-codex")
+    if no_codex and not watch_dirs:
+        raise Fail("nothing to supervise with --no-codex: add --watch DIR (e.g. --watch ~/.codex/sessions)")
+    if url and spawn_codex:
+        raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
     effective = _load_rules(rules_path, config_path)
     server = None
     if spawn_codex:
-        home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        home = codex_home()
         server = AppServer(home, home / "app-server-control" / "tillerman.sock", isolated_home=False)
         (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
@@ -301,10 +319,14 @@ def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path,
             raise Fail(str(exc)) from exc
         url = server.url
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
-    path = Path(ledger_path) if ledger_path else default_ledger_path()
+    target = None if no_codex else resolve_target(url, client_name)
+    path = ledger_file(ledger_path)
     from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
 
-    options = DaemonOptions(url=url, client_name=client_name, trace=trace_path, retain_payloads=retain_payloads,
+    options = DaemonOptions(url=target.url if target else None,
+                            client_name=target.client_name if target else OWN_CLIENT_NAME,
+                            default_socket=bool(target and target.default_socket),
+                            trace=trace_path, retain_payloads=retain_payloads,
                             dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
                             config_path=config_path, patterns=effective.patterns,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs))
@@ -328,7 +350,7 @@ def status_cmd(as_json, ledger_path):
 
     Example: tillerman status --json
     """
-    path = Path(ledger_path) if ledger_path else default_ledger_path()
+    path = ledger_file(ledger_path)
     with open_ledger(str(path), must_exist=True) as recorder:
         from controller.status import ledger_status
 
@@ -336,18 +358,33 @@ def status_cmd(as_json, ledger_path):
     if as_json:
         print_json(data)
         return
-    daemon = data["daemon"]
-    if daemon["running"]:
-        click.echo(f"daemon: pid {daemon['pid']} since {daemon['since']}, heartbeat {daemon['heartbeat']}"
-                   + (f" ({'connected' if daemon['connected'] else 'not connected'} to {daemon['url']})"
-                      if daemon["url"] else "")
-                   + (f" (following files under {', '.join(daemon.get('watch') or [])};"
-                      " file-only threads are not steerable)" if daemon.get("watch") else ""))
-    else:
-        click.echo("daemon: not running")
+    for line in _daemon_lines(data["daemon"]):
+        click.echo(line)
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
                                   "critical_tool", "external_effect_unknown", "queue"), "no threads")
+    if data["unsupervised_threads"]:
+        click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
+
+
+def _daemon_lines(daemon: dict) -> list[str]:
+    if not daemon["running"]:
+        return ["daemon: not running"]
+    lines = [f"daemon: pid {daemon['pid']} since {daemon['since']}, heartbeat {daemon['heartbeat']}"]
+    codex = daemon.get("codex")
+    if codex and codex["connected"]:
+        lines.append(f"codex: connected to {codex['url']} since {codex['since']} as {codex['client_name']};"
+                     f" server {codex['server_version'] or 'version unknown'}")
+        first = {True: "tillerman initialized it first: new threads are branded with its name",
+                 False: "another client initialized it first",
+                 None: "tillerman used the same name, so threads keep that originator"}[codex["initialized_first"]]
+        lines.append(f"codex: threads' originator {codex['originator'] or 'unknown'} ({first})")
+    elif codex:
+        lines.append(f"codex: connecting to {codex['url']} since {codex['since']}"
+                     + (f" (last try: {codex['error']})" if codex["error"] else ""))
+    if daemon.get("watch"):
+        lines.append(f"files: following {', '.join(daemon['watch'])} (file-only threads are not steerable)")
+    return lines
 
 
 @main.command("shim", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

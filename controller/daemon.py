@@ -26,7 +26,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +49,16 @@ from ledger.intent_states import State
 from ledger.lock import LedgerLock
 from ledger.projections import IntentView, Projection
 from ledger.recorder import Recorder
-from monitor.appserver_client import AppServerDisconnected, JsonlTrace, open_app_server
+from controller.link import Link
+from monitor.appserver_client import (
+    AppServerClient,
+    AppServerDisconnected,
+    JsonlTrace,
+    backoff_delays,
+    connection_failure,
+    open_app_server,
+)
+from monitor.codex_home import OWN_CLIENT_NAME
 from monitor.appserver_tap import AppServerTap
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
@@ -71,6 +79,7 @@ LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopp
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT = "daemon"  # snapshot name of the heartbeat record (read by `tillerman status`)
 HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
+RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
 KILL_AT_ENV = "TILLERMAN_KILL_AT"
 _UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
@@ -80,7 +89,8 @@ _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnSt
 @dataclass(frozen=True)
 class DaemonOptions:
     url: str | None = None  # None: no app-server, files only (--watch)
-    client_name: str = "tillerman"
+    client_name: str = OWN_CLIENT_NAME
+    default_socket: bool = False  # Codex's own shared server (monitor.codex_home)
     trace: str | None = None
     retain_payloads: bool = False
     dry_run: bool = False
@@ -109,19 +119,24 @@ class Daemon:
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
+        self._beat_now = False  # the connection changed: write the heartbeat at the next round
         self.notifier = OverdueNotifier(options.on_overdue)
         self.connected = anyio.Event()
+        self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
 
     # -- the task group ---------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """Everything that needs no app-server starts at once: a daemon whose server is
+        not up yet still follows files, beats, decides and reports what is overdue. The
+        connection comes and goes on its own; nothing is sent before it has read back
+        what was under way (``_connection``)."""
         self.projection = projections.load(self.recorder)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
-            if self.options.url:
-                await tg.start(self._connection, tg)
-            await self._reconcile_under_way(tg)  # a restart reads back before anything is sent
+            self._refold(tg, self.clock())
+            self._due = self.clock()  # decide every open intent once: no new entry may touch them
             tg.start_soon(self._brain, tg)
             ledger_path = getattr(self.recorder, "path", ":memory:")
             if ledger_path != ":memory:":
@@ -130,6 +145,8 @@ class Daemon:
                 tg.start_soon(self._follow_files)
             tg.start_soon(self.notifier.run)
             tg.start_soon(self._watch_rules)
+            if self.options.url:
+                tg.start_soon(self._connection, tg)
             task_status.started()
 
     async def _watch_ledger(self, path: Path) -> None:
@@ -188,46 +205,57 @@ class Daemon:
 
     # -- the connection ---------------------------------------------------------------
 
-    async def _connection(self, tg, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        """Connect, subscribe to every loaded thread, follow; reconnect when the server
-        goes away. Facts seen twice (a reconnect, a resume) keep their natural-key ids."""
-        started = False
-        delay = 0.1
+    async def _connection(self, tg) -> None:
+        """Connect, subscribe to every loaded thread, follow; reconnect with backoff when
+        the server goes away or is not there yet. Facts seen twice (a reconnect, a resume)
+        keep their natural-key ids. The adapter exists only while a connection does, and
+        only after every delivery under way has been read back: a dead connection is
+        never written to, and a restart never sends before it knows what happened."""
         # One trace for the daemon's life: a delivery still holding the lost connection's
         # adapter must get "disconnected" from it, not a write to a closed trace file.
         trace = None
         if self.options.trace:
             trace = JsonlTrace(self.options.trace, redact=None if self.options.retain_payloads else redact_message)
+        delays = backoff_delays(maximum=RECONNECT_MAX)
         while True:
             try:
-                async with AsyncExitStack() as stack:
-                    client = await stack.enter_async_context(
-                        open_app_server(self.options.url, client_name=self.options.client_name, trace=trace))
-                    self.tap.connected()
-                    self.adapter = GuardedAdapter(client, self.recorder, self.step.ruleset,
-                                                  snapshot=self.projection.snapshot,
-                                                  timeout=self.options.request_timeout, clock=self.clock)
-                    loaded = await client.request("thread/loaded/list", {}, timeout=self.options.request_timeout)
-                    for thread_id in self.tap.loaded([t for t in loaded.get("data", []) if isinstance(t, str)]):
-                        await self._resume(client, thread_id)
-                    self.connected.set()
-                    delay = 0.1
-                    if not started:
-                        started = True
-                        task_status.started()
-                    else:
-                        await self._reconcile_under_way(tg)
+                async with open_app_server(self.options.url, client_name=self.options.client_name, trace=trace,
+                                           connect_timeout=self.options.request_timeout, retry=False) as client:
+                    await self._attach(tg, client)
+                    delays = backoff_delays(maximum=RECONNECT_MAX)
                     async for message in client.incoming:
                         out = self.tap.receive(message, self.clock())
                         if out.envelopes:
                             await self._inbox_send.send(out.envelopes)
                         for thread_id in out.resume:
                             tg.start_soon(self._resume, client, thread_id)
+                    reason, absent = "the server closed the connection", False
             except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
-                log.warning("app-server connection lost (%s); reconnecting in %.1fs", exc, delay)
+                reason, absent = connection_failure(exc), isinstance(exc, FileNotFoundError | ConnectionRefusedError)
+            self.adapter = None
             self.connected = anyio.Event()
+            delay = next(delays)
+            if reason != self.link.error:  # one line per outage, not one per retry
+                log.warning("%s", self.link.failed(reason, self.clock(), nothing_listens=absent))
+                self._beat_now = True
+            else:
+                log.info("still cannot reach %s (%s); retrying in %.1fs", self.options.url, reason, delay)
             await anyio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+    async def _attach(self, tg, client: AppServerClient) -> None:
+        """A fresh connection: subscribe, read back, then let deliveries through."""
+        self.tap.connected()
+        self.link.up(client.initialize_result, self.clock())
+        loaded = await client.request("thread/loaded/list", {}, timeout=self.options.request_timeout)
+        for thread_id in self.tap.loaded([t for t in loaded.get("data", []) if isinstance(t, str)]):
+            await self._resume(client, thread_id)
+        await self._reconcile_under_way(tg, client)
+        self.adapter = GuardedAdapter(client, self.recorder, self.step.ruleset, snapshot=self.projection.snapshot,
+                                      timeout=self.options.request_timeout, clock=self.clock)
+        self.connected.set()
+        self._beat_now = True  # `status` shows the connection now, not at the next beat
+        self.wake()
+        log.info("attached to %s as %s", self.options.url, self.options.client_name)
 
     async def _follow_files(self) -> None:
         """Follow the session files under ``--watch`` (observe-only: file threads are not
@@ -237,6 +265,10 @@ class Daemon:
         await Watch(self.options.watch, self.tailer, self._inbox_send.send).run()
 
     async def _resume(self, client, thread_id: str) -> None:
+        if self.tap.users_work(thread_id) is None and not self.projection.snapshot(thread_id).known:
+            await self._read_thread(client, thread_id)  # it started before we attached: what is it?
+        if self.tap.users_work(thread_id) is False or not self.projection.snapshot(thread_id).supervised:
+            return  # Codex's own ephemeral housekeeping: recorded, never subscribed to
         try:
             result = await client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True,
                                                             "initialTurnsPage": {"limit": 1}},
@@ -255,6 +287,15 @@ class Daemon:
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
         envelopes += self._seen(thread_id, page.get("data") if isinstance(page, dict) else None)
         if envelopes:
+            await self._inbox_send.send(envelopes)
+
+    async def _read_thread(self, client, thread_id: str) -> None:
+        try:
+            result = await client.request("thread/read", {"threadId": thread_id}, timeout=self.options.request_timeout)
+        except (RpcError, TimeoutError, AppServerDisconnected) as exc:
+            log.info("cannot read thread %s (%s)", thread_id, exc)
+            return
+        if isinstance(result, dict) and (envelopes := self.tap.read(result)):
             await self._inbox_send.send(envelopes)
 
     # -- the brain --------------------------------------------------------------------
@@ -285,8 +326,8 @@ class Daemon:
                     self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
-                if self.clock() - last_beat >= HEARTBEAT_EVERY:
-                    last_beat = self.clock()
+                if self._beat_now or self.clock() - last_beat >= HEARTBEAT_EVERY:
+                    self._beat_now, last_beat = False, self.clock()
                     self._heartbeat(last_beat)
             except OperationalError as exc:
                 # Never act without a record: hold the observations and every decision
@@ -305,8 +346,8 @@ class Daemon:
         return self._due is not None and self.clock() >= self._due
 
     def _heartbeat(self, now: float) -> None:
-        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url,
-                "watch": list(self.options.watch), "connected": self.connected.is_set()}
+        beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "watch": list(self.options.watch),
+                "codex": self.link.as_dict() if self.options.url else None}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:
             projections.save(self.recorder, self.projection)
@@ -401,11 +442,11 @@ class Daemon:
         running = thread.running.items() if thread else ()
         return frozenset(item_id for item_id, item in running if item.turn_id == view.intent.expected_turn_id)
 
-    async def _reconcile_under_way(self, tg) -> None:
+    async def _reconcile_under_way(self, tg, client: AppServerClient) -> None:
         """Every intent whose delivery is under way is read back before anything new is
         sent (after a start, or a reconnect)."""
         self._refold(tg, self.clock())
-        await self._read_back_turns(tg)
+        await self._read_back_turns(tg, client)
         for view in self.projection.open_intents():
             if State(view.state) in _UNDER_WAY:
                 self._drive(tg, view.intent.id, self._reconcile_fact(view, self.clock()))
@@ -413,7 +454,7 @@ class Daemon:
         # intents no new entry will touch, and a decision made while disconnected was dropped.
         self._due = self.clock()
 
-    async def _read_back_turns(self, tg) -> None:
+    async def _read_back_turns(self, tg, client: AppServerClient) -> None:
         """What happened while this daemon was away (dead, or disconnected). A resume
         reveals only a turn still in progress, and a thread that was idle stays unknown to
         the fold; so for every open intent whose thread is unknown, or whose expected turn
@@ -421,7 +462,6 @@ class Daemon:
         (``thread/turns/list``): the thread is recorded as seen, and the end of each
         expected turn as an observation. The fold then settles (or dispatches) the intent
         as the live notifications would have."""
-        client = self.adapter.client if self.adapter is not None else None
         wanted: dict[str, set[str]] = {}
         for view in self.projection.open_intents():
             intent = view.intent
@@ -432,7 +472,7 @@ class Daemon:
                     not in ENDED_TURN_STATES:
                 wanted.setdefault(intent.thread_id, set()).add(intent.expected_turn_id)
         envelopes: list[Envelope] = []
-        for thread_id, turn_ids in wanted.items() if client is not None else ():
+        for thread_id, turn_ids in wanted.items():
             try:
                 page = await client.request("thread/turns/list", {"threadId": thread_id, "limit": READBACK_PAGE},
                                             timeout=self.options.request_timeout)

@@ -17,9 +17,12 @@ from ledger.recorder import Recorder
 
 def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
     projection = projections.load(recorder)
-    threads = []
+    threads, housekeeping = [], 0
     for thread_id in sorted(projection.threads):
         snap = projection.snapshot(thread_id)
+        if not snap.supervised:  # Codex's ephemeral title-generation threads: no one's work
+            housekeeping += 1
+            continue
         threads.append({
             "thread": thread_id,
             "steerable": snap.steerable,  # False: followed through files only, cannot be steered
@@ -36,6 +39,7 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
         "ledger": str(ledger_path),
         "daemon": _daemon(recorder, ledger_path),
         "threads": threads,
+        "unsupervised_threads": housekeeping,
         "open_intents": len(projection.open_intents()),
         "overdue": len(overdue(projection, now)),
         "last_seq": projection.seq,
@@ -50,10 +54,14 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
         "pid": info.get("pid"),
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
-        "url": info.get("url"),
         "watch": info.get("watch", []),
-        "connected": info.get("connected", False),
+        "codex": _codex(info.get("codex")),
     }
+
+
+def _codex(link: dict | None) -> dict | None:
+    """The daemon's app-server connection (``controller.link``), times as ISO-8601."""
+    return None if not isinstance(link, dict) else {**link, "since": iso(link.get("since"))}
 
 
 def _lock_held(lock_path: Path) -> bool:

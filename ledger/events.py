@@ -34,6 +34,14 @@ class ThreadStarted(Event, tag="thread_started"):
     originator: str | None = None
     cli_version: str | None = None
     source_format: str | None = None
+    # Codex's own housekeeping threads (the TUI's title generation) are ephemeral and
+    # carry a threadSource other than "user"; they are recorded, never supervised.
+    ephemeral: bool = False
+    thread_source: str | None = None
+
+    @property
+    def users_work(self) -> bool:
+        return not self.ephemeral and self.thread_source in (None, "user")
 
 
 TurnStatus = Literal["completed", "interrupted", "failed"]

@@ -40,6 +40,7 @@ class ThreadState(msgspec.Struct):
     thread_id: str
     parent_thread_id: str | None = None
     steerable: bool = False
+    supervised: bool = True  # False: Codex's own housekeeping (ephemeral), recorded only
     status: str | None = None
     flags: tuple[str, ...] = ()
     active_turn_id: str | None = None
@@ -112,6 +113,7 @@ class Projection(msgspec.Struct):
         return ThreadSnapshot(
             thread_id=thread_id,
             steerable=t.steerable,
+            supervised=t.supervised,
             active_turn_id=t.active_turn_id,
             active_turn_started_at=t.active_turn_started_at,
             turn_states=t.turn_states,
@@ -169,6 +171,8 @@ def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None and e.parent_thread_id:
         t.parent_thread_id = e.parent_thread_id
+    if t is not None and not e.users_work:
+        t.supervised = False
 
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:

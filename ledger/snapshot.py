@@ -16,6 +16,7 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str
     known: bool = True  # any event for this thread was seen
     steerable: bool = False  # a live app-server connection observes it (not file-only)
+    supervised: bool = True  # False: Codex's own ephemeral housekeeping thread; nothing is decided
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None
     turn_states: dict[str, str] = {}  # turn id -> one of TURN_STATES

@@ -61,8 +61,10 @@ def _translate(exc: sqlite3.Error) -> Exception:
 
 class SQLiteRecorder(Recorder):
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
-        self.path = str(path)
-        self.memory = self.path == ":memory:"
+        # Absolute from here on: a reader of the WAL's change events sees absolute paths,
+        # and a later chdir must not move the ledger.
+        self.memory = str(path) == ":memory:"
+        self.path = str(path) if self.memory else os.path.abspath(path)
         self.head_path = None if self.memory else Path(self.path + ".head")
         if not self.memory:
             _create_private(Path(self.path))

@@ -52,6 +52,10 @@ class AppServerDisconnected(ConnectionError):
     """The connection closed while a request was waiting for its answer."""
 
 
+class HandshakeRefused(ConnectionError):
+    """Something listens at the address but refused the WebSocket upgrade."""
+
+
 class JsonlTrace:
     """A trace sink writing `{"ts", "dir", "msg"}` JSON lines to an owner-only file.
 
@@ -105,6 +109,11 @@ async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnectio
                 return await _open_websocket(url)
             except (OSError, InvalidHandshake):
                 await anyio.sleep(next(delays))
+
+
+def connection_failure(exc: BaseException) -> str:
+    """Why a connection attempt failed, in words: never an empty reason."""
+    return str(exc) or type(exc).__name__
 
 
 class AppServerClient:
@@ -193,15 +202,25 @@ async def open_app_server(
     client_name: str = DEFAULT_CLIENT_NAME,
     trace: TraceSink | None = None,
     connect_timeout: float = 10.0,
+    retry: bool = True,
     client_class: type[AppServerClient] = AppServerClient,
 ) -> AsyncIterator[AppServerClient]:
-    """Connects (retrying until `connect_timeout`), initializes, and yields the client.
+    """Connects (retrying until `connect_timeout`, unless `retry` is off: a caller with
+    its own reconnect loop wants each failure as it happens), initializes, and yields
+    the client.
 
     The first client to initialize names the originator of every thread the server
     creates afterwards, so a supervisor that connects before the harness should pass the
     harness's `client_name`.
     """
-    websocket = await open_websocket_with_retry(url, connect_timeout)
+    if retry:
+        websocket = await open_websocket_with_retry(url, connect_timeout)
+    else:
+        with anyio.fail_after(connect_timeout):
+            try:
+                websocket = await _open_websocket(url)
+            except InvalidHandshake as exc:  # the server answered, but not with a WebSocket
+                raise HandshakeRefused(f"WebSocket handshake refused: {connection_failure(exc)}") from exc
     async with websocket, anyio.create_task_group() as tasks:
         client = client_class(websocket, trace)
         tasks.start_soon(client._read_frames)

@@ -75,8 +75,12 @@ class AppServerEvents:
         """Events in the result of one of the client's requests.
 
         ``thread/resume`` is how a supervisor that attaches late learns of the
-        turn already running (its ``turn/started`` went by before it subscribed).
+        turn already running (its ``turn/started`` went by before it subscribed);
+        ``thread/read`` tells it what a thread it did not see start is (the user's
+        work, or one of Codex's ephemeral housekeeping threads).
         """
+        if method == "thread/read":
+            return self._thread_started(result)
         if method != "thread/resume":
             return []
         thread_id = text(obj(result, "thread"), "id")
@@ -89,7 +93,8 @@ class AppServerEvents:
     def _thread_started(self, params: dict) -> list[Event]:
         thread = obj(params, "thread")
         return [ThreadStarted(thread_id=text(thread, "id"), parent_thread_id=text(thread, "parentThreadId"),
-                              cli_version=text(thread, "cliVersion"), source_format="appserver")]
+                              cli_version=text(thread, "cliVersion"), source_format="appserver",
+                              ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"))]
 
     def _status(self, params: dict) -> list[Event]:
         status = obj(params, "status")

@@ -21,7 +21,7 @@ import hashlib
 
 import msgspec
 
-from ledger.events import Envelope, Event, Quarantined, StatusChanged
+from ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
 from monitor.appserver_events import AppServerEvents, natural_key
 from monitor.commands import DEFAULT, CommandPatterns
 from monitor.jsonrpc import BadMessage, Notification, ServerRequest
@@ -40,6 +40,9 @@ class AppServerTap:
         self.source = f"appserver:{server}"
         self._mapping = AppServerEvents(patterns=patterns, retain_payloads=retain_payloads)
         self._asked: set[str] = set()  # threads a resume was sent for on this connection
+        # thread id -> whether it is the user's work (False: Codex's ephemeral housekeeping,
+        # never subscribed to); kept across connections, since a thread never changes kind
+        self._users_work: dict[str, bool] = {}
         self._position = 0  # messages received on this connection: quarantine evidence
 
     def use_patterns(self, patterns: CommandPatterns) -> None:
@@ -67,6 +70,7 @@ class AppServerTap:
         params = raw.get("params") if isinstance(raw.get("params"), dict) else {}
         emitted = raw.get("emittedAtMs", params.get("startedAtMs"))
         at = emitted / 1000 if isinstance(emitted, int | float) and not isinstance(emitted, bool) else now
+        self._learn(events)
         resume = [e.thread_id for e in events if self._should_resume(e)]
         return TapOutput([self._envelope(e, at, emitted) for e in events], resume)
 
@@ -75,6 +79,20 @@ class AppServerTap:
         fresh = [t for t in thread_ids if t not in self._asked]
         self._asked.update(fresh)
         return fresh
+
+    def users_work(self, thread_id: str) -> bool | None:
+        """Whether a thread is the user's work; None when this tap never saw what it is."""
+        return self._users_work.get(thread_id)
+
+    def read(self, result: dict) -> list[Envelope]:
+        """A ``thread/read`` of a thread that started before we attached: what it is.
+        No time stamp, so reading it again after a reconnect records nothing new."""
+        try:
+            events = self._mapping.response("thread/read", result)
+        except _MALFORMED:
+            return []
+        self._learn(events)
+        return [self._envelope(e, None, None) for e in events if e.thread_id is not None]
 
     def resumed(self, result: dict, now: float) -> list[Envelope]:
         """The in-progress turn a resume reveals (its start went by unseen)."""
@@ -88,15 +106,20 @@ class AppServerTap:
         """Ask again at the thread's next ``active`` (e.g. before its first turn)."""
         self._asked.discard(thread_id)
 
+    def _learn(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, ThreadStarted) and event.thread_id is not None:
+                self._users_work[event.thread_id] = event.users_work
+
     def _should_resume(self, event: Event) -> bool:
         if not isinstance(event, StatusChanged) or event.status != "active" or event.thread_id is None:
             return False
-        if event.thread_id in self._asked:
+        if event.thread_id in self._asked or self._users_work.get(event.thread_id) is False:
             return False
         self._asked.add(event.thread_id)
         return True
 
-    def _envelope(self, event: Event, at: float, discriminator) -> Envelope:
+    def _envelope(self, event: Event, at: float | None, discriminator) -> Envelope:
         key = natural_key(event, discriminator)
         return Envelope(event_id="a-" + hashlib.sha256(key.encode()).hexdigest()[:32], event=event,
                         source=self.source, at=at)

@@ -117,7 +117,7 @@ class Watch(msgspec.Struct, frozen=True):
 def watch(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Watch:
     timers, failures = [], []
     for rule in ruleset.rules:
-        if rule.status in EVALUATED_STATUSES and matches_thread(rule.threads, snapshot.thread_id):
+        if _applies(rule, snapshot):
             if isinstance(rule.condition, RepeatedFailure):
                 if snapshot.failures:
                     failures.append((rule.condition.count, rule))
@@ -148,11 +148,14 @@ def watch_may_find(w: Watch, snapshot: ThreadSnapshot, now: float) -> bool:
 
 
 def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:
-    return [
-        rule
-        for rule in ruleset.rules
-        if rule.status in EVALUATED_STATUSES and rule.in_force(now) and matches_thread(rule.threads, snapshot.thread_id)
-    ]
+    return [rule for rule in ruleset.rules if _applies(rule, snapshot) and rule.in_force(now)]
+
+
+def _applies(rule: Rule, snapshot: ThreadSnapshot) -> bool:
+    """An evaluated rule for this thread; Codex's ephemeral housekeeping threads (the
+    TUI's title generation) are no one's work: no rule looks at them."""
+    return (snapshot.supervised and rule.status in EVALUATED_STATUSES
+            and matches_thread(rule.threads, snapshot.thread_id))
 
 
 def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) -> Finding:

@@ -67,6 +67,7 @@ class Session:
         self.daemon = Daemon(self.recorder, ruleset, DaemonOptions(
             url=self.server.url, trace=str(self.trace_path), request_timeout=5.0, **options))
         await self._tg.start(self.daemon.run)
+        await self.daemon.connected.wait()  # attached and read back: deliveries may go
         return self.daemon
 
     def projection(self) -> Projection:

@@ -221,7 +221,8 @@ async def test_reconnect_mid_turn_and_duplicate_notifications_record_each_fact_o
         # The daemon's connection drops in the middle of the turn (the command still runs).
         dropped = daemon.adapter.client
         await dropped._websocket.close()
-        await wait_until(lambda: daemon.adapter.client is not dropped and daemon.connected.is_set(),
+        await wait_until(lambda: daemon.adapter is not None and daemon.adapter.client is not dropped
+                         and daemon.connected.is_set(),
                          "the daemon to reconnect")
         await wait_until(lambda: len(s.sent("thread/resume")) > resumes_before, "the daemon to resubscribe")
         assert not any(m.method == "turn/completed" for m in _thread_messages(s, thread, 0))  # still mid-turn

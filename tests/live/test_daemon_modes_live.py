@@ -86,5 +86,8 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
         status = json.loads(result.output)
         (seen,) = [t for t in status["threads"] if t["thread"] == thread]
         assert seen["steerable"] and seen["active_turn"] == turn and seen["critical_tool"] is False
-        assert status["daemon"]["url"] == app_server.url and status["daemon"]["connected"]
+        codex = status["daemon"]["codex"]
+        assert codex["url"] == app_server.url and codex["connected"]
+        assert codex["server_version"] == "0.163.0" and codex["client_name"] == "tillerman"
+        assert codex["originator"] == "harness" and codex["initialized_first"] is False  # the harness came first
         assert status["daemon"]["heartbeat"] and status["open_intents"] >= 0

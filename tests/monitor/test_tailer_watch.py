@@ -169,7 +169,7 @@ def test_run_with_only_watch_follows_files_without_an_app_server(tmp_path):
 
 
 def test_run_refuses_to_start_with_nothing_to_supervise():
-    result = CliRunner().invoke(main, ["run"])
+    result = CliRunner().invoke(main, ["run", "--no-codex"])
     assert result.exit_code == 2 and "--watch DIR" in result.output
 
 
