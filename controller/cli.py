@@ -22,7 +22,7 @@ from controller.output import (
     print_json,
     print_table,
 )
-from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing
+from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from controller.overdue import overdue as find_overdue
 from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
@@ -259,6 +259,9 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--codex", "url", help="The shared app-server to attach to: unix://PATH or ws://HOST:PORT.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
+@click.option("--codex-bin", type=click.Path(dir_okay=False),
+              help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
+                   " else the one of the openai-codex-cli-bin package).")
 @click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without --codex.")
@@ -273,7 +276,7 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
+def run_cmd(url, spawn_codex, codex_bin, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path, retain_payloads,
             dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
@@ -289,13 +292,16 @@ def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path,
                    " or --watch DIR")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
+    if codex_bin and not spawn_codex:
+        raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     effective = _load_rules(rules_path, config_path)
     server = None
     if spawn_codex:
         home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        server = AppServer(home, home / "app-server-control" / "tillerman.sock", isolated_home=False)
-        (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
+            server = AppServer(home, home / "app-server-control" / "tillerman.sock",
+                               binary=find_codex_binary(codex_bin), isolated_home=False)
+            (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
             server.start()
         except (CodexBinaryMissing, AppServerStartError) as exc:
             raise Fail(str(exc)) from exc
@@ -330,7 +336,7 @@ def status_cmd(as_json, ledger_path):
     """
     path = Path(ledger_path) if ledger_path else default_ledger_path()
     with open_ledger(str(path), must_exist=True) as recorder:
-        from controller.status import ledger_status
+        from controller.status import ledger_status, version_warning
 
         data = ledger_status(recorder, path, time.time())
     if as_json:
@@ -343,6 +349,10 @@ def status_cmd(as_json, ledger_path):
                       if daemon["url"] else "")
                    + (f" (following files under {', '.join(daemon.get('watch') or [])};"
                       " file-only threads are not steerable)" if daemon.get("watch") else ""))
+        if daemon["server_version"]:
+            click.echo(f"server: Codex {daemon['server_version']} (originator {daemon['originator']})")
+        if warning := version_warning(daemon):
+            click.echo(warning)
     else:
         click.echo("daemon: not running")
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",

@@ -51,6 +51,7 @@ from ledger.lock import LedgerLock
 from ledger.projections import IntentView, Projection
 from ledger.recorder import Recorder
 from monitor.appserver_client import AppServerDisconnected, JsonlTrace, open_app_server
+from monitor.appserver_info import ServerIdentity, describe_failure, server_identity
 from monitor.appserver_tap import AppServerTap
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
@@ -224,7 +225,8 @@ class Daemon:
                         for thread_id in out.resume:
                             tg.start_soon(self._resume, client, thread_id)
             except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
-                log.warning("app-server connection lost (%s); reconnecting in %.1fs", exc, delay)
+                log.warning("app-server connection lost (%s); reconnecting in %.1fs",
+                            describe_failure(exc, self.server_identity().version), delay)
             self.connected = anyio.Event()
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -304,9 +306,16 @@ class Daemon:
     def _timer_due(self) -> bool:
         return self._due is not None and self.clock() >= self._due
 
+    def server_identity(self) -> ServerIdentity:
+        """The version and originator of the server last attached to (unknown before that)."""
+        client = self.adapter.client if self.adapter is not None else None
+        return server_identity(client.initialize_result if client is not None else None)
+
     def _heartbeat(self, now: float) -> None:
+        server = self.server_identity()
         beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "url": self.options.url,
-                "watch": list(self.options.watch), "connected": self.connected.is_set()}
+                "watch": list(self.options.watch), "connected": self.connected.is_set(),
+                "server_version": server.version, "originator": server.originator}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:
             projections.save(self.recorder, self.projection)

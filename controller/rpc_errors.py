@@ -32,6 +32,11 @@ from monitor.jsonrpc import RpcError
 
 EvidenceValue = str | int | float | bool | None
 
+# The releases whose exact refusal messages the patterns below were checked against, live
+# (`make compat` runs tests/live against the oldest and the newest; README "Supported
+# Codex versions"). `tillerman status` warns about a server that is not one of them.
+CHECKED_CODEX_VERSIONS = ("0.154.0", "0.163.0")
+
 
 class Refusal(StrEnum):
     """Why the server refused a request; each is a reason for dispatch_unknown → rejected."""

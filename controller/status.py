@@ -10,6 +10,7 @@ import msgspec
 
 from controller.daemon import HEARTBEAT
 from controller.overdue import overdue
+from controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from controller.timefmt import iso
 from ledger import projections
 from ledger.recorder import Recorder
@@ -45,6 +46,7 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
 def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
     beat = recorder.load_snapshot(HEARTBEAT)
     info = msgspec.json.decode(beat[1]) if beat else {}
+    version = info.get("server_version")
     return {
         "running": _lock_held(Path(f"{ledger_path}.lock")),
         "pid": info.get("pid"),
@@ -53,7 +55,21 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
         "url": info.get("url"),
         "watch": info.get("watch", []),
         "connected": info.get("connected", False),
+        "server_version": version,  # of the Codex app-server last attached to
+        "originator": info.get("originator"),
+        "server_version_checked": None if version is None else version in CHECKED_CODEX_VERSIONS,
     }
+
+
+def version_warning(daemon: dict) -> str | None:
+    """A line for a server release the error classification was not checked against:
+    its refusals may be worded differently, and an unrecognized one is settled by
+    readback (a wait) instead of being rejected at once."""
+    if daemon.get("server_version_checked") is not False:
+        return None
+    return (f"warning: Codex {daemon['server_version']} is not a release tillerman's error classification was"
+            f" checked against ({', '.join(CHECKED_CODEX_VERSIONS)}); a refusal worded differently is settled"
+            " by readback instead of at once")
 
 
 def _lock_held(lock_path: Path) -> bool:

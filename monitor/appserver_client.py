@@ -88,23 +88,32 @@ def backoff_delays(initial: float = 0.1, factor: float = 2.0, maximum: float = 5
 
 async def _open_websocket(url: str) -> ClientConnection:
     # No Origin header is sent: the app-server answers 403 to any request carrying one.
+    # No permessage-deflate offer either: Codex up to 0.155.1 closes the connection
+    # without an answer when a client offers it (0.163.0 declines it), and the frames
+    # go over a local socket, where compressing costs more than it saves.
     if url.startswith("unix://"):
         path = url.removeprefix("unix://")
-        return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES)
+        return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES, compression=None)
     if url.startswith(("ws://", "wss://")):
-        return await connect(url, max_size=MAX_FRAME_BYTES)
+        return await connect(url, max_size=MAX_FRAME_BYTES, compression=None)
     raise ValueError(f"unsupported app-server URL {url!r}: expected unix://PATH or ws://HOST:PORT")
 
 
 async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnection:
-    """Connects, retrying with backoff while the server is not (yet) listening."""
+    """Connects, retrying with backoff while the server is not (yet) listening.
+
+    On timeout, raises `TimeoutError` chained to the last failure, so the reason a
+    server refused (its HTTP answer, a closed socket) is not lost."""
     delays = backoff_delays()
-    with anyio.fail_after(timeout):
+    last: Exception | None = None
+    with anyio.move_on_after(timeout):
         while True:
             try:
                 return await _open_websocket(url)
-            except (OSError, InvalidHandshake):
+            except (OSError, InvalidHandshake) as exc:
+                last = exc
                 await anyio.sleep(next(delays))
+    raise TimeoutError(f"no connection to {url} within {timeout:g}s") from last
 
 
 class AppServerClient:
