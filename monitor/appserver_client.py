@@ -86,11 +86,12 @@ def backoff_delays(initial: float = 0.1, factor: float = 2.0, maximum: float = 5
         delay = min(delay * factor, maximum)
 
 
-async def _open_websocket(url: str) -> ClientConnection:
+async def open_websocket(url: str) -> ClientConnection:
+    """One WebSocket connection to an app-server (no initialize); the shim uses it as is."""
     # No Origin header is sent: the app-server answers 403 to any request carrying one.
-    # No permessage-deflate offer either: Codex up to 0.155.1 closes the connection
-    # without an answer when a client offers it (0.163.0 declines it), and the frames
-    # go over a local socket, where compressing costs more than it saves.
+    # No permessage-deflate offer either: Codex 0.155.1 and older close the connection
+    # without an answer when a client offers it, and the frames go over a local
+    # socket, where compressing costs more than it saves.
     if url.startswith("unix://"):
         path = url.removeprefix("unix://")
         return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES, compression=None)
@@ -109,7 +110,7 @@ async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnectio
     with anyio.move_on_after(timeout):
         while True:
             try:
-                return await _open_websocket(url)
+                return await open_websocket(url)
             except (OSError, InvalidHandshake) as exc:
                 last = exc
                 await anyio.sleep(next(delays))
