@@ -2,7 +2,7 @@
 
 `server_identity` reads the ``initialize`` result: its ``userAgent`` is
 ``"<originator>/<version> (<os>; <arch>) <terminal> (<own client name>; <own version>)"``
-(0.154.0 to 0.163.0 alike), where the originator is the ``clientInfo.name`` of the first
+(0.149.0 to 0.163.0 alike), where the originator is the ``clientInfo.name`` of the first
 connection that initialized on that server: it brands every thread created afterwards.
 
 `describe_failure` turns a failed connect, handshake or request into one line: the

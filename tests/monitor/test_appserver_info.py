@@ -10,7 +10,7 @@ from websockets.http11 import Response
 
 from monitor.appserver_info import ServerIdentity, describe_failure, server_identity
 
-# Observed on the real servers (tests/live/test_appserver_live.py checks the live one).
+# As the real servers send them (tests/live/test_spawn_codex_live.py reads the live one).
 AGENT_0163 = "harness-x/0.163.0 (Debian 12.0.0; x86_64) xterm (tillerman; 0.1.0)"
 AGENT_0154 = "codex_vscode/0.154.0 (Debian 12.0.0; x86_64) xterm (tillerman; 0.1.0)"
 
