@@ -22,7 +22,7 @@ from controller.output import (
     print_json,
     print_table,
 )
-from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing
+from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from controller.overdue import overdue as find_overdue
 from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
@@ -269,6 +269,9 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--no-codex", is_flag=True, help="Attach to no app-server: follow --watch files only.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
+@click.option("--codex-bin", type=click.Path(dir_okay=False),
+              help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
+                   " else the one of the openai-codex-cli-bin package).")
 @click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
@@ -284,8 +287,8 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, no_codex, spawn_codex, watch_dirs, client_name, ledger_path, config_path, rules_path, trace_path,
-            retain_payloads, dry_run, on_overdue, verbose):
+def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledger_path, config_path, rules_path,
+            trace_path, retain_payloads, dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
@@ -307,13 +310,16 @@ def run_cmd(url, no_codex, spawn_codex, watch_dirs, client_name, ledger_path, co
         raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
+    if codex_bin and not spawn_codex:
+        raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     effective = _load_rules(rules_path, config_path)
     server = None
     if spawn_codex:
         home = codex_home()
-        server = AppServer(home, home / "app-server-control" / "tillerman.sock", isolated_home=False)
-        (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
+            server = AppServer(home, home / "app-server-control" / "tillerman.sock",
+                               binary=find_codex_binary(codex_bin), isolated_home=False)
+            (home / "app-server-control").mkdir(parents=True, exist_ok=True, mode=0o700)
             server.start()
         except (CodexBinaryMissing, AppServerStartError) as exc:
             raise Fail(str(exc)) from exc
@@ -368,6 +374,8 @@ def status_cmd(as_json, ledger_path):
 
 
 def _daemon_lines(daemon: dict) -> list[str]:
+    from controller.status import version_warning
+
     if not daemon["running"]:
         return ["daemon: not running"]
     lines = [f"daemon: pid {daemon['pid']} since {daemon['since']}, heartbeat {daemon['heartbeat']}"]
@@ -379,6 +387,8 @@ def _daemon_lines(daemon: dict) -> list[str]:
                  False: "another client initialized it first",
                  None: "tillerman used the same name, so threads keep that originator"}[codex["initialized_first"]]
         lines.append(f"codex: threads' originator {codex['originator'] or 'unknown'} ({first})")
+        if warning := version_warning(codex):
+            lines.append(warning)
     elif codex:
         lines.append(f"codex: connecting to {codex['url']} since {codex['since']}"
                      + (f" (last try: {codex['error']})" if codex["error"] else ""))

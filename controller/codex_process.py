@@ -1,8 +1,10 @@
-"""Running the real ``codex app-server`` from the pinned ``openai-codex-cli-bin`` package.
+"""Finding a ``codex`` binary and running ``codex app-server`` from it.
 
-``AppServer(codex_home).start()`` runs ``codex app-server --listen unix://SOCKET`` on a
-CODEX_HOME and waits until the socket accepts connections; ``tillerman run
---spawn-codex``, the tests and the demo all start it this way. Codex replaces the
+``AppServer(codex_home, binary=...).start()`` runs ``codex app-server --listen
+unix://SOCKET`` on a CODEX_HOME and waits until the socket accepts connections;
+``tillerman run --spawn-codex`` (with the binary `find_codex_binary` picks), the tests
+and the demo (with the pinned release of ``openai-codex-cli-bin``, or
+``$TILLERMAN_CODEX_BIN``) all start it this way. Codex replaces the
 socket path with a symlink to ``/tmp/codex-daemon-<uid>/<sha256>`` (mode 0600), so
 only the same uid can connect.
 """
@@ -10,42 +12,64 @@ only the same uid can connect.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-INSTALL_HINT = "pip install -e '.[dev]'"
+CODEX_BIN_ENV = "TILLERMAN_CODEX_BIN"
+INSTALL_HINT = "install Codex (npm install -g @openai/codex) or pass --codex-bin PATH"
 
 
 class CodexBinaryMissing(RuntimeError):
-    """The pinned Codex binary is not installed in this environment."""
+    """No usable Codex binary where we looked."""
 
 
-def find_codex_binary() -> Path:
-    """The `codex` executable shipped by the installed `openai-codex-cli-bin` package."""
+def find_codex_binary(explicit: str | os.PathLike[str] | None = None, *, search_path: bool = True) -> Path:
+    """The ``codex`` to run: `explicit` (``--codex-bin``), else ``$TILLERMAN_CODEX_BIN``,
+    else ``codex`` on PATH (when `search_path`), else the binary of the installed
+    ``openai-codex-cli-bin`` package (the pinned release the tests and the demo run).
+
+    The tests pass ``search_path=False``: the error classification is checked against
+    exact messages of known releases, so a test run never picks up whatever is on PATH.
+    """
+    for origin, value in (("--codex-bin", explicit), (CODEX_BIN_ENV, os.environ.get(CODEX_BIN_ENV))):
+        if value:
+            binary = Path(value).expanduser()
+            if not (binary.is_file() and os.access(binary, os.X_OK)):
+                raise CodexBinaryMissing(f"{origin} {binary}: no executable file there; {INSTALL_HINT}")
+            return binary
+    on_path = shutil.which("codex") if search_path else None
+    if on_path:
+        return Path(on_path)
+    packaged = _packaged_codex_binary()
+    if packaged is None:
+        where = "on PATH or " if search_path else ""
+        raise CodexBinaryMissing(f"no codex binary {where}from the openai-codex-cli-bin package; {INSTALL_HINT}")
+    return packaged
+
+
+def _packaged_codex_binary() -> Path | None:
     try:
         import codex_cli_bin
-    except ImportError:
-        raise CodexBinaryMissing(
-            f"the real Codex binary comes from the openai-codex-cli-bin package, which is "
-            f"not installed; run {INSTALL_HINT}"
-        ) from None
+    except ImportError:  # an optional dependency (the dev extra pins it)
+        return None
     try:
         binary = codex_cli_bin.bundled_codex_path()
-    except FileNotFoundError as exc:
-        raise CodexBinaryMissing(f"{exc}; reinstall with {INSTALL_HINT}") from None
-    if not os.access(binary, os.X_OK):
-        raise CodexBinaryMissing(f"{binary} is not executable; reinstall with {INSTALL_HINT}")
-    return binary
+    except FileNotFoundError:
+        return None
+    return binary if os.access(binary, os.X_OK) else None
 
 
-def _codex_path_dir() -> Path | None:
-    """The package's helper dir (ripgrep) that Codex expects on PATH."""
-    import codex_cli_bin
-
-    return codex_cli_bin.bundled_path_dir()
+def helper_path_dir(binary: Path) -> Path | None:
+    """The helper directory (ripgrep) a packaged Codex expects on PATH: ``codex-path``
+    beside the binary's ``bin/``, in the layout of the openai-codex-cli-bin package.
+    Read from the binary's location, so a binary of another release, or one installed
+    without Python, gets its own helpers or none."""
+    helpers = binary.resolve().parent.parent / "codex-path"
+    return helpers if helpers.is_dir() else None
 
 
 class AppServerStartError(RuntimeError):
@@ -55,8 +79,11 @@ class AppServerStartError(RuntimeError):
 class AppServer:
     """One `codex app-server --listen unix://…` process on a given CODEX_HOME."""
 
-    def __init__(self, codex_home: Path, socket_path: Path | None = None, *, isolated_home: bool = True):
+    def __init__(self, codex_home: Path, socket_path: Path | None = None, *, binary: Path | None = None,
+                 isolated_home: bool = True):
         self.codex_home = codex_home
+        # None: the tests' and the demo's binary ($TILLERMAN_CODEX_BIN, else the pinned package)
+        self.binary = binary
         self.isolated_home = isolated_home
         self.socket_path = socket_path or codex_home / "app-server.sock"
         self.stderr_path = codex_home / "app-server.stderr.log"
@@ -81,12 +108,13 @@ class AppServer:
             # sources no user dotfiles: a login shell that runs e.g. `pyenv init` and is
             # terminated mid-rehash leaves a lock that stalls every later shell for a minute.
             env["HOME"] = str(self.codex_home)
-        path_dir = _codex_path_dir()
+        self.binary = self.binary or find_codex_binary(search_path=False)
+        path_dir = helper_path_dir(self.binary)
         if path_dir is not None:
             env["PATH"] = f"{path_dir}{os.pathsep}{env.get('PATH', '')}"
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(
-                [str(find_codex_binary()), "app-server", "--listen", self.url],
+                [str(self.binary), "app-server", "--listen", self.url],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,

@@ -55,9 +55,9 @@ from monitor.appserver_client import (
     AppServerDisconnected,
     JsonlTrace,
     backoff_delays,
-    connection_failure,
     open_app_server,
 )
+from monitor.appserver_info import describe_failure
 from monitor.codex_home import OWN_CLIENT_NAME
 from monitor.appserver_tap import AppServerTap
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
@@ -231,7 +231,8 @@ class Daemon:
                             tg.start_soon(self._resume, client, thread_id)
                     reason, absent = "the server closed the connection", False
             except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
-                reason, absent = connection_failure(exc), isinstance(exc, FileNotFoundError | ConnectionRefusedError)
+                reason = describe_failure(exc, self.link.server_version)
+                absent = isinstance(exc, FileNotFoundError | ConnectionRefusedError)
             self.adapter = None
             self.connected = anyio.Event()
             delay = next(delays)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor.codex_home import START_HINT
-from monitor.codex_version import parse_user_agent
+from monitor.appserver_info import server_identity
 
 
 @dataclass
@@ -24,14 +24,12 @@ class Link:
     since: float | None = None  # of the current state: connecting or connected
     connected: bool = False
     error: str | None = None  # why the last attempt failed; None once attached
-    user_agent: str | None = None
     server_version: str | None = None
     originator: str | None = None
 
     def up(self, initialize_result: Any, now: float) -> None:
-        agent = initialize_result.get("userAgent") if isinstance(initialize_result, dict) else None
-        self.user_agent = agent if isinstance(agent, str) else None
-        self.originator, self.server_version = parse_user_agent(self.user_agent)
+        identity = server_identity(initialize_result)
+        self.server_version, self.originator = identity.version, identity.originator
         self.connected, self.error, self.since = True, None, now
 
     def failed(self, reason: str, now: float, *, nothing_listens: bool) -> str:

@@ -1,7 +1,7 @@
 """App-server error responses → typed refusals: the one place that reads their text.
 
-The real app-server (0.163.0) answers every refusal with JSON-RPC code -32600 and a
-fixed English message (reference/codex-app-server.md §2 "Error semantics", §3, §4,
+The real app-server (every release in ``CHECKED_CODEX_VERSIONS``) answers every
+refusal with JSON-RPC code -32600 and a fixed English message (reference/codex-app-server.md §2 "Error semantics", §3, §4,
 A4), so the message is the only thing that says what went wrong. Each known message
 is matched by an anchored regex, never by a substring, so a new message that merely
 contains an old one is not mistaken for it; turn ids are pulled out as evidence.
@@ -31,6 +31,11 @@ from enum import StrEnum
 from monitor.jsonrpc import RpcError
 
 EvidenceValue = str | int | float | bool | None
+
+# The releases whose exact refusal messages the patterns below were checked against, live
+# (`make compat` runs tests/live against the oldest and the newest; README "Supported
+# Codex versions"). `tillerman status` warns about a server that is not one of them.
+CHECKED_CODEX_VERSIONS = ("0.153.4", "0.163.0")
 
 
 class Refusal(StrEnum):

@@ -10,14 +10,13 @@ from __future__ import annotations
 import sys
 
 import anyio
-from websockets.asyncio.client import unix_connect
 from websockets.exceptions import ConnectionClosed
 
-from monitor.appserver_client import MAX_FRAME_BYTES
+from monitor.appserver_client import open_websocket
 
 
 async def run_shim(socket_path: str) -> None:
-    async with unix_connect(socket_path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES) as ws:
+    async with await open_websocket(f"unix://{socket_path}") as ws:
         async with anyio.create_task_group() as tg:
 
             async def upstream() -> None:

@@ -10,6 +10,7 @@ import msgspec
 
 from controller.daemon import HEARTBEAT
 from controller.overdue import overdue
+from controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from controller.timefmt import iso
 from ledger import projections
 from ledger.recorder import Recorder
@@ -60,8 +61,24 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
 
 
 def _codex(link: dict | None) -> dict | None:
-    """The daemon's app-server connection (``controller.link``), times as ISO-8601."""
-    return None if not isinstance(link, dict) else {**link, "since": iso(link.get("since"))}
+    """The daemon's app-server connection (``controller.link``), times as ISO-8601, and
+    whether its server is a release the error classification was checked against."""
+    if not isinstance(link, dict):
+        return None
+    version = link.get("server_version")
+    return {**link, "since": iso(link.get("since")),
+            "server_version_checked": None if version is None else version in CHECKED_CODEX_VERSIONS}
+
+
+def version_warning(codex: dict | None) -> str | None:
+    """A line for a server release the error classification was not checked against:
+    its refusals may be worded differently, and an unrecognized one is settled by
+    readback (a wait) instead of being rejected at once."""
+    if not codex or codex.get("server_version_checked") is not False:
+        return None
+    return (f"warning: Codex {codex['server_version']} is not a release tillerman's error classification was"
+            f" checked against ({', '.join(CHECKED_CODEX_VERSIONS)}); a refusal worded differently is settled"
+            " by readback instead of at once")
 
 
 def _lock_held(lock_path: Path) -> bool:

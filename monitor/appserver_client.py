@@ -90,30 +90,35 @@ def backoff_delays(initial: float = 0.1, factor: float = 2.0, maximum: float = 5
         delay = min(delay * factor, maximum)
 
 
-async def _open_websocket(url: str) -> ClientConnection:
+async def open_websocket(url: str) -> ClientConnection:
+    """One WebSocket connection to an app-server (no initialize); the shim uses it as is."""
     # No Origin header is sent: the app-server answers 403 to any request carrying one.
+    # No permessage-deflate offer either: Codex 0.155.1 and older close the connection
+    # without an answer when a client offers it, and the frames go over a local
+    # socket, where compressing costs more than it saves.
     if url.startswith("unix://"):
         path = url.removeprefix("unix://")
-        return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES)
+        return await unix_connect(path, uri="ws://localhost/", max_size=MAX_FRAME_BYTES, compression=None)
     if url.startswith(("ws://", "wss://")):
-        return await connect(url, max_size=MAX_FRAME_BYTES)
+        return await connect(url, max_size=MAX_FRAME_BYTES, compression=None)
     raise ValueError(f"unsupported app-server URL {url!r}: expected unix://PATH or ws://HOST:PORT")
 
 
 async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnection:
-    """Connects, retrying with backoff while the server is not (yet) listening."""
+    """Connects, retrying with backoff while the server is not (yet) listening.
+
+    On timeout, raises `TimeoutError` chained to the last failure, so the reason a
+    server refused (its HTTP answer, a closed socket) is not lost."""
     delays = backoff_delays()
-    with anyio.fail_after(timeout):
+    last: Exception | None = None
+    with anyio.move_on_after(timeout):
         while True:
             try:
-                return await _open_websocket(url)
-            except (OSError, InvalidHandshake):
+                return await open_websocket(url)
+            except (OSError, InvalidHandshake) as exc:
+                last = exc
                 await anyio.sleep(next(delays))
-
-
-def connection_failure(exc: BaseException) -> str:
-    """Why a connection attempt failed, in words: never an empty reason."""
-    return str(exc) or type(exc).__name__
+    raise TimeoutError(f"no connection to {url} within {timeout:g}s") from last
 
 
 class AppServerClient:
@@ -218,9 +223,9 @@ async def open_app_server(
     else:
         with anyio.fail_after(connect_timeout):
             try:
-                websocket = await _open_websocket(url)
+                websocket = await open_websocket(url)
             except InvalidHandshake as exc:  # the server answered, but not with a WebSocket
-                raise HandshakeRefused(f"WebSocket handshake refused: {connection_failure(exc)}") from exc
+                raise HandshakeRefused("WebSocket handshake refused") from exc
     async with websocket, anyio.create_task_group() as tasks:
         client = client_class(websocket, trace)
         tasks.start_soon(client._read_frames)

@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from controller.link import Link
-from monitor.codex_version import parse_user_agent
 
 AGENT = "codex-tui/0.163.0 (Debian 12.0.0; x86_64) xterm-256color (tillerman; 0.1.0)"
-
-
-def test_the_user_agent_names_the_originator_and_the_server_version():
-    assert parse_user_agent(AGENT) == ("codex-tui", "0.163.0")
-    assert parse_user_agent("garbage") == (None, None)
-    assert parse_user_agent(None) == (None, None)
 
 
 @pytest.mark.parametrize("client_name, default_socket, agent, first", [
