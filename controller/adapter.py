@@ -16,6 +16,10 @@ than anyone's memory:
   unknown, nor while a critical tool runs unless the intent is ``force``d AND its
   producer holds ``interrupt_critical`` — then that is recorded before the send.
 
+The ``verify`` readback runs here too, in the thread's working directory as the server
+(``thread/read``) or the ledger (the session file's ``cwd``) names it now; when neither
+can, nothing runs and the machine fails the check (``cwd_unknown``).
+
 A failed check raises a ``BoundaryRefusal`` subclass and sends nothing. Every request
 runs under a timeout; its outcome comes back as a delivery fact (``Replied``,
 ``Refused`` for a recognized refusal, ``NoAnswer`` for a timeout, a dropped
