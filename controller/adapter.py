@@ -255,7 +255,7 @@ class GuardedAdapter:
         """The intent's readback command, in a shell, in the thread's working directory
         (not the daemon's: ``test -f build/ok`` checks the agent's tree), under a timeout
         (killed when it expires). No directory, no run: the machine fails the check."""
-        cwd = await self.thread_cwd(command.thread_id)
+        cwd = await self._thread_cwd(command.thread_id)
         if cwd is None:
             return Verified(None, self.clock(), cwd_digest=None)
         where = {"cwd_digest": digest(cwd), "cwd": cwd if self.retain_payloads else None}
@@ -264,11 +264,11 @@ class GuardedAdapter:
                 done = await anyio.run_process(["/bin/sh", "-c", command.command], cwd=cwd, check=False,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             except OSError as exc:  # the directory is gone, or no shell: no verdict
-                return Verified(None, self.clock(), **where, error=f"{type(exc).__name__}: {exc.strerror}")
+                return Verified(None, self.clock(), **where, error=f"{type(exc).__name__}: {exc.strerror or exc}")
             return Verified(done.returncode, self.clock(), **where)
         return Verified(None, self.clock(), **where, error="timeout")
 
-    async def thread_cwd(self, thread_id: str) -> str | None:
+    async def _thread_cwd(self, thread_id: str) -> str | None:
         """The thread's working directory now: the server's (``thread/read``), else the one
         its session file named, when the ledger kept it (``--retain-payloads``)."""
         try:

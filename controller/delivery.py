@@ -27,8 +27,10 @@ Theory of operation (DESIGN.md "Intents: the delivery protocol"):
   turn ends unsettled, a ``ReadBack`` of that turn decides: found → acknowledged
   (with a token: said after our message → acknowledged, not said → expired
   ``ack_token_missing``, reported); absent → expired ``not_delivered``
-  (dispatch_unknown) or ``lost_after_accept`` (queued, reported). A refusal is final — a stale turn is never retried against
-  the turn the server says is active.
+  (dispatch_unknown) or ``lost_after_accept`` (queued, reported). A refusal is
+  final — a stale turn is never retried against the turn the server says is active.
+  The token of a queued message is owed in the turn it started: that turn's end
+  reads it back the same way.
 * Queue: the server does not deduplicate by ``clientUserMessageId``, so the add is
   preceded by a ``QueueList``; our entry already there → queued, no add. The new
   turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``).
