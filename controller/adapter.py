@@ -16,6 +16,10 @@ than anyone's memory:
   unknown, nor while a critical tool runs unless the intent is ``force``d AND its
   producer holds ``interrupt_critical`` — then that is recorded before the send.
 
+The ``verify`` readback runs here too, in the thread's working directory as the server
+(``thread/read``) or the ledger (the session file's ``cwd``) names it now; when neither
+can, nothing runs and the machine fails the check (``cwd_unknown``).
+
 A failed check raises a ``BoundaryRefusal`` subclass and sends nothing. Every request
 runs under a timeout; its outcome comes back as a delivery fact (``Replied``,
 ``Refused`` for a recognized refusal, ``NoAnswer`` for a timeout, a dropped
@@ -46,6 +50,7 @@ from ledger.projections import IntentView
 from ledger.recorder import Recorder
 from ledger.snapshot import ThreadSnapshot
 from monitor.appserver_client import AppServerDisconnected
+from monitor.digest import digest
 from monitor.jsonrpc import RpcError
 from rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 
@@ -145,18 +150,22 @@ class GuardedAdapter:
         ruleset: RuleSet,
         *,
         snapshot: Callable[[str], ThreadSnapshot] | None = None,
+        recorded_cwd: Callable[[str], str | None] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         verify_timeout: float = DEFAULT_VERIFY_TIMEOUT,
         clock: Callable[[], float] = time.time,
+        retain_payloads: bool = False,
     ) -> None:
         self.client = client
         self.recorder = recorder
         self.ruleset = ruleset  # the daemon swaps in a reloaded rule set
-        # The daemon passes its live projection's snapshot; the default re-folds the ledger.
+        # The daemon passes its live projection's views; the defaults re-fold the ledger.
         self.snapshot = snapshot or (lambda thread_id: projections.load(recorder).snapshot(thread_id))
+        self.recorded_cwd = recorded_cwd or (lambda thread_id: projections.load(recorder).recorded_cwd(thread_id))
         self.timeout = timeout
         self.verify_timeout = verify_timeout
         self.clock = clock
+        self.retain_payloads = retain_payloads  # the verify directory's path goes into evidence
 
     async def execute(self, command: Command) -> Fact:
         """Check, then send; raises a ``BoundaryRefusal`` (nothing sent) or returns the outcome."""
@@ -243,12 +252,32 @@ class GuardedAdapter:
             {"grant": INTERRUPT_CRITICAL, "producer": intent.producer}, "forced", self.clock())], durable=True)
 
     async def _run_verify(self, command: RunVerify) -> Verified:
-        """The intent's readback command, in a shell, under a timeout (killed when it expires)."""
+        """The intent's readback command, in a shell, in the thread's working directory
+        (not the daemon's: ``test -f build/ok`` checks the agent's tree), under a timeout
+        (killed when it expires). No directory, no run: the machine fails the check."""
+        cwd = await self._thread_cwd(command.thread_id)
+        if cwd is None:
+            return Verified(None, self.clock(), cwd_digest=None)
+        where = {"cwd_digest": digest(cwd), "cwd": cwd if self.retain_payloads else None}
         with anyio.move_on_after(self.verify_timeout):
-            done = await anyio.run_process(["/bin/sh", "-c", command.command], check=False,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return Verified(done.returncode, self.clock())
-        return Verified(None, self.clock())
+            try:
+                done = await anyio.run_process(["/bin/sh", "-c", command.command], cwd=cwd, check=False,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            except OSError as exc:  # the directory is gone, or no shell: no verdict
+                return Verified(None, self.clock(), **where, error=f"{type(exc).__name__}: {exc.strerror or exc}")
+            return Verified(done.returncode, self.clock(), **where)
+        return Verified(None, self.clock(), **where, error="timeout")
+
+    async def _thread_cwd(self, thread_id: str) -> str | None:
+        """The thread's working directory now: the server's (``thread/read``), else the one
+        its session file named, when the ledger kept it (``--retain-payloads``)."""
+        try:
+            result = await self.client.request("thread/read", {"threadId": thread_id}, timeout=self.timeout)
+        except (RpcError, TimeoutError, AppServerDisconnected):
+            result = None
+        thread = result.get("thread") if isinstance(result, dict) else None
+        cwd = thread.get("cwd") if isinstance(thread, dict) else None
+        return cwd if isinstance(cwd, str) and cwd else self.recorded_cwd(thread_id)
 
 
 #: Named points of the dispatch protocol where a fault test may kill the daemon, in

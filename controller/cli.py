@@ -95,14 +95,20 @@ def intent() -> None:
 @click.option("--effect-deadline", callback=_duration, help="Deadline for the effect check (default 10m with --expect/--verify).")
 @click.option("--expires", callback=_duration, default="30m", show_default=True)
 @click.option("--expect", help="Item predicate that marks the action as started.")
-@click.option("--verify", help="Readback command whose exit status proves the effect.")
+@click.option("--verify", help="Readback command whose exit status proves the effect; it runs in the thread's"
+                               " working directory.")
 @click.option("--supersedes", help="Intent id this one replaces.")
+@click.option("--ack-token", help="steer/queue: acknowledged only when an agent message after ours says this text.")
+@click.option("--force", is_flag=True,
+              help="interrupt: even while a critical tool runs (the producer needs the interrupt_critical grant).")
+@click.option("--resume-queue", is_flag=True,
+              help="interrupt: resume the server's queue, which the interrupt pauses, once the turn has ended.")
 @click.option("--owner", default=lambda: os.environ.get("USER", "unknown"), help="Who owns it (default $USER).")
 @json_option
 @ledger_option
 @errors_to_exit_codes
 def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadline, expires,
-                   expect, verify, supersedes, owner, as_json, ledger_path):
+                   expect, verify, supersedes, ack_token, force, resume_queue, owner, as_json, ledger_path):
     """Record a new intent (state: proposed); the daemon delivers it.
 
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
@@ -113,6 +119,7 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
             ledger, thread_id=thread, expected_turn=expected_turn, mode=mode, text=text,
             ack_deadline=ack_deadline, effect_deadline=effect_deadline, expires=expires,
             expect=expect, verify=verify, supersedes=supersedes, owner=owner,
+            ack_token=ack_token, force=force, resume_queue=resume_queue,
         )
         view = intent_lib.intent_view(ledger, new.id)
     _print_intent(view, as_json, history=False)

@@ -252,7 +252,9 @@ class Daemon:
             await self._resume(client, thread_id)
         await self._reconcile_under_way(tg, client)
         self.adapter = GuardedAdapter(client, self.recorder, self.step.ruleset, snapshot=self.projection.snapshot,
-                                      timeout=self.options.request_timeout, clock=self.clock)
+                                      recorded_cwd=self.projection.recorded_cwd,
+                                      timeout=self.options.request_timeout, clock=self.clock,
+                                      retain_payloads=self.options.retain_payloads)
         self.connected.set()
         self._beat_now = True  # `status` shows the connection now, not at the next beat
         self.wake()
@@ -434,7 +436,8 @@ class Daemon:
         thread = self.projection.threads.get(intent.thread_id)
         snapshot = self.projection.snapshot(intent.thread_id)
         echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
-        return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view))
+        return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view),
+                         echo_turn_state=snapshot.turn_state(echo))
 
     def _turn_items(self, view: IntentView) -> frozenset[str]:
         """Items still running that started in the intent's expected turn (an interrupt

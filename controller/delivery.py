@@ -23,11 +23,14 @@ Theory of operation (DESIGN.md "Intents: the delivery protocol"):
   whose ``clientId`` is ours, in the expected turn, → acknowledged; if it comes
   before the reply it acknowledges straight from dispatch_unknown and the late
   reply is evidence. With an ``ack_token`` the echo is ``delivered`` evidence and
-  acknowledged waits for the token in an agent message. When the expected turn
-  ends unsettled, a ``ReadBack`` of that turn decides: found → acknowledged;
-  absent → expired ``not_delivered`` (dispatch_unknown) or ``lost_after_accept``
-  (queued, reported). A refusal is final — a stale turn is never retried against
-  the turn the server says is active.
+  acknowledged waits for the token in an agent message after ours. When the expected
+  turn ends unsettled, a ``ReadBack`` of that turn decides: found → acknowledged
+  (with a token: said after our message → acknowledged, not said → expired
+  ``ack_token_missing``, reported); absent → expired ``not_delivered``
+  (dispatch_unknown) or ``lost_after_accept`` (queued, reported). A refusal is
+  final — a stale turn is never retried against the turn the server says is active.
+  The token of a queued message is owed in the turn it started: that turn's end
+  reads it back the same way.
 * Queue: the server does not deduplicate by ``clientUserMessageId``, so the add is
   preceded by a ``QueueList``; our entry already there → queued, no add. The new
   turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``).
@@ -37,8 +40,9 @@ Theory of operation (DESIGN.md "Intents: the delivery protocol"):
   ``item/completed`` is evidence. Our interrupt pauses the server's queue: a
   non-empty queue is reported, and resumed only when the intent asks.
 * Effects: an item matching ``expect`` → action_started; the ``verify`` readback
-  (run by the driver) decides effect_verified / effect_failed; past
-  ``effect_deadline`` → expired.
+  (run by the adapter in the thread's working directory, read at verify time)
+  decides effect_verified / effect_failed; a directory nobody can name is
+  effect_failed ``cwd_unknown`` (never a guess); past ``effect_deadline`` → expired.
 """
 
 from __future__ import annotations
@@ -153,14 +157,16 @@ class Reconcile:
     """The policy said reconcile (or the daemon restarted): what the ledger knows now.
 
     ``expected_turn_state`` is the snapshot's state of the expected turn, ``echo_turn_id``
-    the turn our clientId echo landed in (``ThreadState.client_ids``), ``turn_items`` the
-    items seen starting in the expected turn (interrupt: the processes that are ours to end).
+    the turn our clientId echo landed in (``ThreadState.client_ids``) and
+    ``echo_turn_state`` that turn's state, ``turn_items`` the items seen starting in the
+    expected turn (interrupt: the processes that are ours to end).
     """
 
     now: float
     expected_turn_state: str | None = None
     echo_turn_id: str | None = None
     turn_items: frozenset[str] = frozenset()
+    echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
 
 
 @dataclass(frozen=True)
@@ -203,8 +209,13 @@ class VerifyDue:
 
 @dataclass(frozen=True)
 class Verified:
+    """The readback's outcome, run in the thread's working directory (read at verify time)."""
+
     exit_code: int | None  # None: the readback timed out or could not run (no verdict)
     now: float
+    cwd_digest: str | None  # None: the thread's working directory is unknown (nothing ran)
+    cwd: str | None = None  # the directory itself: only with --retain-payloads
+    error: str | None = None  # why it could not run
 
 
 @dataclass(frozen=True)
@@ -415,7 +426,13 @@ class Delivery:
         if token is not None and _token_after(turn, item, token):
             return self._out(self._acknowledge("ack_token", {"turn_id": turn_id, "via": "readback"}, now))
         if token is not None:
-            return self._out(self._delivered(turn_id, item_id, now))
+            delivered = self._delivered(turn_id, item_id, now)
+            if turn.get("status") not in ENDED_TURN_STATES:
+                return self._out(delivered)  # the agent may still say it in this turn
+            # Delivered, but the turn that took it ended without the agent saying the token.
+            evidence = {"turn_id": turn_id, "turn_status": turn.get("status"), "via": "readback"}
+            return self._out(delivered, self._move(S.EXPIRED, "ack_token_missing", evidence, now),
+                             self._report("ack_token_missing", evidence, now))
         reason = "readback_found" if self.state is S.DISPATCH_UNKNOWN else self._echo_reason()
         return self._out(self._acknowledge(reason, {"turn_id": turn_id, "item_id": item_id, "via": "readback"}, now))
 
@@ -472,7 +489,7 @@ class Delivery:
         match event:
             case UserMessage() if event.client_id == self.client_id:
                 return self._echo(event.turn_id, event.item_id, now)
-            case AgentMessage() if self._delivered_in is not None and self.intent.ack_token in event.ack_tokens:
+            case AgentMessage() if self._delivered_in is not None and self._says_token(event):
                 if self.state in _UNSETTLED:
                     return self._out(self._acknowledge("ack_token", {"turn_id": event.turn_id,
                                                                      "item_id": event.item_id}, now))
@@ -487,6 +504,13 @@ class Delivery:
                     "item_id": event.item_id, "status": event.status, "exit_code": event.exit_code},
                     f"late_item_completed:{event.item_id}", now))
         return Output()
+
+    def _says_token(self, event: AgentMessage) -> bool:
+        """The ack token in an agent message: an intent id is detected at ingestion; any
+        other text is visible only when payloads are retained (else the readback at the
+        turn's end looks for it)."""
+        token = self.intent.ack_token
+        return token is not None and (token in event.ack_tokens or token in (event.text or ""))
 
     def _interrupted_turn_ended(self) -> bool:
         return self.intent.mode == "interrupt" and self.state not in _UNSETTLED and self.state is not S.PROPOSED
@@ -516,6 +540,8 @@ class Delivery:
     def _turn_completed(self, event: TurnCompleted, now: float) -> Output:
         if event.turn_id == self.intent.expected_turn_id and self.state in _UNSETTLED:
             return self._expected_turn_ended(event.status, now)
+        if event.turn_id is not None and event.turn_id == self._delivered_in and self.state in _UNSETTLED:
+            return self._out(commands=(self._read_back_token(),))  # queue: the turn our message started
         if event.turn_id is not None and event.turn_id == self._ack_turn and self.intent.mode != "interrupt":
             return self._out(commands=self._verify_command())
         return Output()
@@ -531,10 +557,13 @@ class Delivery:
             return self._absent(evidence, now)
         if self.intent.mode != "steer":
             return Output()
-        if self._delivered_in is not None:
-            return self._out(self._evidence("turn_ended_without_ack_token", evidence, "turn_ended", now))
+        # Our message landed or not, the token said or not: the turn's history decides.
         return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id,
                                             turn_id=self.intent.expected_turn_id),))
+
+    def _read_back_token(self) -> ReadBack:
+        """The turn that took our message (token still owed) ended: did the agent say it?"""
+        return ReadBack(**self._ids(), client_id=self.client_id, turn_id=self._delivered_in or None)
 
     def _item_started(self, event: ItemStarted, now: float) -> Output:
         if event.turn_id == self.intent.expected_turn_id and event.turn_id is not None:
@@ -553,7 +582,10 @@ class Delivery:
             return Output()
         mode = self.intent.mode
         if fact.echo_turn_id is not None and mode != "interrupt":
-            return self._echo(fact.echo_turn_id, None, fact.now)
+            echoed = self._echo(fact.echo_turn_id, None, fact.now)
+            if self._delivered_in is not None and fact.echo_turn_state in ENDED_TURN_STATES:
+                return Output(echoed.envelopes, (self._read_back_token(),))
+            return echoed
         if mode == "queue":
             # Never re-add: look for the entry, then for the turn it may have started
             # (a restart may have missed that turn's start, and with it the echo).
@@ -576,12 +608,18 @@ class Delivery:
     def _verified(self, fact: Verified) -> Output:
         if self.state not in _CHECKING:
             return Output()
+        if fact.cwd_digest is None:
+            # Run elsewhere, the readback would check the wrong tree: no guessing.
+            return self._out(self._move(S.EFFECT_FAILED, "cwd_unknown", {"exit_code": None}, fact.now))
+        where = {"cwd_digest": fact.cwd_digest} | ({"cwd": fact.cwd} if fact.cwd is not None else {})
         if fact.exit_code is None:
-            return self._out(self._evidence("verify_inconclusive", {}, f"verify_inconclusive:{fact.now}", fact.now))
+            evidence = where | ({"error": fact.error} if fact.error is not None else {})
+            return self._out(self._evidence("verify_inconclusive", evidence, f"verify_inconclusive:{fact.now}",
+                                            fact.now))
         passed = fact.exit_code == 0
         return self._out(self._move(S.EFFECT_VERIFIED if passed else S.EFFECT_FAILED,
                                     "verify_passed" if passed else "verify_failed",
-                                    {"exit_code": fact.exit_code}, fact.now))
+                                    {"exit_code": fact.exit_code, **where}, fact.now))
 
     def _tick(self, now: float) -> Output:
         deadline = self.intent.effect_deadline

@@ -47,6 +47,9 @@ def build_intent(
     owner: str | None = None,
     producer: str | None = None,
     intent_id: str | None = None,
+    ack_token: str | None = None,
+    force: bool = False,
+    resume_queue: bool = False,
     **fields,
 ) -> Intent:
     """Validate a request and bind it to its target; ``expected_turn='active'`` resolves
@@ -55,6 +58,7 @@ def build_intent(
         raise IntentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if not text.strip():
         raise IntentError("the intent text is empty; say precisely what should change")
+    _check_mode_options(mode, ack_token=ack_token, force=force, resume_queue=resume_queue)
     if mode in ("steer", "interrupt") and not expected_turn:
         raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
     if expected_turn == "active":
@@ -76,8 +80,24 @@ def build_intent(
         expected_turn_id=expected_turn,
         effect_deadline=None if effect_deadline is None else now + effect_deadline,
         owner=owner, producer=producer, expect=expect, verify=verify, supersedes=supersedes,
-        **fields,
+        ack_token=ack_token, force=force, resume_queue=resume_queue, **fields,
     )
+
+
+def _check_mode_options(mode: str, *, ack_token: str | None, force: bool, resume_queue: bool) -> None:
+    """The options that belong to one mode only: an interrupt ends a turn (it may be
+    forced through a critical tool, and it pauses the server's queue); a steer or a
+    queued message is what an agent can acknowledge with a token."""
+    if force and mode != "interrupt":
+        raise IntentError(f"--force applies to --mode interrupt only (a {mode} never ends a critical tool)")
+    if resume_queue and mode != "interrupt":
+        raise IntentError(f"--resume-queue applies to --mode interrupt only (a {mode} does not pause the queue)")
+    if ack_token is None:
+        return
+    if mode == "interrupt":
+        raise IntentError("--ack-token applies to --mode steer or queue (an interrupt sends no message to answer)")
+    if not ack_token.strip() or "\n" in ack_token:
+        raise IntentError("--ack-token must be one line of text the agent will say, e.g. ACK-42")
 
 
 def proposal_envelopes(intent: Intent, projection: Projection) -> list[Envelope]:

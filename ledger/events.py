@@ -34,6 +34,8 @@ class ThreadStarted(Event, tag="thread_started"):
     originator: str | None = None
     cli_version: str | None = None
     source_format: str | None = None
+    cwd_digest: str | None = None  # the working directory the session names
+    cwd: str | None = None  # the directory itself: only with --retain-payloads
     # Codex's own housekeeping threads (the TUI's title generation) are ephemeral and
     # carry a threadSource other than "user"; they are recorded, never supervised.
     ephemeral: bool = False

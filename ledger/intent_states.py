@@ -50,15 +50,17 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
         {"stale_turn", "no_active_turn", "thread_not_found", "invalid_input", "queue_busy", "refused"}
     ),
     # the expected turn ended and a readback shows our clientId absent
-    (S.DISPATCH_UNKNOWN, S.EXPIRED): frozenset({"not_delivered"}),
+    # ack token: the echo came, then the turn that took it ended without the token
+    (S.DISPATCH_UNKNOWN, S.EXPIRED): frozenset({"not_delivered", "ack_token_missing"}),
     (S.QUEUED, S.ACKNOWLEDGED): frozenset({"echo", "ack_token", "turn_interrupted", "queue_turn_started"}),
-    (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed"}),
+    (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed", "ack_token_missing"}),
     (S.ACKNOWLEDGED, S.ACTION_STARTED): frozenset({"expect_matched"}),
     (S.ACKNOWLEDGED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
-    (S.ACKNOWLEDGED, S.EFFECT_FAILED): frozenset({"verify_failed"}),
+    # cwd_unknown: the thread's working directory is unknown, so the readback cannot run there
+    (S.ACKNOWLEDGED, S.EFFECT_FAILED): frozenset({"verify_failed", "cwd_unknown"}),
     (S.ACKNOWLEDGED, S.EXPIRED): frozenset({"effect_deadline_passed"}),
     (S.ACTION_STARTED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
-    (S.ACTION_STARTED, S.EFFECT_FAILED): frozenset({"verify_failed"}),
+    (S.ACTION_STARTED, S.EFFECT_FAILED): frozenset({"verify_failed", "cwd_unknown"}),
     (S.ACTION_STARTED, S.EXPIRED): frozenset({"effect_deadline_passed"}),
 }
 

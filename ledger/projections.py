@@ -22,7 +22,7 @@ from ledger.intents import Intent
 from ledger.recorder import Recorder
 from ledger.snapshot import ThreadSnapshot
 
-SNAPSHOT_NAME = "projection-v1"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v2"  # bump when Projection changes shape
 _ENDED = frozenset({"completed", "interrupted", "failed", "unclosed"})
 
 
@@ -54,6 +54,7 @@ class ThreadState(msgspec.Struct):
     queue_paused: bool = False
     failures: dict[str, tuple[int, str | None, int | None]] = {}
     client_ids: dict[str, str | None] = {}  # our clientId echoes -> the turn they landed in
+    cwd: str | None = None  # the working directory its session named (kept with --retain-payloads only)
 
 
 class HistoryItem(msgspec.Struct, frozen=True):
@@ -92,6 +93,11 @@ class Projection(msgspec.Struct):
         return self
 
     # -- views ------------------------------------------------------------------
+
+    def recorded_cwd(self, thread_id: str) -> str | None:
+        """The working directory the thread's session named, when the ledger kept it."""
+        t = self.threads.get(thread_id)
+        return t.cwd if t else None
 
     def thread(self, thread_id: str) -> ThreadState:
         state = self.threads.get(thread_id)
@@ -173,6 +179,8 @@ def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
         t.parent_thread_id = e.parent_thread_id
     if t is not None and not e.users_work:
         t.supervised = False
+    if t is not None and e.cwd:
+        t.cwd = e.cwd
 
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:

@@ -23,7 +23,7 @@ from ledger.events import (
 )
 from monitor.commands import DEFAULT, CommandPatterns
 from monitor.digest import digest, payload, size
-from monitor.parser import ack_tokens, integer, items, obj, text
+from monitor.parser import ack_tokens, integer, items, obj, text, workdir
 
 # Server→client requests that make the turn wait for a person, and what they wait for.
 APPROVAL_METHODS = {
@@ -94,7 +94,8 @@ class AppServerEvents:
         thread = obj(params, "thread")
         return [ThreadStarted(thread_id=text(thread, "id"), parent_thread_id=text(thread, "parentThreadId"),
                               cli_version=text(thread, "cliVersion"), source_format="appserver",
-                              ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"))]
+                              ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"),
+                              **workdir(text(thread, "cwd"), retain=self.retain_payloads))]
 
     def _status(self, params: dict) -> list[Event]:
         status = obj(params, "status")

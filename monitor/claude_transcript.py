@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from ledger.events import Error, Event, QueueChanged, QueueEntry, ThreadStarted, TurnCompleted, TurnStarted
 from monitor.digest import digest
-from monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, obj, text
+from monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, obj, text, workdir
 
 _SUBAGENT_FILE = re.compile(r"(?:^|[/\\])([^/\\]+)[/\\]subagents[/\\]agent-([^/\\]+)\.jsonl$")
 INTERRUPT_MARKER = "[Request interrupted by user"
@@ -79,7 +79,7 @@ class ClaudeTranscriptParser(Parser):
         session = text(record, "sessionId") or self._file_session
         if kind == "queue-operation":
             changed = self._queue_operation(record, session)
-            return self._thread_opening(session, None, _Thread()) + changed
+            return self._thread_opening(session, None, _Thread(), record) + changed
         handler = self._HANDLERS.get(kind)
         if handler is None:
             if kind not in _QUIET_TYPES:
@@ -90,7 +90,7 @@ class ClaudeTranscriptParser(Parser):
         # The line is read before its thread is registered: a line quarantined for a
         # wrong type must not swallow the thread's opening.
         body = handler(self, record, thread_id, state)
-        return self._thread_opening(thread_id, parent, state) + body
+        return self._thread_opening(thread_id, parent, state, record) + body
 
     def _thread_of(self, record: dict, session: str | None) -> tuple[str | None, str | None]:
         agent = text(record, "agentId") or self._file_agent
@@ -123,11 +123,13 @@ class ClaudeTranscriptParser(Parser):
         self._side_root = root
         return root
 
-    def _thread_opening(self, thread_id: str | None, parent: str | None, state: _Thread) -> list[Event]:
+    def _thread_opening(self, thread_id: str | None, parent: str | None, state: _Thread,
+                        record: dict) -> list[Event]:
         if thread_id is None or thread_id in self._threads:
             return []
         self._threads[thread_id] = state
-        return [ThreadStarted(thread_id=thread_id, parent_thread_id=parent, source_format=self.format)]
+        return [ThreadStarted(thread_id=thread_id, parent_thread_id=parent, source_format=self.format,
+                              **workdir(text(record, "cwd"), retain=self.retain_payloads))]
 
     def _end(self, thread_id: str | None, state: _Thread, status: str, duration_ms: int | None = None) -> list[Event]:
         if state.turn is None:

@@ -23,7 +23,7 @@ import msgspec
 
 from ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
 from monitor.digest import digest
-from monitor.parser import Call, OpenCalls, Parser, command_text, integer, items, iso_time, obj, text
+from monitor.parser import Call, OpenCalls, Parser, command_text, integer, items, iso_time, obj, text, workdir
 
 _THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
@@ -86,6 +86,7 @@ class CodexRolloutParser(Parser):
         return [ThreadStarted(
             thread_id=self._thread, parent_thread_id=parent, originator=text(body, "originator"),
             cli_version=text(body, "cli_version"), source_format=self.format,
+            **workdir(text(body, "cwd"), retain=self.retain_payloads),
         )]
 
     def _start_turn(self, turn_id: str) -> list[Event]:

@@ -46,6 +46,14 @@ def ack_tokens(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_INTENT_ID.findall(text)))
 
 
+def workdir(path: str | None, *, retain: bool) -> dict[str, str | None]:
+    """A session's working directory as ``ThreadStarted`` fields: its digest always, the
+    path itself only when payloads are retained (a path can name a customer or a person)."""
+    if not path:
+        return {}
+    return {"cwd_digest": digest(path), "cwd": path if retain else None}
+
+
 class Parser:
     format: ClassVar[str]
     untimed: ClassVar[bool] = False  # the format carries no source times: ``at`` is always None

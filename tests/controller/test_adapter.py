@@ -19,12 +19,13 @@ from controller.delivery import (
     Terminate, Verified,
 )
 from controller.intents import intent_view, proposal_envelopes, transition_envelope
-from ledger.events import ApprovalRequested, Envelope, ItemStarted, TurnCompleted, TurnStarted
+from ledger.events import ApprovalRequested, Envelope, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted
 from ledger.intent_states import State
 from ledger.intents import Intent, intent_id_from, text_digest
 from ledger.projections import Projection
 from ledger.sqlite import SQLiteRecorder
 from monitor.appserver_client import AppServerDisconnected
+from monitor.digest import digest
 from monitor.jsonrpc import RpcError
 from rules.ruleset import Grant, build_ruleset
 
@@ -303,17 +304,75 @@ async def test_a_second_stale_machine_cannot_send_a_second_copy():
     assert intent_view(recorder, intent.id).state == "queued"
 
 
-async def test_verify_runs_the_readback_command_under_a_timeout():
+def thread_read(cwd) -> dict:
+    """``thread/read``'s answer as the real server gives it (the thread, with its cwd)."""
+    return {"thread": {"id": THREAD, "cwd": str(cwd), "status": {"type": "idle"}}, "readState": None}
+
+
+async def test_verify_runs_the_readback_command_under_a_timeout(tmp_path):
     async def verify(command: str, verify_timeout: float = 5.0) -> Verified:
         intent = make_intent(verify=command)
-        adapter = GuardedAdapter(FakeAppServer(), ledger_with(intent), grants("steer"),
-                                 verify_timeout=verify_timeout, clock=lambda: NOW)
+        adapter = GuardedAdapter(FakeAppServer(thread__read=thread_read(tmp_path)), ledger_with(intent),
+                                 grants("steer"), verify_timeout=verify_timeout, clock=lambda: NOW)
         return await adapter.execute(RunVerify(intent_id=intent.id, thread_id=THREAD, command=command))
 
-    assert await verify("exit 3") == Verified(3, NOW)
-    assert await verify("true") == Verified(0, NOW)
+    where = {"cwd_digest": digest(str(tmp_path))}
+    assert await verify("exit 3") == Verified(3, NOW, **where)
+    assert await verify("true") == Verified(0, NOW, **where)
     with anyio.fail_after(3):
-        assert await verify("sleep 10", verify_timeout=0.3) == Verified(None, NOW)
+        assert await verify("sleep 10", verify_timeout=0.3) == Verified(None, NOW, **where, error="timeout")
+
+
+async def run_verify(adapter: GuardedAdapter, intent: Intent) -> Verified:
+    return await adapter.execute(RunVerify(intent_id=intent.id, thread_id=THREAD, command=intent.verify))
+
+
+async def test_verify_runs_in_the_threads_working_directory_not_the_daemons(tmp_path, monkeypatch):
+    workspace, elsewhere = tmp_path / "ws", tmp_path / "daemon"
+    (workspace / "build").mkdir(parents=True)
+    (workspace / "build" / "ok").write_text("yes")
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    intent = make_intent(verify="test -f build/ok")
+    server = FakeAppServer(thread__read=thread_read(workspace))
+    adapter = GuardedAdapter(server, ledger_with(intent), grants("steer"), clock=lambda: NOW)
+    assert await run_verify(adapter, intent) == Verified(0, NOW, cwd_digest=digest(str(workspace)))
+    assert server.sent == [("thread/read", {"threadId": THREAD})]
+    # the path itself is evidence only when payloads are retained
+    adapter.retain_payloads = True
+    assert await run_verify(adapter, intent) == Verified(0, NOW, cwd_digest=digest(str(workspace)),
+                                                         cwd=str(workspace))
+
+
+async def test_verify_in_a_thread_the_server_cannot_read_uses_the_directory_its_session_named(tmp_path):
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "ok").write_text("yes")
+    intent = make_intent(verify="test -f build/ok")
+    recorder = ledger_with(intent, ThreadStarted(thread_id=THREAD, source_format="codex_rollout",
+                                                 cwd_digest=digest(str(tmp_path)), cwd=str(tmp_path)))
+    server = FakeAppServer(thread__read=RpcError(-32600, f"thread not loaded: {THREAD}"))
+    adapter = GuardedAdapter(server, recorder, grants("steer"), clock=lambda: NOW)
+    assert await run_verify(adapter, intent) == Verified(0, NOW, cwd_digest=digest(str(tmp_path)))
+
+
+@pytest.mark.parametrize("answer", [RpcError(-32600, "thread not loaded"), TimeoutError(), {"thread": {"id": THREAD}}])
+async def test_verify_with_no_known_directory_runs_nothing(tmp_path, answer):
+    marker = tmp_path / "ran"
+    intent = make_intent(verify=f"touch {marker}")
+    recorder = ledger_with(intent, ThreadStarted(thread_id=THREAD, cwd_digest=digest("/w")))  # the digest only
+    adapter = GuardedAdapter(FakeAppServer(thread__read=answer), recorder, grants("steer"), clock=lambda: NOW)
+    assert await run_verify(adapter, intent) == Verified(None, NOW, cwd_digest=None)
+    assert not marker.exists()
+
+
+async def test_verify_in_a_directory_that_is_gone_has_no_verdict(tmp_path):
+    intent = make_intent(verify="true")
+    gone = tmp_path / "gone"
+    adapter = GuardedAdapter(FakeAppServer(thread__read=thread_read(gone)), ledger_with(intent), grants("steer"),
+                             clock=lambda: NOW)
+    verdict = await run_verify(adapter, intent)
+    assert (verdict.exit_code, verdict.cwd_digest) == (None, digest(str(gone)))
+    assert verdict.error.startswith("FileNotFoundError")
 
 
 async def test_verify_runs_only_the_intents_own_readback_command():

@@ -60,6 +60,38 @@ def test_bad_requests_exit_2_with_what_to_do(ledger, args, message):
     assert code == 2 and message in out
 
 
+@pytest.mark.parametrize(("args", "stored"), [
+    (["--mode", "interrupt", "--expected-turn", "U1", "--force"], {"force": True, "resume_queue": False}),
+    (["--mode", "interrupt", "--expected-turn", "U1", "--resume-queue"], {"force": False, "resume_queue": True}),
+    (["--mode", "steer", "--expected-turn", "U1", "--ack-token", "ACK-42"], {"ack_token": "ACK-42"}),
+    (["--mode", "queue", "--ack-token", "ACK-42"], {"ack_token": "ACK-42", "force": False}),
+])
+def test_force_resume_queue_and_ack_token_are_recorded_on_the_intent(ledger, args, stored):
+    data = propose(*args)
+    assert {key: data[key] for key in stored} == stored
+    with SQLiteRecorder(ledger) as rec:
+        intent = lib.intent_view(rec, data["id"]).intent
+    assert {key: getattr(intent, key) for key in stored} == stored  # what the daemon will read
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--mode", "steer", "--expected-turn", "U1", "--force"], "--force applies to --mode interrupt only"),
+    (["--mode", "queue", "--resume-queue"], "--resume-queue applies to --mode interrupt only"),
+    (["--mode", "interrupt", "--expected-turn", "U1", "--ack-token", "ACK-42"],
+     "--ack-token applies to --mode steer or queue"),
+    (["--mode", "steer", "--expected-turn", "U1", "--ack-token", " "], "--ack-token must be one line"),
+    (["--mode", "queue", "--ack-token", "ACK\n42"], "--ack-token must be one line"),
+])
+def test_mode_options_outside_their_mode_exit_2_and_record_nothing(ledger, args, message):
+    with SQLiteRecorder(ledger) as rec:
+        before = rec.max_seq()
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "x", *args)
+    assert code == 2 and message in out
+    assert out.count("\n") == 1 and out.startswith("Error: ")  # one line
+    with SQLiteRecorder(ledger) as rec:
+        assert rec.max_seq() == before  # nothing written
+
+
 def test_active_turn_required_when_none_is_active(ledger):
     code, out = run("intent", "propose", "--thread", "T9", "--text", "x", "--mode", "steer", "--expected-turn", "active")
     assert code == 2 and "no active turn" in out and "--mode queue" in out

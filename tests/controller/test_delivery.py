@@ -247,6 +247,69 @@ def test_with_an_ack_token_the_echo_is_delivered_evidence_and_the_token_acknowle
     assert transition(run.feed(token)).reason == "ack_token"
 
 
+def agent_item(text: str, item_id: str = "item-reply") -> dict:
+    return {"type": "agentMessage", "id": item_id, "text": text}
+
+
+def _token_delivered(mode: str = "steer", token: str = "ACK-42") -> tuple[Run, str]:
+    """An intent with an ack token whose echo arrived; returns the run and the echo's turn."""
+    run = Run(make_intent(mode, ack_token=token))
+    [first] = run.dispatch().commands
+    if mode == "queue":
+        [add] = run.feed(Replied(first, {"data": []}, NOW + 1)).commands
+        run.feed(Replied(add, {"queuedSubmission": {"id": "q1"}}, NOW + 1))
+    else:
+        run.feed(Replied(first, {"turnId": TURN}, NOW + 1))
+    echo_turn = NEXT_TURN if mode == "queue" else TURN
+    assert [e.event.reason for e in run.feed(echo(run.intent, turn_id=echo_turn)).envelopes] == ["delivered"]
+    return run, echo_turn
+
+
+@pytest.mark.parametrize("mode", ["steer", "queue"])
+@pytest.mark.parametrize(("items", "state", "reason"), [
+    ([agent_item("done, ACK-42")], "acknowledged", "ack_token"),
+    ([agent_item("ok: will do")], "expired", "ack_token_missing"),
+    ([], "expired", "ack_token_missing"),
+])
+def test_an_ack_token_intent_settles_when_the_turn_that_took_it_ends(mode, items, state, reason):
+    run, echo_turn = _token_delivered(mode)
+    [readback] = run.feed(turn_completed(turn_id=echo_turn)).commands
+    assert readback == ReadBack(intent_id=run.intent.id, thread_id=THREAD, client_id=run.intent.client_user_message_id,
+                                turn_id=echo_turn)
+    history = turn(echo_turn, "completed", user_item(run.intent.client_user_message_id), *items)
+    out = run.feed(Replied(readback, turns_page(history), NOW + 6))
+    assert (transition(out).to_state, transition(out).reason) == (state, reason)
+    assert run.ledger_state() == state
+    reports = [e.event.finding for e in out.envelopes if isinstance(e.event, Report)]
+    assert reports == (["ack_token_missing"] if reason == "ack_token_missing" else [])
+
+
+def test_an_ack_token_said_before_our_message_or_while_the_turn_runs_settles_nothing():
+    run, _ = _token_delivered()
+    [readback] = run.feed(turn_completed()).commands
+    early = turn(TURN, "inProgress", agent_item("ACK-42", "m0"), user_item(run.intent.client_user_message_id))
+    assert run.feed(Replied(readback, turns_page(early), NOW + 6)).envelopes == ()
+    assert run.ledger_state() == "queued"
+    ended = turn(TURN, "interrupted", agent_item("ACK-42", "m0"), user_item(run.intent.client_user_message_id))
+    assert transition(run.feed(Replied(readback, turns_page(ended), NOW + 7))).reason == "ack_token_missing"
+
+
+def test_an_ack_token_in_a_retained_agent_message_acknowledges_at_once():
+    run, _ = _token_delivered()
+    said = Observed(AgentMessage(thread_id=THREAD, turn_id=TURN, digest="d", size=1, text="ACK-42 done"), NOW + 3)
+    assert transition(run.feed(said)).reason == "ack_token"
+
+
+def test_a_restart_after_the_token_turn_ended_reads_it_back():
+    run, _ = _token_delivered()
+    machine = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    out = machine.handle(Reconcile(NOW + 9, expected_turn_state="completed", echo_turn_id=TURN,
+                                   echo_turn_state="completed"))
+    assert [type(c) for c in out.commands] == [ReadBack] and out.envelopes == ()
+    still_running = machine.handle(Reconcile(NOW + 9, "active", TURN, echo_turn_state="active"))
+    assert still_running == Output()
+
+
 def test_replayed_intent_is_rejected_without_any_command():
     run = Run(make_intent(replayed=True))
     out = run.dispatch()
@@ -409,15 +472,34 @@ def test_expect_marks_the_action_started_and_verify_decides():
     assert transition(run.feed(Observed(match, NOW + 4))).to_state == "action_started"
     [verify] = run.feed(turn_completed()).commands
     assert verify == RunVerify(intent_id=run.intent.id, thread_id=THREAD, command="test -f done")
-    assert [e.event.reason for e in run.feed(Verified(None, NOW + 6)).envelopes] == ["verify_inconclusive"]
-    assert transition(run.feed(Verified(0, NOW + 7))).to_state == "effect_verified"
+    inconclusive = run.feed(Verified(None, NOW + 6, cwd_digest=WS, error="timeout")).envelopes
+    assert [(e.event.reason, e.event.evidence) for e in inconclusive] == [
+        ("verify_inconclusive", {"cwd_digest": WS, "error": "timeout"})]
+    assert transition(run.feed(Verified(0, NOW + 7, cwd_digest=WS))).to_state == "effect_verified"
 
 
-def test_verify_failure_is_effect_failed():
-    run = _acknowledged(verify="false")
+WS = "sha256:" + "ab" * 32  # the digest of the thread's working directory
+
+
+@pytest.mark.parametrize(("verdict", "state", "reason", "evidence"), [
+    (Verified(0, NOW + 4, cwd_digest=WS), "effect_verified", "verify_passed", {"exit_code": 0, "cwd_digest": WS}),
+    (Verified(1, NOW + 4, cwd_digest=WS), "effect_failed", "verify_failed", {"exit_code": 1, "cwd_digest": WS}),
+    # the path itself only when the adapter retains payloads
+    (Verified(0, NOW + 4, cwd_digest=WS, cwd="/ws"), "effect_verified", "verify_passed",
+     {"exit_code": 0, "cwd_digest": WS, "cwd": "/ws"}),
+    # nobody could name the thread's directory: the check fails, nothing was guessed
+    (Verified(None, NOW + 4, cwd_digest=None), "effect_failed", "cwd_unknown", {"exit_code": None}),
+])
+@pytest.mark.parametrize("expect", [None, "item_type=commandExecution"])
+def test_the_verify_verdict_and_where_it_ran(verdict, state, reason, evidence, expect):
+    run = _acknowledged(verify="test -f build/ok", expect=expect)
+    if expect is not None:
+        started = ItemStarted(thread_id=THREAD, turn_id=TURN, item_id="i", item_type="commandExecution")
+        assert transition(run.feed(Observed(started, NOW + 3))).to_state == "action_started"
     [verify] = run.feed(VerifyDue(NOW + 3)).commands
-    move = transition(run.feed(Verified(1, NOW + 4)))
-    assert (move.to_state, move.reason, move.evidence) == ("effect_failed", "verify_failed", {"exit_code": 1})
+    move = transition(run.feed(verdict))
+    assert (move.to_state, move.reason, move.evidence) == (state, reason, evidence)
+    assert run.ledger_state() == state and run.machine.finished
 
 
 def test_effect_deadline_passed_expires():

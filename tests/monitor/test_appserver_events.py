@@ -7,6 +7,7 @@ from ledger.events import (
     StatusChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage,
 )
 from monitor.appserver_events import AppServerEvents, natural_key
+from monitor.digest import digest
 from tests.monitor.support import jsonl, kinds, parse
 
 T, U = "thread-1", "turn-1"
@@ -38,6 +39,14 @@ def note(method: str, params: dict) -> dict:
 ])
 def test_notifications(msg, expected):
     assert AppServerEvents().normalize(msg) == expected
+
+
+def test_a_started_threads_working_directory_is_a_digest_unless_payloads_are_retained():
+    started = note("thread/started", {"thread": {"id": T, "cwd": "/home/ann/acme"}})
+    [private] = AppServerEvents().normalize(started)
+    [retained] = AppServerEvents(retain_payloads=True).normalize(started)
+    assert (private.cwd, private.cwd_digest) == (None, digest("/home/ann/acme"))
+    assert retained.cwd == "/home/ann/acme"
 
 
 def test_user_and_agent_messages():

@@ -2,6 +2,7 @@ import json
 
 from ledger.events import ItemCompleted, QueueChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
 from monitor.counts import count
+from monitor.digest import digest
 from tests.monitor.support import jsonl, kinds, parse, reasons
 
 SID = "7f3c2a10-5b4e-4d21-9c8a-1e2f3a4b5c6d"
@@ -31,6 +32,15 @@ def queue(operation: str, content: str | None = None, **extra) -> str:
 def run(*lines: str, source: str = f"/p/{SID}.jsonl"):
     parsed, parser = parse("claude-transcript", jsonl(*lines), source=source)
     return [p.event for p in parsed], parser
+
+
+def test_the_sessions_working_directory_is_a_digest_unless_payloads_are_retained():
+    data = jsonl(user("u1", "hello", cwd="/home/ann/acme"))
+    [private] = [e for e in parse("claude-transcript", data)[0] if isinstance(e.event, ThreadStarted)]
+    [retained] = [e for e in parse("claude-transcript", data, retain_payloads=True)[0]
+                  if isinstance(e.event, ThreadStarted)]
+    assert private.event.cwd is None and private.event.cwd_digest == digest("/home/ann/acme")
+    assert retained.event.cwd == "/home/ann/acme"
 
 
 def test_a_turn_opens_at_a_prompt_and_ends_once():

@@ -2,6 +2,7 @@ import json
 
 from ledger.events import AgentMessage, ItemCompleted, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted, UserMessage, encode
 from monitor.counts import count
+from monitor.digest import digest
 from tests.monitor.support import events, jsonl, kinds, parse, reasons
 
 THREAD = "0199a1b2-0000-7000-8000-00000000aa01"
@@ -134,6 +135,14 @@ def test_thread_from_session_meta_or_file_name():
     named = events("codex-rollout", jsonl(msg(type="task_started", turn_id="T")),
                    source=f"/x/sessions/2025/09/02/rollout-2025-09-02T10-00-00-{THREAD}.jsonl")
     assert named[0].thread_id == THREAD
+
+
+def test_the_sessions_working_directory_is_a_digest_unless_payloads_are_retained():
+    data = jsonl(line("session_meta", {"id": THREAD, "cwd": "/home/ann/acme"}))
+    [private] = events("codex-rollout", data)
+    [retained] = events("codex-rollout", data, retain_payloads=True)
+    assert private.cwd is None and private.cwd_digest == digest("/home/ann/acme")
+    assert (retained.cwd, retained.cwd_digest) == ("/home/ann/acme", private.cwd_digest)
 
 
 def test_source_time_and_unknown_types():
