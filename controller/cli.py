@@ -31,10 +31,12 @@ from ledger import projections
 from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
-from rules.config import Effective, load_effective
+from rules.config import Effective, config_file, load_effective
 from rules.files import RuleSetError
+from rules.owner import local_login
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
+CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
 
 
 def default_ledger_path() -> Path:
@@ -90,7 +92,8 @@ def intent() -> None:
 @click.option("--expect", help="Item predicate that marks the action as started.")
 @click.option("--verify", help="Readback command whose exit status proves the effect.")
 @click.option("--supersedes", help="Intent id this one replaces.")
-@click.option("--owner", default=lambda: os.environ.get("USER", "unknown"), help="Who owns it (default $USER).")
+@click.option("--owner", default=local_login,
+              help="Who owns it (default: the login name of the user running tillerman).")
 @json_option
 @ledger_option
 @errors_to_exit_codes
@@ -187,8 +190,7 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False),
               help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
-              help="Configuration file with grants (TOML).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
@@ -199,7 +201,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
 
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
-    effective = _load_rules(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path)
     recorder = SQLiteRecorder(ledger_path) if ledger_path else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
@@ -244,10 +246,11 @@ class _Progress:
         click.echo("\r\033[K", err=True, nl=False)
 
 
-def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
-    """Rules, grants and command patterns (rules.config)."""
+def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effective:
+    """Rules, grants and command patterns (rules.config), from ``--rules`` and
+    ``--config`` as given (no ``--config``: the default config file, if any)."""
     try:
-        return load_effective(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
+        return load_effective(Path(rules_path) if rules_path else None, config_file(config_path))
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
 
@@ -265,7 +268,7 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
 @click.option("--client-name", default="tillerman", show_default=True,
               help="clientInfo.name to initialize with (use the harness's name when tillerman connects first).")
 @ledger_option
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help="Grants (TOML).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Record the JSON-RPC exchanged here.")
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text in the ledger and trace.")
@@ -289,7 +292,7 @@ def run_cmd(url, spawn_codex, watch_dirs, client_name, ledger_path, config_path,
                    " or --watch DIR")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
-    effective = _load_rules(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path)
     server = None
     if spawn_codex:
         home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
