@@ -194,10 +194,12 @@ def test_an_explicit_config_that_does_not_exist_is_an_error(here):
     ["rules", "show"],
     ["rules", "diff", "--against", str(DIS / "candidate.toml"), str(DIS)],
     ["replay", str(DIS)],
-    ["run", "--watch", "."],
+    # a ledger that cannot be opened: were the config not read, run would fail there, not run on
+    ["run", "--watch", ".", "--ledger", "not-a-directory/ledger.sqlite3"],
 ])
 def test_every_command_with_config_reads_the_default_file(here, command):
     """An invalid default file stops each command with its file:line, before anything runs."""
+    (here / "not-a-directory").write_text("")
     default = here / "config" / "tillerman" / "config.toml"
     default.parent.mkdir(parents=True)
     default.write_text("# tillerman\n[defaults]\nowner_grant = 1\n")
