@@ -42,10 +42,9 @@ OWNER = "bench"
 
 def _ruleset():
     from rules.ruleset import Grant, build_ruleset
-    from rules.files import load_ruleset
+    from rules.files import default_ruleset
 
-    base = load_ruleset(None, None)
-    return build_ruleset(base.rules, (Grant(subject=f"owner:{OWNER}", actions=frozenset({"steer", "queue"})),))
+    return build_ruleset(default_ruleset().rules, (Grant(subject=f"owner:{OWNER}", actions=frozenset({"steer", "queue"})),))
 
 
 # -- 1. notification → decision, in process ----------------------------------------------

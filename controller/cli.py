@@ -32,10 +32,12 @@ from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
 from monitor.codex_home import OWN_CLIENT_NAME, codex_home, resolve_target
-from rules.config import Effective, load_effective
+from rules.config import Effective, config_file, load_effective
 from rules.files import RuleSetError
+from rules.owner import local_login
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
+CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
 
 
 def default_ledger_path() -> Path:
@@ -103,7 +105,8 @@ def intent() -> None:
               help="interrupt: even while a critical tool runs (the producer needs the interrupt_critical grant).")
 @click.option("--resume-queue", is_flag=True,
               help="interrupt: resume the server's queue, which the interrupt pauses, once the turn has ended.")
-@click.option("--owner", default=lambda: os.environ.get("USER", "unknown"), help="Who owns it (default $USER).")
+@click.option("--owner", default=local_login,
+              help="Who owns it (default: the login name of the user running tillerman).")
 @json_option
 @ledger_option
 @errors_to_exit_codes
@@ -201,8 +204,7 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False),
               help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
-              help="Configuration file with grants (TOML).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
@@ -213,7 +215,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
 
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
-    effective = _load_rules(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path)
     recorder = SQLiteRecorder(ledger_path) if ledger_path else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
@@ -258,10 +260,11 @@ class _Progress:
         click.echo("\r\033[K", err=True, nl=False)
 
 
-def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
-    """Rules, grants and command patterns (rules.config)."""
+def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effective:
+    """Rules, grants and command patterns (rules.config), from ``--rules`` and
+    ``--config`` as given (no ``--config``: the default config file, if any)."""
     try:
-        return load_effective(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
+        return load_effective(Path(rules_path) if rules_path else None, config_file(config_path))
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
 
@@ -286,7 +289,7 @@ def _load_rules(rules_path: str | None, config_path: str | None) -> Effective:
               help="clientInfo.name to initialize with (default: codex-tui on Codex's shared server, so the"
                    " user's threads are not branded; tillerman elsewhere).")
 @ledger_option
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help="Grants (TOML).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Record the JSON-RPC exchanged here.")
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text in the ledger and trace.")
@@ -319,7 +322,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
-    effective = _load_rules(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path)
     server = None
     if spawn_codex:
         home = codex_home()

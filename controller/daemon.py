@@ -98,7 +98,7 @@ class DaemonOptions:
     request_timeout: float = 10.0
     watch: tuple[str, ...] = ()  # directories whose session files are followed (monitor.watch)
     rules_path: str | None = None  # watched: a valid change is applied, an invalid one recorded and refused
-    config_path: str | None = None
+    config_path: str | None = None  # --config as given; None: the default file, watched even while absent
     patterns: CommandPatterns = DEFAULT_PATTERNS
 
 

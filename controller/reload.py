@@ -12,6 +12,10 @@ them again and returns what to record and whether the running set changes:
   that keeps deciding; the running set stays. The same broken content is rejected
   once, not on every poll.
 
+Without ``--config`` the default config file (``rules.config.config_file``) is the
+one watched, whether it exists or not: creating it applies it, removing it goes
+back to running with no config file (the owner's built-in grant, built-in patterns).
+
 Polling (``POLL_EVERY`` seconds) rather than inotify: two stats a second cost
 nothing, work on every filesystem, and see an editor's rename-over-save the same as
 an in-place write.
@@ -31,7 +35,7 @@ from pathlib import Path
 import msgspec
 
 from ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
-from rules.config import Effective, load_effective
+from rules.config import Effective, config_file, default_config_path, load_effective
 from rules.files import RuleSetError
 from rules.lifecycle import reviews
 
@@ -50,8 +54,11 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
 class RuleReloader:
     def __init__(self, rules_path: str | Path | None, config_path: str | Path | None, effective: Effective) -> None:
+        """``config_path`` is ``--config`` as given; None means the default file."""
         self.rules_path = Path(rules_path) if rules_path else None
-        self.config_path = Path(config_path) if config_path else None
+        self._config_given = Path(config_path) if config_path else None
+        self._config_watched = self._config_given or default_config_path()
+        self.config_path = config_file(self._config_given)  # the file in use (None: no file)
         self.effective = effective
         self._signature: Signature | None = None  # None: nothing recorded yet (the start)
         self._reviewed: set[tuple[str, int, str]] = set()
@@ -67,6 +74,7 @@ class RuleReloader:
         elif forced or signature != self._signature:
             self._signature = signature
             reason = "sighup" if forced else "reload"
+            self.config_path = config_file(self._config_given)
             try:
                 candidate = load_effective(self.rules_path, self.config_path)
             except RuleSetError as exc:
@@ -117,7 +125,7 @@ class RuleReloader:
         return out
 
     def _stat(self) -> Signature:
-        return tuple(_stat(path) for path in (self.rules_path, self.config_path))
+        return tuple(_stat(path) for path in (self.rules_path, self._config_watched))
 
 
 def _stat(path: Path | None) -> tuple[int, int, int] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from controller.cli import main, open_ledger
+from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger
 from controller.disagreement import DiffReport, diff
 from controller.output import EXIT_CHECK_FAILED, EXIT_USAGE, Fail, errors_to_exit_codes, json_option, print_json, print_table
 from controller.replay import ReplayError
@@ -23,9 +23,10 @@ from controller.timefmt import iso, parse_time
 from ledger.events import Envelope, RulePromoted, RuleProposed
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from rules import lifecycle
-from rules.config import Effective, load_effective, load_patterns
-from rules.files import RuleSetError, _parse_toml, _read, load_grants, load_rules
+from rules.config import Effective, config_file, default_config_path, load_patterns
+from rules.files import RuleSetError, _parse_toml, _read, load_config, load_rules
 from rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
+from rules.owner import local_login
 from rules.ruleset import build_ruleset
 
 SOURCE = "tillerman"
@@ -37,17 +38,9 @@ def _ledger_option(fn):
 
 
 def _rules_options(fn):
-    fn = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
-                      help="Configuration file: grants and [patterns] (TOML).")(fn)
+    fn = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)(fn)
     return click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True),
                         help="Rule file (TOML; default: the built-in rules).")(fn)
-
-
-def _effective(rules_path: str | None, config_path: str | None) -> Effective:
-    try:
-        return load_effective(Path(rules_path) if rules_path else None, Path(config_path) if config_path else None)
-    except RuleSetError as exc:
-        raise Fail(str(exc)) from exc
 
 
 @main.group()
@@ -71,12 +64,15 @@ def rules_validate(file, as_json):
     try:
         text = _read(Path(file))
         data = _parse_toml(text, file)
-        if "rule" not in data and ("grant" in data or "patterns" in data):
-            grants, patterns = load_grants(text, file), load_patterns(text, file)
-            result = {"file": file, "valid": True, "kind": "config", "grants": len(grants),
+        if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
+            config, patterns = load_config(text, file), load_patterns(text, file)
+            owner_grant = config.defaults.owner_grant
+            result = {"file": file, "valid": True, "kind": "config", "grants": len(config.grant),
+                      "owner_grant": owner_grant,
                       "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
-            line = (f"{file}: valid config file: {len(grants)} grants, patterns {len(patterns.critical)} critical, "
-                    f"{len(patterns.external)} external")
+            line = (f"{file}: valid config file: {len(config.grant)} grants, built-in owner grant"
+                    f" {'on' if owner_grant else 'off'}, patterns {len(patterns.critical)} critical,"
+                    f" {len(patterns.external)} external")
         else:
             found = load_rules(text, file)
             statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
@@ -117,20 +113,25 @@ def rule_json(rule, now: float) -> dict:
 @errors_to_exit_codes
 def rules_show(rules_path, config_path, now_text, as_json):
     """The effective rule set: each rule with its status, version, action, condition,
-    owner and review warnings; the grants; the command patterns; the digest.
+    owner and review warnings; the grants (the built-in owner grant marked as such);
+    the command patterns; the digest; which config file was read, if any.
 
     Example: tillerman rules show --rules rules.toml --config config.toml
     """
-    effective = _effective(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path)
+    used = config_file(config_path)
     now = parse_time(now_text) if now_text else time.time()
     ruleset, patterns = effective.ruleset, effective.patterns
     data = {
         "digest": ruleset.digest,
         "rules_path": rules_path,
-        "config_path": config_path,
+        "config_path": str(used) if used else None,
+        "config_source": "option" if config_path else "default" if used else "none",
+        "default_config_path": str(default_config_path()),
         "rules": [rule_json(r, now) for r in sorted(ruleset.rules, key=lambda r: r.id)],
         "grants": [{"subject": g.subject, "actions": sorted(g.actions),
-                    "threads": g.threads if isinstance(g.threads, str) else list(g.threads)} for g in ruleset.grants],
+                    "threads": g.threads if isinstance(g.threads, str) else list(g.threads),
+                    "source": "built-in" if g.builtin else "config"} for g in ruleset.grants],
         "patterns": {"source": "built-in" if patterns == DEFAULT_PATTERNS else "config",
                      "digest": effective.patterns_digest,
                      "critical": list(patterns.critical), "external": list(patterns.external)},
@@ -139,7 +140,7 @@ def rules_show(rules_path, config_path, now_text, as_json):
         print_json(data)
         return
     click.echo(f"rule set {ruleset.digest}")
-    click.echo(f"rules: {rules_path or 'built-in defaults'}; config: {config_path or 'none'}")
+    click.echo(f"rules: {rules_path or 'built-in defaults'}; config: {_config_text(data)}")
     rows = [dict(r, warning=r["warning"] or "", expires=r["expires"] or "") for r in data["rules"]]
     print_table(rows, ("id", "version", "status", "action", "condition", "owner", "review_by", "expires", "warning"),
                 "no rules")
@@ -147,12 +148,23 @@ def rules_show(rules_path, config_path, now_text, as_json):
     grants = [dict(g, actions=",".join(g["actions"]),
                    threads=g["threads"] if isinstance(g["threads"], str) else ",".join(g["threads"]))
               for g in data["grants"]]
-    print_table(grants, ("subject", "actions", "threads"), "no grants: nothing may be dispatched")
+    print_table(grants, ("subject", "actions", "threads", "source"), "no grants: nothing may be dispatched")
+    if any(g.builtin for g in ruleset.grants):
+        click.echo("(built-in: the local owner may steer and queue anywhere; [defaults] owner_grant = false removes it)")
     click.echo("")
     click.echo(f"patterns ({data['patterns']['source']}, {effective.patterns_digest}):")
     for kind in ("critical", "external"):
         for pattern in data["patterns"][kind]:
             click.echo(f"  {kind:<8}  {pattern}")
+
+
+def _config_text(data: dict) -> str:
+    match data["config_source"]:
+        case "option":
+            return data["config_path"]
+        case "default":
+            return f"{data['config_path']} (the default file)"
+    return f"none ({data['default_config_path']} does not exist)"
 
 
 # -- diff ----------------------------------------------------------------------------
@@ -177,7 +189,7 @@ def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json)
     """
     if bool(ledger_path) == bool(sessions):
         raise Fail("give the input: --ledger PATH, or recorded session files or directories (not both)")
-    active = _effective(rules_path, config_path)
+    active = load_rules_or_fail(rules_path, config_path)
     try:
         candidate_rules = load_rules(_read(Path(against)), against)
     except RuleSetError as exc:
@@ -239,7 +251,8 @@ def _lifecycles(ledger) -> dict[str, lifecycle.Lifecycle]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--evidence", multiple=True, help="Pointer to the evidence (ledger seq, session file:offset, issue …).")
 @click.option("--signature", help="The failure signature the rule predicts (what it should catch).")
-@click.option("--by", "by", default=lambda: os.environ.get("USER", "unknown"), help="Who proposes it (default $USER).")
+@click.option("--by", "by", default=local_login,
+              help="Who proposes it (default: the login name of the user running tillerman).")
 @_ledger_option
 @json_option
 @errors_to_exit_codes

@@ -14,6 +14,11 @@ and a fix, like every other rule-file error.
 Stall and wait thresholds live in the rule file (``condition = { kind = "turn_quiet",
 for = "10m" }``): one place for a threshold, not two that can disagree.
 
+The file itself is ``--config`` when given, else ``$XDG_CONFIG_HOME/tillerman/
+config.toml`` (``~/.config/tillerman/config.toml``) when that exists (``config_file``).
+With no file at all the local owner may steer and queue (``rules.owner``), nothing
+else is granted, and the patterns are the built-in ones.
+
 ``load_effective`` is what the daemon, replay and ``tillerman rules …`` use: the rule
 set (rules and grants) plus the patterns, with both digests.
 """
@@ -21,6 +26,7 @@ set (rules and grants) plus the patterns, with both digests.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
-from rules.files import RuleSetError, _locate, _parse_toml, _read, _show, load_grants, load_rules, _default_rules
+from rules.files import NO_CONFIG, RuleSetError, _default_rules, _locate, _parse_toml, _read, _show, load_grants, load_rules
 from rules.ruleset import RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
@@ -85,16 +91,32 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
     )
 
 
+def default_config_path() -> Path:
+    """Where the config file is looked for when ``--config`` is not given."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "tillerman" / "config.toml"
+
+
+def config_file(given: str | Path | None) -> Path | None:
+    """The config file to read: the one given (``--config``; reading it says so if it
+    is missing), else the default one if it exists, else None (no file)."""
+    if given:
+        return Path(given)
+    default = default_config_path()
+    return default if default.exists() else None
+
+
 def load_effective(rules_path: Path | None, config_path: Path | None) -> Effective:
-    """Rules (None: the built-in defaults), grants and patterns (None: no grants, the
-    built-in patterns). Raises ``RuleSetError`` naming the file, line and fix."""
+    """Rules (None: the built-in defaults), grants and patterns (None: no file, so
+    only the owner's built-in grant and the built-in patterns; see ``config_file``).
+    Raises ``RuleSetError`` naming the file, line and fix."""
     rules = load_rules(_read(rules_path), str(rules_path)) if rules_path is not None else _default_rules()
     if config_path is not None:
         text = _read(config_path)
         grants = load_grants(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
     else:
-        grants, patterns = (), DEFAULT_PATTERNS
+        grants, patterns = NO_CONFIG.grants(), DEFAULT_PATTERNS
     return Effective(ruleset=build_ruleset(rules, grants), patterns=patterns, patterns_digest=patterns_digest(patterns))
 
 

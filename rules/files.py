@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from rules.decision import Action
 from rules.detect import TEMPLATE_FIELDS
+from rules.owner import owner_grant
 from rules.ruleset import (
     ANY,
     CONDITION_KINDS,
@@ -195,11 +196,31 @@ class RulesFile(_Spec):
     rule: list[RuleSpec] = []
 
 
+class DefaultsSpec(_Spec):
+    """``[defaults]``: what holds without a grant written down."""
+
+    # strict: "false" (a string) is not false; authority is not guessed from a typo
+    owner_grant: bool = Field(default=True, strict=True)
+
+
 class ConfigFile(BaseModel):
     # The config file also holds command patterns and client settings, which their
-    # own loaders validate; only the [[grant]] tables are ours.
+    # own loaders validate; the [[grant]] tables and [defaults] are ours.
     model_config = ConfigDict(extra="ignore", frozen=True)
     grant: list[GrantSpec] = []
+    defaults: DefaultsSpec = DefaultsSpec()
+
+    def grants(self) -> tuple[Grant, ...]:
+        """The grants in force: the local owner's built-in one (unless ``[defaults]
+        owner_grant = false``), then the file's ``[[grant]]`` tables."""
+        builtin = (owner_grant(),) if self.defaults.owner_grant else ()
+        return builtin + tuple(spec.to_grant() for spec in self.grant)
+
+
+#: No config file at all: the built-in owner grant and nothing else.
+NO_CONFIG = ConfigFile()
+#: The config file's plain tables (``[name]``, not ``[[name]]``) validated here.
+TABLES: dict[str, type[BaseModel]] = {"defaults": DefaultsSpec}
 
 
 def _check_placeholders(text: str, kind: str) -> None:
@@ -221,16 +242,9 @@ def _check_placeholders(text: str, kind: str) -> None:
 # -- loading -----------------------------------------------------------------------------
 
 
-def load_ruleset(rules_path: Path | None, config_path: Path | None) -> RuleSet:
-    """Rules from ``rules_path`` (None: the built-in defaults) and grants from
-    ``config_path`` (None: no grants, so nothing may be dispatched)."""
-    rules = load_rules(_read(rules_path), str(rules_path)) if rules_path is not None else _default_rules()
-    grants = load_grants(_read(config_path), str(config_path)) if config_path is not None else ()
-    return build_ruleset(rules, grants)
-
-
 def default_ruleset() -> RuleSet:
-    """The built-in rules (``rules/defaults.toml``), with no grants."""
+    """The built-in rules (``rules/defaults.toml``) with no grants at all, not even the
+    owner's built-in one (``rules.config.load_effective`` gives what a daemon runs)."""
     return build_ruleset(_default_rules(), ())
 
 
@@ -241,9 +255,14 @@ def load_rules(text: str, source: str) -> tuple[Rule, ...]:
     return tuple(spec.to_rule() for spec in specs)
 
 
+def load_config(text: str, source: str) -> ConfigFile:
+    """The grants and ``[defaults]`` of a config file, validated."""
+    return _validate(ConfigFile, _parse_toml(text, source), text, source)
+
+
 def load_grants(text: str, source: str) -> tuple[Grant, ...]:
-    data = _parse_toml(text, source)
-    return tuple(spec.to_grant() for spec in _validate(ConfigFile, data, text, source).grant)
+    """The grants in force under a config file (``ConfigFile.grants``)."""
+    return load_config(text, source).grants()
 
 
 def _default_rules() -> tuple[Rule, ...]:
@@ -316,6 +335,7 @@ EXAMPLES = {
     "ack_deadline": 'ack_deadline = "2m"',
     "subject": 'subject = "owner:NAME"',
     "actions": 'actions = ["steer"]',
+    "owner_grant": "owner_grant = false",
 }
 #: The noun for one value of a field, in "unknown action …".
 SINGULAR = {"actions": "action"}
@@ -327,7 +347,10 @@ def _describe(error: dict[str, Any], data: dict[str, Any], text: str, source: st
     if error["type"].startswith("union_tag_"):
         loc = (*loc, "kind")
     line = _locate(text, loc)
-    fields = [part for part in loc[2:] if isinstance(part, str)] if len(loc) > 1 else list(loc)
+    if loc[0] in TABLES and len(loc) > 1:  # [defaults]: one table, no index
+        fields = [part for part in loc[1:] if isinstance(part, str)]
+    else:
+        fields = [part for part in loc[2:] if isinstance(part, str)] if len(loc) > 1 else list(loc)
     field = f" field {'.'.join(fields)}" if fields else ""
     return line, f"{source}:{line}: {_owner_label(loc, data)}{field}: {_problem(error, loc, data)}"
 
@@ -358,8 +381,12 @@ def _problem(error: dict[str, Any], loc: tuple[Any, ...], data: dict[str, Any]) 
             return f"missing; add {EXAMPLES['kind']} (one of {', '.join(CONDITION_KINDS)})"
         case "model_attributes_type" | "dict_type" if name == "condition":
             return f"must be a table of a kind and its parameters, e.g. {EXAMPLES['condition']}"
+        case "model_type" | "model_attributes_type" if len(loc) == 1 and name in TABLES:
+            return f"must be a table, written [{name}] followed by its keys"
         case "model_type" if len(loc) == 2:
             return f"must be a table, written [[{loc[0]}]] followed by its keys"
+        case "bool_type":
+            return f"must be true or false (got {_show(value)}); write it like {EXAMPLES.get(name, name + ' = false')}"
         case "list_type" if len(loc) == 1:
             return f"must be [[{name}]] tables"
         case "enum":
@@ -390,6 +417,8 @@ def _known_fields(parent: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
         return [*RulesFile.model_fields]
     if parent[-1] == "condition":
         model = CONDITION_SPECS[_dig(data, parent)["kind"]]
+    elif parent[0] in TABLES:
+        model = TABLES[parent[0]]
     else:
         model = RuleSpec if parent[0] == "rule" else GrantSpec
     return [info.alias or name for name, info in model.model_fields.items()]
@@ -398,6 +427,8 @@ def _known_fields(parent: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
 def _owner_label(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
     """``rule "stall"``, ``grant "owner:ann"``, ``rule #2`` when it has no usable id,
     or ``top level``."""
+    if loc[0] in TABLES and len(loc) > 1:
+        return str(loc[0])
     if len(loc) < 2 or not isinstance(loc[1], int):
         return "top level"
     table = _dig(data, loc[:2])

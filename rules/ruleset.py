@@ -47,11 +47,14 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     """``subject`` may request ``actions`` on ``threads``.
 
     subject: ``owner:NAME``, ``rule:ID``, ``reviewer:NAME`` or ``*`` (anyone).
+    builtin: the local owner's default grant (``rules.owner``), not one from a file;
+    it allows the same as any grant, and ``rules show`` says where it came from.
     """
 
     subject: str
     actions: frozenset[str]
     threads: str | tuple[str, ...] = ANY
+    builtin: bool = False
 
     def allows(self, subject: str, action: str, thread_id: str) -> bool:
         return (
@@ -142,11 +145,20 @@ def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant]) -> str:
     canonical = {
         "rules": sorted((msgspec.to_builtins(r) for r in rules), key=lambda r: r["id"]),
         "grants": sorted(
-            (msgspec.to_builtins(g) | {"actions": sorted(g.actions)} for g in grants),
+            (_canonical_grant(g) for g in grants),
             key=lambda g: msgspec.json.encode(g, order="sorted"),
         ),
     }
     return "sha256:" + hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
+
+
+def _canonical_grant(grant: Grant) -> dict:
+    """A file grant encodes as it did before built-in grants existed (its digest stays);
+    the built-in one says so, so an identical file grant beside it still counts."""
+    data = msgspec.to_builtins(grant) | {"actions": sorted(grant.actions)}
+    if not grant.builtin:
+        del data["builtin"]
+    return data
 
 
 def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant]) -> RuleSet:

@@ -10,6 +10,7 @@ from controller.cli import main
 from ledger.events import Envelope, TurnStarted
 from ledger.intent_states import State
 from ledger.sqlite import SQLiteRecorder
+from rules.owner import local_login
 
 
 @pytest.fixture
@@ -39,6 +40,18 @@ def test_propose_resolves_active_turn_and_prints_the_contract_fields(ledger):
         assert key in data
     assert data["effect_deadline"] is None  # no check, no effect deadline
     assert data["client_user_message_id"] == f"tillerman-{data['id']}"
+
+
+@pytest.mark.parametrize("user", ["someone-else", None])
+def test_the_default_owner_is_the_login_name_not_user(ledger, monkeypatch, user):
+    if user is None:
+        monkeypatch.delenv("USER", raising=False)  # as in many containers and services
+    else:
+        monkeypatch.setenv("USER", user)
+    data = propose("--expected-turn", "active", "--mode", "steer")
+    assert data["owner"] == local_login()
+    with SQLiteRecorder(ledger) as rec:
+        assert lib.intent_view(rec, data["id"]).intent.producer == f"owner:{local_login()}"
 
 
 def test_effect_deadline_defaults_when_a_check_is_set(ledger):

@@ -162,3 +162,51 @@ def test_rules_past_review_are_reported_once(tmp_path, caplog):
                                                                       "kind": "rule_review"}
     assert report.finding.startswith("rule repeated-failure v1 expired on 2021-01-01")
     assert caplog.text.count("expired on 2021-01-01") == 2  # one log line per daemon start
+
+
+def test_without_config_the_default_file_is_watched_even_before_it_exists(tmp_path):
+    """``tillerman run`` without ``--config`` reads the default file if it exists; the
+    reloader follows that same file: created, broken, removed."""
+    default = tmp_path / "config" / "tillerman" / "config.toml"  # $XDG_CONFIG_HOME is tmp_path/config
+    start = load_effective(None, None)
+    reloader = RuleReloader(None, None, start)
+    with SQLiteRecorder(":memory:") as recorder:
+        recorder.append(reloader.poll(1.0).envelopes)
+        assert [(e.reason, e.config_path) for e in kinds(recorder, "ruleset_loaded")] == [("start", None)]
+        assert reloader.poll(2.0).effective is None  # nothing changed
+
+        default.parent.mkdir(parents=True)
+        default.write_text("[defaults]\nowner_grant = false\n")
+        outcome = reloader.poll(3.0)
+        recorder.append(outcome.envelopes)
+        assert outcome.effective is not None and outcome.effective.ruleset.grants == ()
+        loaded = kinds(recorder, "ruleset_loaded")[-1]
+        assert (loaded.reason, loaded.config_path, loaded.digest, loaded.previous_digest) == (
+            "reload", str(default), outcome.effective.ruleset.digest, start.ruleset.digest)
+
+        default.write_text("[defaults]\nowner_grant = 'no'\n")
+        outcome = reloader.poll(4.0)
+        recorder.append(outcome.envelopes)
+        (rejected,) = kinds(recorder, "ruleset_rejected")
+        assert outcome.effective is None and rejected.config_path == str(default)
+        assert rejected.error.startswith(f"{default}:2: defaults field owner_grant: must be true or false")
+
+        default.unlink()  # back to no file: the owner's built-in grant again
+        outcome = reloader.poll(5.0)
+        assert outcome.effective is not None and outcome.effective.ruleset == start.ruleset
+        recorder.append(outcome.envelopes)
+        assert kinds(recorder, "ruleset_loaded")[-1].config_path is None
+
+
+def test_an_explicit_config_is_the_one_watched_not_the_default(tmp_path):
+    default = tmp_path / "config" / "tillerman" / "config.toml"
+    mine = tmp_path / "mine.toml"
+    mine.write_text(CONFIG)
+    reloader = RuleReloader(None, mine, load_effective(None, mine))
+    reloader.poll(1.0)
+    default.parent.mkdir(parents=True)
+    default.write_text("[defaults]\nowner_grant = false\n")
+    assert reloader.poll(2.0).effective is None
+    mine.unlink()
+    outcome = reloader.poll(3.0)  # an explicit file that goes away is an error, not "no file"
+    assert outcome.effective is None and "mine.toml: cannot read it" in outcome.envelopes[0].event.error

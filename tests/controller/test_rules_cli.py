@@ -13,11 +13,12 @@ from controller.cli import main
 from ledger import events as ev
 from ledger.sqlite import SQLiteRecorder
 from rules.config import load_effective
-from rules.files import default_ruleset, load_rules
+from rules.files import load_rules
+from rules.owner import local_login
 
 ROOT = Path(__file__).resolve().parents[2]
 DIS = ROOT / "fixtures" / "disagreement"
-DEFAULT_DIGEST = default_ruleset().digest
+NO_OWNER_GRANT = "\n[defaults]\nowner_grant = false\n"
 
 PROPOSAL = """\
 [[rule]]
@@ -59,7 +60,20 @@ def test_validate_a_config_file(here):
     (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n'
                                       "[patterns]\ncritical = ['deploy']\n")
     assert run("validate", "config.toml") == (
-        0, "config.toml: valid config file: 1 grants, patterns 1 critical, 7 external\n", "")
+        0, "config.toml: valid config file: 1 grants, built-in owner grant on, patterns 1 critical, 7 external\n", "")
+    (here / "config.toml").write_text(NO_OWNER_GRANT)
+    assert run("validate", "config.toml") == (
+        0, "config.toml: valid config file: 0 grants, built-in owner grant off, patterns 7 critical, 7 external\n", "")
+    code, out, _ = run("validate", "config.toml", "--json")
+    assert json.loads(out) == {"file": "config.toml", "valid": True, "kind": "config", "grants": 0,
+                               "owner_grant": False, "patterns": {"critical": 7, "external": 7}}
+
+
+def test_validate_a_wrong_type_under_defaults(here):
+    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n'
+                                      "[defaults]\nowner_grant = 'off'\n")
+    assert run("validate", "config.toml") == (2, "", 'Error: config.toml:6: defaults field owner_grant: must be true '
+                                                     'or false (got "off"); write it like owner_grant = false\n')
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -87,7 +101,7 @@ def test_show_the_effective_set(here):
     (here / "rules.toml").write_text(PROPOSAL.replace('"proposed"', '"shadow"').replace("2027-06-01", "2026-01-01")
                                      + "expires = 2027-01-01\n")
     (here / "config.toml").write_text('[[grant]]\nsubject = "rule:quiet-steer"\nactions = ["steer"]\n\n'
-                                      "[patterns]\ncritical = ['\\bdeploy\\b']\nexternal = []\n")
+                                      "[patterns]\ncritical = ['\\bdeploy\\b']\nexternal = []\n" + NO_OWNER_GRANT)
     code, out, err = run("show", "--rules", "rules.toml", "--config", "config.toml", "--now", "2026-06-01T00:00:00Z")
     digest = json.loads(run("show", "--rules", "rules.toml", "--config", "config.toml", "--json")[1])["digest"]
     assert (code, err) == (0, "")
@@ -98,7 +112,7 @@ def test_show_the_effective_set(here):
         "ID           VERSION  STATUS  ACTION  CONDITION                            OWNER          REVIEW_BY   EXPIRES     WARNING",
         "quiet-steer  1        shadow  steer   { kind = \"turn_quiet\", for = \"5m\" }  platform-team  2026-01-01  2027-01-01  review_overdue 2026-01-01",
     ]
-    assert lines[5:9] == ["SUBJECT           ACTIONS  THREADS", "rule:quiet-steer  steer    *", "",
+    assert lines[5:9] == ["SUBJECT           ACTIONS  THREADS  SOURCE", "rule:quiet-steer  steer    *        config", "",
                           lines[8]]
     assert lines[8].startswith("patterns (config, sha256:") and lines[9:] == ["  critical  \\bdeploy\\b"]
     code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml", "--now", "2027-02-01T00:00:00Z",
@@ -106,16 +120,93 @@ def test_show_the_effective_set(here):
     data = json.loads(out)
     assert data["rules"][0]["warning"] == "expired 2027-01-01"
     assert data["patterns"]["critical"] == ["\\bdeploy\\b"] and data["patterns"]["external"] == []
-    assert data["grants"] == [{"subject": "rule:quiet-steer", "actions": ["steer"], "threads": "*"}]
+    assert data["grants"] == [{"subject": "rule:quiet-steer", "actions": ["steer"], "threads": "*", "source": "config"}]
+    assert (data["config_path"], data["config_source"]) == ("config.toml", "option")
+
+
+BUILTIN_GRANT = {"subject": f"owner:{local_login()}", "actions": ["queue", "steer"], "threads": "*",
+                 "source": "built-in"}
 
 
 def test_show_defaults(here):
     code, out, _ = run("show", "--json")
     data = json.loads(out)
-    assert code == 0 and data["digest"] == DEFAULT_DIGEST and data["grants"] == []
+    assert code == 0 and data["digest"] == load_effective(None, None).ruleset.digest
+    assert data["grants"] == [BUILTIN_GRANT]
+    default = here / "config" / "tillerman" / "config.toml"  # $XDG_CONFIG_HOME, set for every test
+    assert (data["config_path"], data["config_source"], data["default_config_path"]) == (None, "none", str(default))
     assert [r["id"] for r in data["rules"]] == ["approval-wait", "overdue-intent", "quiet-critical-tool",
                                                "repeated-failure", "stall"]
     assert data["patterns"]["source"] == "built-in" and len(data["patterns"]["critical"]) == 7
+
+
+def test_show_without_a_config_file_marks_the_builtin_grant(here):
+    code, out, _ = run("show")
+    lines = out.splitlines()
+    default = here / "config" / "tillerman" / "config.toml"
+    assert code == 0 and lines[1] == f"rules: built-in defaults; config: none ({default} does not exist)"
+    at = next(i for i, line in enumerate(lines) if line.startswith("SUBJECT"))
+    assert lines[at].split() == ["SUBJECT", "ACTIONS", "THREADS", "SOURCE"]
+    assert lines[at + 1].split() == [f"owner:{local_login()}", "queue,steer", "*", "built-in"]
+    assert lines[at + 2] == ("(built-in: the local owner may steer and queue anywhere;"
+                             " [defaults] owner_grant = false removes it)")
+
+
+def test_show_reads_the_default_config_file(here):
+    default = here / "config" / "tillerman" / "config.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text('[[grant]]\nsubject = "rule:stall"\nactions = ["queue"]\n')
+    code, out, _ = run("show", "--json")
+    data = json.loads(out)
+    assert code == 0 and (data["config_path"], data["config_source"]) == (str(default), "default")
+    assert data["grants"] == [BUILTIN_GRANT, {"subject": "rule:stall", "actions": ["queue"], "threads": "*",
+                                              "source": "config"}]
+    assert data["digest"] == load_effective(None, default).ruleset.digest != load_effective(None, None).ruleset.digest
+    assert run("show")[1].splitlines()[1] == f"rules: built-in defaults; config: {default} (the default file)"
+
+
+def test_owner_grant_false_in_the_default_file_leaves_no_grants(here):
+    default = here / "config" / "tillerman" / "config.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text(NO_OWNER_GRANT)
+    code, out, _ = run("show", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["grants"] == [] and data["config_source"] == "default"
+    assert data["digest"] != load_effective(None, None).ruleset.digest  # authority changed, so did the digest
+    assert "no grants: nothing may be dispatched" in run("show")[1]
+
+
+def test_an_explicit_config_wins_over_the_default_file(here):
+    default = here / "config" / "tillerman" / "config.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text("this is not TOML\n")
+    (here / "mine.toml").write_text(NO_OWNER_GRANT)
+    code, out, _ = run("show", "--config", "mine.toml", "--json")
+    assert code == 0 and json.loads(out)["config_path"] == "mine.toml"
+
+
+def test_an_explicit_config_that_does_not_exist_is_an_error(here):
+    code, _, err = run("show", "--config", "missing.toml")
+    assert code == 2 and "missing.toml" in err and "does not exist" in err
+
+
+@pytest.mark.parametrize("command", [
+    ["rules", "show"],
+    ["rules", "diff", "--against", str(DIS / "candidate.toml"), str(DIS)],
+    ["replay", str(DIS)],
+    # a ledger that cannot be opened: were the config not read, run would fail there, not run on
+    ["run", "--watch", ".", "--ledger", "not-a-directory/ledger.sqlite3"],
+])
+def test_every_command_with_config_reads_the_default_file(here, command):
+    """An invalid default file stops each command with its file:line, before anything runs."""
+    (here / "not-a-directory").write_text("")
+    default = here / "config" / "tillerman" / "config.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text("# tillerman\n[defaults]\nowner_grant = 1\n")
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 2
+    assert result.stderr == (f"Error: {default}:3: defaults field owner_grant: must be true or false (got 1); "
+                             "write it like owner_grant = false\n")
 
 
 def test_diff_finds_the_false_intervention_and_the_catch(here):
@@ -227,3 +318,9 @@ def test_a_promotion_that_would_break_the_rule_file_writes_and_records_nothing(h
     assert (here / "rules.toml").read_text() == '[[rule]]\nid = "x"\n'
     assert sorted(p.name for p in here.iterdir() if p.name.startswith(".")) == []
     assert json.loads(run("proposals", "--json")[1])[0]["status"] == "shadow"
+
+
+def test_propose_by_defaults_to_the_login_name_not_user(here, monkeypatch):
+    monkeypatch.delenv("USER", raising=False)
+    code, out, _ = run("propose", "proposal.toml", "--json")
+    assert code == 0 and json.loads(out)["proposed_by"] == local_login()

@@ -21,7 +21,7 @@ from ledger import projections
 from ledger.events import Entry
 from ledger.projections import IntentView, Projection
 from ledger.sqlite import SQLiteRecorder
-from rules.files import load_ruleset
+from rules.config import load_effective
 from rules.ruleset import RuleSet
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ def ruleset_from(tmp_path: Path, rules: str, grants: str) -> RuleSet:
     rules_path, config_path = tmp_path / "rules.toml", tmp_path / "config.toml"
     rules_path.write_text(rules)
     config_path.write_text(grants)
-    return load_ruleset(rules_path, config_path)
+    return load_effective(rules_path, config_path).ruleset
 
 
 async def wait_until(predicate: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.02) -> T:

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from rules.decision import Action
-from rules.files import RuleSetError, default_ruleset, load_rules, load_ruleset, parse_duration
-from rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQuiet
+from rules.config import load_effective
+from rules.files import RuleSetError, default_ruleset, load_rules, parse_duration
+from rules.owner import owner_grant
+from rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQuiet, build_ruleset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,14 +76,14 @@ def rules_error(tmp_path: Path, text: str) -> str:
     """The message for a rules file, with its path shortened to ``rules.toml``."""
     path = write(tmp_path, "rules.toml", text)
     with pytest.raises(RuleSetError) as caught:
-        load_ruleset(path, None)
+        load_effective(path, None)
     return str(caught.value).replace(str(path), "rules.toml")
 
 
 def config_error(tmp_path: Path, text: str) -> str:
     path = write(tmp_path, "config.toml", text)
     with pytest.raises(RuleSetError) as caught:
-        load_ruleset(None, path)
+        load_effective(None, path)
     return str(caught.value).replace(str(path), "config.toml")
 
 
@@ -89,7 +91,7 @@ def config_error(tmp_path: Path, text: str) -> str:
 
 
 def test_rules_file_loads_into_frozen_rules(tmp_path: Path) -> None:
-    ruleset = load_ruleset(write(tmp_path, "rules.toml", STALL + "\n" + REPEATED_FAILURE), None)
+    ruleset = load_effective(write(tmp_path, "rules.toml", STALL + "\n" + REPEATED_FAILURE), None).ruleset
     assert ruleset.rules == (
         Rule(
             id="stall",
@@ -114,12 +116,13 @@ def test_rules_file_loads_into_frozen_rules(tmp_path: Path) -> None:
             ack_deadline=120.0,
         ),
     )
-    assert ruleset.grants == ()
+    assert ruleset.grants == (owner_grant(),)  # no config file: the owner's built-in grant only
 
 
 def test_config_file_loads_grants_and_leaves_other_sections_alone(tmp_path: Path) -> None:
-    ruleset = load_ruleset(None, write(tmp_path, "config.toml", GRANTS))
+    ruleset = load_effective(None, write(tmp_path, "config.toml", GRANTS)).ruleset
     assert ruleset.grants == (
+        owner_grant(),
         Grant(subject="rule:repeated-failure", actions=frozenset({"steer"}), threads="*"),
         Grant(subject="owner:ann", actions=frozenset({"interrupt", "interrupt_critical"}), threads=("t1",)),
     )
@@ -128,10 +131,10 @@ def test_config_file_loads_grants_and_leaves_other_sections_alone(tmp_path: Path
     assert not ruleset.allows("owner:ann", "steer", "t1")
 
 
-def test_no_files_give_the_builtin_rules_and_no_grants() -> None:
-    ruleset = load_ruleset(None, None)
-    assert ruleset == default_ruleset()
-    assert ruleset.grants == ()
+def test_no_files_give_the_builtin_rules_and_only_the_owner_grant() -> None:
+    ruleset = load_effective(None, None).ruleset
+    assert ruleset.rules == default_ruleset().rules
+    assert ruleset.grants == (owner_grant(),)
     assert [rule.id for rule in ruleset.rules] == [
         "stall", "repeated-failure", "approval-wait", "overdue-intent", "quiet-critical-tool",
     ]
@@ -148,8 +151,38 @@ def test_builtin_defaults_ship_as_package_data() -> None:
     assert 'rules = ["*.toml"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 
 
-def test_an_empty_rules_file_is_an_empty_rule_set(tmp_path: Path) -> None:
-    assert load_ruleset(write(tmp_path, "rules.toml", "# nothing yet\n"), None) == EMPTY
+def test_an_empty_rules_file_without_the_owner_grant_is_an_empty_rule_set(tmp_path: Path) -> None:
+    rules, config = write(tmp_path, "rules.toml", "# nothing yet\n"), write(tmp_path, "config.toml", NO_OWNER_GRANT)
+    assert load_effective(rules, config).ruleset == EMPTY
+
+
+# -- the owner's built-in grant and [defaults] -------------------------------------------
+
+NO_OWNER_GRANT = "[defaults]\nowner_grant = false\n"
+
+
+def test_the_builtin_grant_lets_the_local_owner_steer_and_queue_anywhere_and_nothing_else() -> None:
+    ruleset = load_effective(None, None).ruleset
+    owner = owner_grant().subject
+    assert owner.startswith("owner:") and owner_grant().builtin
+    for thread in ("t1", "019a-any-thread"):
+        assert ruleset.allows(owner, "steer", thread) and ruleset.allows(owner, "queue", thread)
+        assert not ruleset.allows(owner, "interrupt", thread)
+        assert not ruleset.allows(owner, "interrupt_critical", thread)
+        for other in ("owner:someone-else", "rule:repeated-failure", "rule:stall", "reviewer:rex"):
+            assert not any(ruleset.allows(other, action, thread) for action in ("steer", "queue", "interrupt"))
+
+
+def test_owner_grant_false_removes_the_builtin_grant_and_keeps_the_files(tmp_path: Path) -> None:
+    ruleset = load_effective(None, write(tmp_path, "config.toml", GRANTS + "\n" + NO_OWNER_GRANT)).ruleset
+    assert [grant.subject for grant in ruleset.grants] == ["rule:repeated-failure", "owner:ann"]
+    assert not ruleset.allows(owner_grant().subject, "steer", "t1")
+    assert load_effective(None, write(tmp_path, "only.toml", NO_OWNER_GRANT)).ruleset.grants == ()
+
+
+def test_owner_grant_true_is_the_same_as_leaving_it_out(tmp_path: Path) -> None:
+    explicit = load_effective(None, write(tmp_path, "config.toml", GRANTS + "\n[defaults]\nowner_grant = true\n"))
+    assert explicit.ruleset == load_effective(None, write(tmp_path, "plain.toml", GRANTS)).ruleset
 
 
 # -- rules file errors: file, line, rule, field, and what to write -----------------------
@@ -319,14 +352,14 @@ def test_toml_syntax_error_keeps_its_line(tmp_path: Path) -> None:
 def test_unreadable_rules_file(tmp_path: Path) -> None:
     path = tmp_path / "missing.toml"
     with pytest.raises(RuleSetError, match=r"missing\.toml: cannot read it \(No such file or directory\); check the path"):
-        load_ruleset(path, None)
+        load_effective(path, None)
 
 
 def test_rules_file_that_is_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "rules.toml"
     path.write_bytes(b'# caf\xe9\n')
     with pytest.raises(RuleSetError) as caught:
-        load_ruleset(path, None)
+        load_effective(path, None)
     assert str(caught.value) == f"{path}: not UTF-8 text (invalid continuation byte at byte 5); save it as UTF-8"
 
 
@@ -380,6 +413,32 @@ def test_rules_file_that_is_not_utf8(tmp_path: Path) -> None:
             "config.toml:1: top level field grant: must be [[grant]] tables",
             id="grant not a table array",
         ),
+        pytest.param(
+            '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n[defaults]\nowner_grant = "no"\n',
+            'config.toml:6: defaults field owner_grant: must be true or false (got "no"); write it like owner_grant = false',
+            id="owner_grant not a boolean",
+        ),
+        pytest.param(
+            '[defaults]\nowner_grant = "false"\n',
+            'config.toml:2: defaults field owner_grant: must be true or false (got "false"); '
+            "write it like owner_grant = false",
+            id="owner_grant a string that reads like a boolean",
+        ),
+        pytest.param(
+            '# mine\n[defaults]\nowner_grant = 0\n',
+            "config.toml:3: defaults field owner_grant: must be true or false (got 0); write it like owner_grant = false",
+            id="owner_grant a number",
+        ),
+        pytest.param(
+            '[defaults]\nowner_grant = false\nowner_grants = false\n',
+            "config.toml:3: defaults field owner_grants: unknown field; expected one of owner_grant",
+            id="unknown key under defaults",
+        ),
+        pytest.param(
+            "defaults = false\n",
+            "config.toml:1: top level field defaults: must be a table, written [defaults] followed by its keys",
+            id="defaults not a table",
+        ),
     ],
 )
 def test_config_error(tmp_path: Path, text: str, message: str) -> None:
@@ -404,7 +463,7 @@ def test_invalid_duration(text: object) -> None:
 
 
 def digest_of(tmp_path: Path, rules: str, config: str = GRANTS) -> str:
-    return load_ruleset(write(tmp_path, "rules.toml", rules), write(tmp_path, "config.toml", config)).digest
+    return load_effective(write(tmp_path, "rules.toml", rules), write(tmp_path, "config.toml", config)).ruleset.digest
 
 
 def test_digest_ignores_layout_comments_and_order(tmp_path: Path) -> None:
@@ -439,12 +498,31 @@ def test_digest_changes_with_any_grant_change(tmp_path: Path, old: str, new: str
     assert digest_of(tmp_path, STALL, GRANTS.replace(old, new)) != digest_of(tmp_path, STALL)
 
 
+def test_digest_changes_when_the_owner_grant_is_turned_off(tmp_path: Path) -> None:
+    assert digest_of(tmp_path, STALL, GRANTS + "\n" + NO_OWNER_GRANT) != digest_of(tmp_path, STALL)
+
+
+def test_a_file_grant_like_the_builtin_one_still_counts_in_the_digest(tmp_path: Path) -> None:
+    grant = owner_grant()
+    same = f'[[grant]]\nsubject = "{grant.subject}"\nactions = ["steer", "queue"]\nthreads = "*"\n'
+    assert digest_of(tmp_path, STALL, same) != digest_of(tmp_path, STALL, "")
+    assert digest_of(tmp_path, STALL, same + NO_OWNER_GRANT) != digest_of(tmp_path, STALL, "")
+
+
+def test_file_grants_keep_the_digest_they_had_before_builtin_grants() -> None:
+    """A ruleset's digest is on record in every ledger: an unchanged file must keep it."""
+    grant = Grant(subject="owner:ann", actions=frozenset({"steer", "queue"}), threads=("t1",))
+    assert build_ruleset((), (grant,)).digest == (
+        "sha256:444d722a67180dd0f9406934eefd47f40aecc32c695c86cf869a84c6f6327543")
+    assert default_ruleset().digest == "sha256:71a7bcfcfcbb4fe12f9065e1f37cb777c55742c1af6b0e0f8e98447853c31620"
+
+
 def test_digest_is_the_same_in_another_process(tmp_path: Path) -> None:
     """Grant action sets are frozensets, whose order changes with the hash seed."""
     rules, config = write(tmp_path, "rules.toml", STALL), write(tmp_path, "config.toml", GRANTS)
     program = (
-        "import sys; from pathlib import Path; from rules.files import load_ruleset; "
-        "print(load_ruleset(Path(sys.argv[1]), Path(sys.argv[2])).digest)"
+        "import sys; from pathlib import Path; from rules.config import load_effective; "
+        "print(load_effective(Path(sys.argv[1]), Path(sys.argv[2])).ruleset.digest)"
     )
     digests = {
         subprocess.run(
@@ -453,7 +531,7 @@ def test_digest_is_the_same_in_another_process(tmp_path: Path) -> None:
         ).stdout.strip()
         for seed in ("1", "2", "3")
     }
-    assert digests == {load_ruleset(rules, config).digest}
+    assert digests == {load_effective(rules, config).ruleset.digest}
 
 
 def test_a_rule_may_name_its_readback() -> None:

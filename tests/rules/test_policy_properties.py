@@ -24,6 +24,8 @@ from ledger.snapshot import TURN_STATES, ThreadSnapshot
 from rules import policy
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.policy import ENDED_TURN_STATES, decide, producing_rule
+from rules.files import NO_CONFIG, load_config
+from rules.owner import owner_grant
 from tests.rules.test_policy_table import CASES, case_inputs
 from rules.ruleset import (
     ANY,
@@ -100,7 +102,7 @@ grants = st.builds(
     subject=st.sampled_from((*SUBJECTS, ANY)),
     actions=st.frozensets(st.sampled_from(GRANTABLE_ACTIONS), min_size=1),
     threads=st.sampled_from(THREADS + (ANY,)) | st.lists(st.sampled_from(THREADS), max_size=2).map(tuple),
-)
+) | st.just(owner_grant("ann"))  # the built-in grant, as if Ann ran tillerman
 rules = st.builds(
     Rule,
     id=st.sampled_from(RULE_IDS),
@@ -367,3 +369,44 @@ def test_invariant_catches_a_broken_decide(invariant, breakage, monkeypatch: pyt
 
     with pytest.raises(AssertionError):
         check()
+
+
+# -- the owner's built-in grant (no config file, or [defaults] owner_grant = false) ----------
+
+OWNER = owner_grant().subject  # owner:<login of whoever runs the tests>
+OWNER_GRANT_OFF = load_config("[defaults]\nowner_grant = false\n", "config.toml")
+
+
+@st.composite
+def clean_dispatch(draw: st.DrawFn) -> tuple[Intent, ThreadSnapshot, float, tuple[Rule, ...]]:
+    """An intent that nothing but authority stands in the way of: its turn active, no
+    hazard, not expired, its producing rule (if any) active at its version."""
+    now = draw(small_times)
+    thread, turn = draw(st.sampled_from(THREADS)), draw(st.sampled_from(TURNS))
+    mode = draw(st.sampled_from(MODES))
+    producer = draw(st.sampled_from((OWNER, "owner:someone-else", "reviewer:rex", *(f"rule:{r}" for r in RULE_IDS))))
+    version = draw(st.integers(1, 3))
+    intent = Intent(id="in-1", thread_id=thread, mode=mode, text="Stop; read src/rules first.", text_digest="sha256:0",
+                    created_at=0.0, ack_deadline=now + 60, expires_at=now + 100, expected_turn_id=turn,
+                    owner=OWNER.removeprefix("owner:"), producer=producer,
+                    rule_version=version if producer.startswith("rule:") else None, force=draw(st.booleans()))
+    snapshot = ThreadSnapshot(thread_id=thread, known=True, steerable=True, active_turn_id=turn,
+                              turn_states={turn: "active"})
+    active = tuple(replace(draw(rules), id=rule_id, version=version, status="active", expires=None)
+                   for rule_id in RULE_IDS)
+    return intent, snapshot, now, active
+
+
+@settings(max_examples=500, deadline=None)
+@given(clean_dispatch(), st.booleans())
+def test_the_builtin_grant_lets_only_the_owner_steer_and_queue(inputs, owner_grant_on) -> None:
+    """With no config the owner's steer and queue go out; the owner's interrupt, and
+    anything a rule or a reviewer produced, is refused no_grant; with owner_grant =
+    false everything is."""
+    intent, snapshot, now, active_rules = inputs
+    config = NO_CONFIG if owner_grant_on else OWNER_GRANT_OFF
+    decision = decide(intent, State.PROPOSED, snapshot, now, build_ruleset(active_rules, config.grants()))
+    if owner_grant_on and intent.producer == OWNER and intent.mode in ("steer", "queue"):
+        assert (decision.action, decision.reason) == (Action(intent.mode), "authorized")
+    else:
+        assert (decision.action, decision.reason) == (Action.ESCALATE, "no_grant")
