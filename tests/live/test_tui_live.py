@@ -130,7 +130,7 @@ async def tui_session(tmux: str, codex_home: Path, tmp_path: Path):
                 yield s, tui, workspace
 
 
-async def test_tui_turn_takes_one_steer_shows_it_and_keeps_its_originator(tui_session, scripted_model) -> None:
+async def test_tui_thread_takes_one_steer_no_stale_one_and_its_approval_from_the_person(tui_session, scripted_model) -> None:
     s, tui, workspace = tui_session
     thread = await tui_thread(s)
     assert thread["originator"] == "codex-tui"  # though tillerman initialized first
@@ -145,12 +145,12 @@ async def test_tui_turn_takes_one_steer_shows_it_and_keeps_its_originator(tui_se
     assert steer.expected_turn_id == turn
     done = await s.wait_state(steer.id, SETTLED)
     assert done.state == "acknowledged"
-    screen = await in_thread(tui.wait_for, "Steer from tillerman: also list the workspace zt1")
-    screen = await in_thread(tui.wait_for, f"ack {steer.id}")  # the model's answer to it, on screen too
+    await in_thread(tui.wait_for, "Steer from tillerman: also list the workspace zt1")  # the person sees it
+    screen = await in_thread(tui.wait_for, f"ack {steer.id}")  # and the model's answer to it
     await wait_until(lambda: turn_ended(s, turn), "the turn to end")
 
     assert len(with_client_id(await server_user_messages(s, thread_id, turn), steer.client_user_message_id)) == 1
-    assert model_copies(scripted_model, steer.id) and set(model_copies(scripted_model, steer.id)) == {1}
+    assert set(model_copies(scripted_model, steer.id)) == {1}  # in every later request, once
     assert [m["params"]["expectedTurnId"] for m in s.sent("turn/steer")] == [turn]  # sent once
     print("\n--- TUI after the steer ---\n" + screen.rstrip())
 
