@@ -72,6 +72,20 @@ def helper_path_dir(binary: Path) -> Path | None:
     return helpers if helpers.is_dir() else None
 
 
+def codex_environment(codex_home: Path, binary: Path, *, isolated_home: bool = True) -> dict[str, str]:
+    """The environment every Codex process of one CODEX_HOME runs with (server, TUI, daemon)."""
+    env = dict(os.environ, CODEX_HOME=str(codex_home))
+    if isolated_home:
+        # For tests and the demo, HOME is the CODEX_HOME too, so the agent's `bash -lc`
+        # sources no user dotfiles: a login shell that runs e.g. `pyenv init` and is
+        # terminated mid-rehash leaves a lock that stalls every later shell for a minute.
+        env["HOME"] = str(codex_home)
+    path_dir = helper_path_dir(binary)
+    if path_dir is not None:
+        env["PATH"] = f"{path_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
 class AppServerStartError(RuntimeError):
     pass
 
@@ -80,10 +94,11 @@ class AppServer:
     """One `codex app-server --listen unix://…` process on a given CODEX_HOME."""
 
     def __init__(self, codex_home: Path, socket_path: Path | None = None, *, binary: Path | None = None,
-                 isolated_home: bool = True):
+                 isolated_home: bool = True, cwd: Path | None = None):
         self.codex_home = codex_home
         # None: the tests' and the demo's binary ($TILLERMAN_CODEX_BIN, else the pinned package)
         self.binary = binary
+        self.cwd = cwd  # a client that sends no cwd (`codex --remote`) works here
         self.isolated_home = isolated_home
         self.socket_path = socket_path or codex_home / "app-server.sock"
         self.stderr_path = codex_home / "app-server.stderr.log"
@@ -94,6 +109,11 @@ class AppServer:
         return f"unix://{self.socket_path}"
 
     @property
+    def listen_url(self) -> str:
+        """What ``--listen`` gets; a subclass may name the socket differently (e.g. ``unix://``)."""
+        return self.url
+
+    @property
     def sessions_dir(self) -> Path:
         return self.codex_home / "sessions"
 
@@ -102,20 +122,13 @@ class AppServer:
         return sorted(self.sessions_dir.rglob("rollout-*.jsonl"))
 
     def start(self, timeout: float = 15.0) -> AppServer:
-        env = dict(os.environ, CODEX_HOME=str(self.codex_home))
-        if self.isolated_home:
-            # For tests and the demo, HOME is the CODEX_HOME too, so the agent's `bash -lc`
-            # sources no user dotfiles: a login shell that runs e.g. `pyenv init` and is
-            # terminated mid-rehash leaves a lock that stalls every later shell for a minute.
-            env["HOME"] = str(self.codex_home)
         self.binary = self.binary or find_codex_binary(search_path=False)
-        path_dir = helper_path_dir(self.binary)
-        if path_dir is not None:
-            env["PATH"] = f"{path_dir}{os.pathsep}{env.get('PATH', '')}"
+        env = codex_environment(self.codex_home, self.binary, isolated_home=self.isolated_home)
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(
-                [str(self.binary), "app-server", "--listen", self.url],
+                [str(self.binary), "app-server", "--listen", self.listen_url],
                 env=env,
+                cwd=self.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,

@@ -64,8 +64,8 @@ class Session:
     # -- the daemon -------------------------------------------------------------------
 
     async def start_daemon(self, ruleset: RuleSet, **options: Any) -> Daemon:
-        self.daemon = Daemon(self.recorder, ruleset, DaemonOptions(
-            url=self.server.url, trace=str(self.trace_path), request_timeout=5.0, **options))
+        options = {"url": self.server.url, "trace": str(self.trace_path), "request_timeout": 5.0, **options}
+        self.daemon = Daemon(self.recorder, ruleset, DaemonOptions(**options))
         await self._tg.start(self.daemon.run)
         await self.daemon.connected.wait()  # attached and read back: deliveries may go
         return self.daemon
@@ -86,18 +86,16 @@ class Session:
         return await wait_until(lambda: (v := self.intent(intent_id)).state in states and v,
                                 f"intent {intent_id} to reach one of {sorted(states)}", timeout, interval=0.01)
 
-    def sent(self, method: str | None = None) -> list[dict]:
-        """Every request the daemon sent (from its trace), optionally of one method."""
+    def traced(self, direction: str) -> list[dict]:
+        """Every message the daemon sent (``"out"``) or received (``"in"``), from its trace."""
         if not self.trace_path.exists():
             return []
-        out = []
-        for line in self.trace_path.read_text().splitlines():
-            record = json.loads(line)
-            msg = record.get("msg")
-            if record.get("dir") == "out" and isinstance(msg, dict) and "method" in msg:
-                if method is None or msg["method"] == method:
-                    out.append(msg)
-        return out
+        records = (json.loads(line) for line in self.trace_path.read_text().splitlines())
+        return [r["msg"] for r in records if r.get("dir") == direction and isinstance(r.get("msg"), dict)]
+
+    def sent(self, method: str | None = None) -> list[dict]:
+        """Every request the daemon sent (from its trace), optionally of one method."""
+        return [m for m in self.traced("out") if "method" in m and (method is None or m["method"] == method)]
 
     # -- the harness ------------------------------------------------------------------
 
@@ -126,6 +124,25 @@ class Session:
         return any(getattr(e, "item_type", None) == "commandExecution" and e.turn_id == turn_id
                    and e.thread_id == thread_id and type(e).__name__ == "ItemStarted"
                    for e in (x.envelope.event for x in self.entries()))
+
+
+@asynccontextmanager
+async def daemon_first(server: AppServer, tmp_path: Path, ruleset: RuleSet, **options: Any) -> AsyncIterator[Session]:
+    """The daemon connects (and initializes) before anyone else, as when it already runs
+    when a person opens the Codex TUI; then a client that only reads and watches (the
+    session's ``harness``; it answers nothing unless a test makes it)."""
+    async with anyio.create_task_group() as tg:
+        s = Session(server, None, EventLog(), tmp_path)  # the observer connects below
+        s._tg = tg
+        try:
+            await s.start_daemon(ruleset, **options)
+            async with watched_connection(options.get("url", server.url), client_name="observer",
+                                          client_class=HarnessClient) as (observer, log):
+                s.harness, s.log = observer, log
+                yield s
+        finally:
+            tg.cancel_scope.cancel()
+    s.recorder.close()
 
 
 @asynccontextmanager
