@@ -23,26 +23,37 @@ from controller import intents
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, ManagedDaemon, TmuxUnavailable, Tui, default_socket, ensure_tmux, git_workspace
-from ledger.events import ApprovalRequested, ApprovalResolved, DecisionRecorded, IntentProposed, Report, TurnCompleted
-from tests.live.daemon_support import SETTLED, Session, daemon_first, ruleset_from, wait_until
+from controller.cli import load_rules_or_fail
+from ledger.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    DecisionRecorded,
+    IntentProposed,
+    Report,
+    ThreadStarted,
+    TurnCompleted,
+)
+from monitor.codex_home import resolve_target
+from rules.owner import local_login
+from tests.live.daemon_support import SETTLED, Session, daemon_first, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-OWNER = "ann"
-# Anyone may steer or queue: the test does not depend on a built-in owner grant.
-STEER_GRANT = """\
-[[grant]]
-subject = "*"
-actions = ["steer", "queue"]
-threads = "*"
-"""
+OWNER = local_login()  # no configuration: the built-in grant lets the local owner steer
 
 
-def tillerman_attach(codex_home: Path) -> dict[str, str]:
-    """How tillerman reaches the server the TUI uses: its default control socket, under
-    the TUI's own client name, so that initializing first does not brand the TUI's threads."""
-    # switch to no --codex once run attaches to the default socket
-    return {"url": f"unix://{default_socket(codex_home)}", "client_name": "codex-tui"}
+def tillerman_attach(codex_home: Path) -> dict:
+    """What a bare ``tillerman run`` (no --codex, no --client-name) attaches to with this
+    CODEX_HOME: Codex's default control socket, under the TUI's own client name, so that
+    initializing first does not brand the TUI's threads."""
+    target = resolve_target(None, None, {"CODEX_HOME": str(codex_home)})
+    assert target.url == f"unix://{default_socket(codex_home)}"
+    return {"url": target.url, "client_name": target.client_name, "default_socket": target.default_socket}
+
+
+def no_config_ruleset():
+    """The rule set ``tillerman run`` runs with when no config file exists."""
+    return load_rules_or_fail(None, None).ruleset
 
 
 @pytest.fixture
@@ -123,8 +134,7 @@ async def tui_session(tmux: str, codex_home: Path, tmp_path: Path):
     """tillerman first, then the TUI on ``codex app-server --listen unix://``."""
     workspace = git_workspace(codex_home / "ws")
     with DefaultSocketServer(codex_home, workspace) as server:
-        ruleset = ruleset_from(tmp_path, "", STEER_GRANT)
-        async with daemon_first(server, tmp_path, ruleset, **tillerman_attach(codex_home)) as s:
+        async with daemon_first(server, tmp_path, no_config_ruleset(), **tillerman_attach(codex_home)) as s:
             with Tui(codex_home, workspace) as tui:
                 await in_thread(tui.wait_ready)
                 yield s, tui, workspace
@@ -134,6 +144,7 @@ async def test_tui_thread_takes_one_steer_no_stale_one_and_its_approval_from_the
     s, tui, workspace = tui_session
     thread = await tui_thread(s)
     assert thread["originator"] == "codex-tui"  # though tillerman initialized first
+    assert s.daemon.link.originator == "codex-tui" and s.daemon.link.first_initializer is None  # status says so
     thread_id = thread["id"]
 
     # The person asks for a long command; tillerman steers the running turn.
@@ -196,10 +207,6 @@ async def test_tui_thread_takes_one_steer_no_stale_one_and_its_approval_from_the
     assert_nothing_decided_for(s, titles)
 
 
-# enabled once ephemeral threads are skipped: then this passes, and strict=True makes the
-# unexpected pass fail until the mark is removed.
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="tillerman still subscribes (thread/resume) to the TUI's title-generation threads")
 async def test_tui_title_generation_threads_are_not_supervised(tui_session) -> None:
     s, tui, _ = tui_session
     thread_id = (await tui_thread(s))["id"]
@@ -210,6 +217,8 @@ async def test_tui_title_generation_threads_are_not_supervised(tui_session) -> N
     titles = await title_threads(s)
     assert titles
     assert_not_supervised(s, titles)
+    recorded = {e.thread_id: e for e in s.events(ThreadStarted) if e.thread_id in titles}
+    assert set(recorded) == set(titles) and all(e.ephemeral for e in recorded.values())  # recorded, as such
 
 
 # -- the TUI on Codex's managed daemon (plain `codex`) -------------------------------
@@ -220,10 +229,9 @@ async def test_tui_on_the_managed_daemon_takes_one_steer(tmux: str, codex_home: 
     """``codex app-server daemon start``, tillerman on its socket, then plain ``codex``,
     which finds the daemon by itself (and asks to trust the git working directory)."""
     workspace = git_workspace(codex_home / "ws")
-    ruleset = ruleset_from(tmp_path, "", STEER_GRANT)
     with ManagedDaemon(codex_home) as daemon:
         assert json.loads(daemon.started)["status"] == "started"
-        async with daemon_first(daemon, tmp_path, ruleset, **tillerman_attach(codex_home)) as s:
+        async with daemon_first(daemon, tmp_path, no_config_ruleset(), **tillerman_attach(codex_home)) as s:
             with Tui(codex_home, workspace, args="") as tui:
                 await in_thread(tui.wait_ready)
                 assert tui.trusted_folder  # plain `codex` in a git repository asks first
