@@ -64,7 +64,7 @@ from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
 from monitor.jsonrpc import RpcError
 from monitor.tailer import FileBatch, Tailer
-from monitor.watch import Watch
+from monitor.watch import RUST_TIMEOUT_MS, Watch
 from monitor.redact import redact_message
 from rules.config import Effective, patterns_digest
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
@@ -156,7 +156,7 @@ class Daemon:
         wal = str(path) + "-wal"
         async for _ in watchfiles.awatch(path.parent, watch_filter=lambda change, name: name == wal,
                                          debounce=2 * LEDGER_STEP_MS, step=LEDGER_STEP_MS,
-                                         yield_on_timeout=False, recursive=False):
+                                         rust_timeout=RUST_TIMEOUT_MS, yield_on_timeout=False, recursive=False):
             self.wake()
 
     def wake(self) -> None:
