@@ -5,6 +5,11 @@ retrying, and meanwhile follows --watch files and beats (``status`` shows it
 connecting). Once the shared server listens on ``$CODEX_HOME``'s control socket it
 attaches by itself, under the TUI's name; the owner's steer, proposed with no
 configuration at all, is delivered once into its turn and acknowledged.
+
+Run twice: from the source tree, and as a new user has it — a wheel installed into a
+fresh virtual environment without the dev extra, every command run from another
+folder through the installed ``tillerman`` (plus ``run --spawn-codex`` with ``codex``
+on PATH).
 """
 
 from __future__ import annotations
@@ -22,9 +27,7 @@ from typing import TypeVar
 
 import anyio
 import pytest
-from click.testing import CliRunner
-
-from controller.cli import main
+from controller.codex_process import CODEX_BIN_ENV, find_codex_binary
 from fixtures.codex_server import is_item, is_notification, make_codex_home, watched_connection
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, default_socket
@@ -37,16 +40,50 @@ ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
-def _cli(*args: str) -> dict | list:
-    result = CliRunner().invoke(main, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+class Tillerman:
+    """The ``tillerman`` command: this source tree's, or an installed one's."""
+
+    def __init__(self, command: list[str], cwd: Path, env: dict[str, str]):
+        self.command, self.cwd, self.env = command, cwd, env
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([*self.command, *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def json(self, *args: str) -> dict | list | None:
+        """A reporting command's ``--json`` answer; None when it exits non-zero."""
+        done = subprocess.run([*self.command, *args, "--json"], cwd=self.cwd, env=self.env, capture_output=True,
+                              text=True, timeout=60)
+        assert "Traceback" not in done.stderr, done.stderr
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def status(self, ledger: Path) -> dict:
+        """``status --json``; empty while the daemon has not created its ledger yet."""
+        return self.json("status", "--ledger", str(ledger)) or {"daemon": {}, "threads": []}
 
 
-def _status(ledger: Path) -> dict:
-    """``status --json``; {} while the daemon has not created its ledger yet."""
-    result = CliRunner().invoke(main, ["status", "--json", "--ledger", str(ledger)])
-    return json.loads(result.output) if result.exit_code == 0 else {"daemon": {}, "threads": []}
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this tree in a fresh virtual environment, without the dev extra."""
+    root = tmp_path_factory.mktemp("installed")
+    subprocess.run([sys.executable, "-m", "venv", root / "venv"], check=True)
+    pip = [root / "venv" / "bin" / "python", "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", root / "dist", ROOT], check=True, timeout=600)
+    (wheel,) = (root / "dist").glob("tillerman-*.whl")
+    subprocess.run([*pip, "install", wheel], check=True, timeout=600)
+    return root / "venv" / "bin"
+
+
+@pytest.fixture(params=["source", "wheel"])
+def tillerman(request: pytest.FixtureRequest, tmp_path: Path) -> Tillerman:
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))  # no config file anywhere
+    if request.param == "source":
+        return Tillerman([sys.executable, "-m", "controller"], ROOT, env)
+    bin_dir = request.getfixturevalue("installed")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env.pop("PYTHONPATH", None)
+    return Tillerman([str(bin_dir / "tillerman")], elsewhere, env)
 
 
 def _until(probe: Callable[[], T], what: str, proc: subprocess.Popen, timeout: float = 30.0) -> T:
@@ -59,22 +96,20 @@ def _until(probe: Callable[[], T], what: str, proc: subprocess.Popen, timeout: f
 
 
 def test_a_bare_run_waits_for_codexs_shared_server_then_delivers_the_owners_steer(
-        scripted_model: ScriptedModel, tmp_path: Path) -> None:
+        scripted_model: ScriptedModel, tmp_path: Path, tillerman: Tillerman) -> None:
     home = make_codex_home(scripted_model.base_url)
     workspace = home / "ws"
     workspace.mkdir()
     sessions, ledger = tmp_path / "sessions", tmp_path / "ledger.sqlite3"
     sessions.mkdir()
-    env = dict(os.environ, CODEX_HOME=str(home))  # XDG_CONFIG_HOME is empty: no config file
+    tillerman.env["CODEX_HOME"] = str(home)
     socket_url = f"unix://{default_socket(home)}"
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", "--watch", str(sessions),
-                             "--ledger", str(ledger)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = tillerman.spawn("run", "--watch", str(sessions), "--ledger", str(ledger))
     try:
         # Nothing listens yet: the daemon beats and says it is connecting ...
-        codex = _until(lambda: _status(ledger)["daemon"].get("codex"), "a heartbeat", proc)
+        codex = _until(lambda: tillerman.status(ledger)["daemon"].get("codex"), "a heartbeat", proc)
         assert codex["url"] == socket_url and not codex["connected"] and "No such file" in codex["error"]
-        assert _status(ledger)["daemon"]["pid"] == proc.pid
+        assert tillerman.status(ledger)["daemon"]["pid"] == proc.pid
         # ... and follows the session files meanwhile.
         append(sessions / rollout_name(), session_meta())
         with SQLiteRecorder(ledger) as reader:
@@ -82,15 +117,18 @@ def test_a_bare_run_waits_for_codexs_shared_server_then_delivers_the_owners_stee
         time.sleep(1.5)  # several retries go by
 
         with DefaultSocketServer(home, workspace):
-            codex = _until(lambda: (c := _status(ledger)["daemon"]["codex"])["connected"]
+            codex = _until(lambda: (c := tillerman.status(ledger)["daemon"]["codex"])["connected"]
                            and c, "the daemon to attach", proc)
             assert codex["client_name"] == "codex-tui" and codex["server_version"]
-            steer = anyio.run(_owner_steers_a_running_turn, socket_url, ledger, workspace, proc)
+            steer = anyio.run(_owner_steers_a_running_turn, tillerman, socket_url, ledger, workspace, proc)
+            proc.send_signal(signal.SIGTERM)  # before the server goes: that would be an outage of its own
+            out, err = proc.communicate(timeout=30)
         assert steer["state"] == "acknowledged"
-        assert steer["owner"] == _cli("rules", "show")["grants"][0]["subject"].removeprefix("owner:")
+        assert f"owner:{steer['owner']}" == tillerman.json("rules", "show")["grants"][0]["subject"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
         shutil.rmtree(home, ignore_errors=True)
     assert proc.returncode == 0, err
     hints = [line for line in err.splitlines() if "codex app-server daemon start" in line]
@@ -98,7 +136,8 @@ def test_a_bare_run_waits_for_codexs_shared_server_then_delivers_the_owners_stee
     assert "Traceback" not in err
 
 
-async def _owner_steers_a_running_turn(url: str, ledger: Path, workspace: Path, proc: subprocess.Popen) -> dict:
+async def _owner_steers_a_running_turn(tillerman: Tillerman, url: str, ledger: Path, workspace: Path,
+                                       proc: subprocess.Popen) -> dict:
     """A harness runs a long command; the owner's steer, proposed with no --owner and no
     config, reaches that turn exactly once."""
     async with watched_connection(url, client_name="harness") as (harness, log):
@@ -108,14 +147,15 @@ async def _owner_steers_a_running_turn(url: str, ledger: Path, workspace: Path, 
         await log.wait_for(is_item("item/started", "commandExecution"), timeout=30)
         with anyio.fail_after(30):
             while not any(t["thread"] == thread and t["active_turn"] == turn
-                          for t in _status(ledger)["threads"]):
+                          for t in tillerman.status(ledger)["threads"]):
                 assert proc.poll() is None
                 await anyio.sleep(0.1)
-        proposed = _cli("intent", "propose", "--thread", thread, "--expected-turn", "active", "--mode", "steer",
+        proposed = tillerman.json("intent", "propose", "--thread", thread, "--expected-turn", "active", "--mode", "steer",
                         "--text", "Also list the workspace when the command ends.", "--ledger", str(ledger))
         assert proposed["expected_turn"] == turn
         with anyio.fail_after(30):
-            while (shown := _cli("intent", "show", proposed["id"], "--ledger", str(ledger)))["state"] != "acknowledged":
+            while (shown := tillerman.json("intent", "show", proposed["id"], "--ledger", str(ledger)))["state"] \
+                    != "acknowledged":
                 assert shown["state"] not in ("expired", "rejected"), shown
                 await anyio.sleep(0.1)
         await log.wait_for(is_notification("turn/completed", threadId=thread), timeout=30)
@@ -123,3 +163,27 @@ async def _owner_steers_a_running_turn(url: str, ledger: Path, workspace: Path, 
                                                   clientId=f"tillerman-{proposed['id']}")(m)]
     assert [m.params["turnId"] for m in echoes] == [turn]
     return shown
+
+
+def test_the_installed_spawn_codex_runs_the_codex_on_path(
+        scripted_model: ScriptedModel, tmp_path: Path, installed: Path) -> None:
+    """A new user's `tillerman run --spawn-codex`, with only the wheel and `codex` on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "codex").symlink_to(find_codex_binary(search_path=False))
+    home = make_codex_home(scripted_model.base_url)
+    env = {k: v for k, v in os.environ.items() if k not in (CODEX_BIN_ENV, "PYTHONPATH")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}/usr/bin:/bin", CODEX_HOME=str(home), HOME=str(home))
+    tillerman = Tillerman([str(installed / "tillerman")], tmp_path, env)
+    ledger = tmp_path / "ledger.sqlite3"
+    proc = tillerman.spawn("run", "--spawn-codex", "--ledger", str(ledger))
+    try:
+        codex = _until(lambda: (c := tillerman.status(ledger)["daemon"].get("codex")) and c["connected"] and c,
+                       "the daemon to attach", proc, timeout=60)
+        assert codex["url"] == f"unix://{home}/app-server-control/tillerman.sock" and codex["server_version"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert out.startswith("app-server listening: unix://")
