@@ -25,6 +25,14 @@ from rules.config import load_effective
 from rules.ruleset import RuleSet
 
 T = TypeVar("T")
+#: The owner the live tests propose as, and a config granting them every dispatch mode.
+OWNER = "ann"
+OWNER_GRANT = f"""\
+[[grant]]
+subject = "owner:{OWNER}"
+actions = ["steer", "queue", "interrupt"]
+threads = "*"
+"""
 SETTLED = frozenset({"acknowledged", "effect_verified", "effect_failed", "expired", "rejected"})
 
 

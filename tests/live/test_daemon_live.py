@@ -27,18 +27,20 @@ from ledger.intent_states import State
 from ledger.sqlite import SQLiteRecorder
 from monitor.jsonrpc import Notification, ServerRequest
 from rules.ruleset import Grant, build_ruleset
-from tests.live.daemon_support import SETTLED, reached_model, ruleset_from, session, text_input, wait_until
+from tests.live.daemon_support import (
+    OWNER,
+    OWNER_GRANT,
+    SETTLED,
+    reached_model,
+    ruleset_from,
+    session,
+    text_input,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-OWNER = "ann"
 NO_RULES = ""
-OWNER_GRANT = f"""\
-[[grant]]
-subject = "owner:{OWNER}"
-actions = ["steer", "queue", "interrupt"]
-threads = "*"
-"""
 
 
 def transitions(view) -> list[tuple[str, str]]:

@@ -17,17 +17,10 @@ from fixtures.scripted_model import ScriptedModel
 from ledger.events import Report
 from ledger.projections import IntentView
 from monitor.digest import digest
-from tests.live.daemon_support import SETTLED, Session, ruleset_from, session, text_input, wait_until
+from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, Session, ruleset_from, session, text_input, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-OWNER = "ann"
-OWNER_GRANT = f"""\
-[[grant]]
-subject = "owner:{OWNER}"
-actions = ["steer", "queue", "interrupt"]
-threads = "*"
-"""
 
 
 def propose(s: Session, *args: str) -> str:
