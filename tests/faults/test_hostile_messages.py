@@ -4,6 +4,8 @@ message becomes a quarantine record with evidence, and good ones still count."""
 
 import json
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -91,3 +93,41 @@ def test_a_re_sent_approval_request_is_the_same_fact():
     first = AppServerTap("unix:///x").receive(RpcSession().receive(request % 0), now=1.0).envelopes
     again = AppServerTap("unix:///x").receive(RpcSession().receive(request % 7), now=99.0).envelopes
     assert first == again and first[0].at == 1795997074.672
+
+
+DEEP = '{"a":' * 100_000 + "1" + "}" * 100_000
+
+
+def test_a_frame_nested_too_deep_is_a_bad_message_quarantined_as_too_deep():
+    session, tap = RpcSession(), AppServerTap("unix:///x")
+    for frame in (DEEP, DEEP.encode(), '{"method": "turn/started", "params": ' + "[" * 200 + "]" * 200 + "}"):
+        message = session.receive(frame)
+        assert isinstance(message, BadMessage) and message.reason.startswith("too_deep"), message.reason
+        (env,) = tap.receive(message, now=1.0).envelopes
+        assert env.event.reason.startswith("bad_message: too_deep") and env.event.length == len(frame)
+
+
+@pytest.mark.anyio
+async def test_a_frame_nested_too_deep_does_not_end_the_connection(tmp_path):
+    """The reader goes on to the next frame: the deep one reaches the consumer as a
+    BadMessage (and the trace as a digest), the next notification after it."""
+    from monitor.appserver_client import AppServerClient, JsonlTrace
+    from monitor.redact import redact_message
+
+    class Frames:  # stands in for the WebSocket: its frames, then the end of the connection
+        def __aiter__(self):
+            return self._frames()
+
+        async def _frames(self):
+            yield DEEP
+            yield '{"method": "turn/started", "params": {"threadId": "t", "turn": {"id": "u"}}}'
+
+    trace = JsonlTrace(tmp_path / "trace.jsonl", redact=redact_message)
+    client = AppServerClient(Frames(), trace)
+    await client._read_frames()
+    trace.close()
+    received = [message async for message in client.incoming]
+    assert isinstance(received[0], BadMessage) and received[0].reason.startswith("too_deep")
+    assert received[1].method == "turn/started"
+    raw = json.loads((tmp_path / "trace.jsonl").read_text().splitlines()[0])["raw"]
+    assert raw.startswith("[redacted sha256:") and raw.endswith(f" {len(DEEP)} bytes]")
