@@ -29,7 +29,7 @@ _KEPT_NAME = re.compile(r"(?:Id|Ids|At)$")
 #: Keys whose objects and lists are the protocol's envelopes: walked, not digested.
 WALKED = frozenset({
     "params", "result", "error", "item", "items", "turn", "turns", "thread", "data", "status", "initialTurnsPage",
-    "content", "input", "changes", "codexErrorInfo", "tokenUsage", "total", "last", "info", "rateLimits",
+    "content", "input", "changes", "kind", "action", "codexErrorInfo", "tokenUsage", "total", "last", "info", "rateLimits",
     "primary", "secondary", "capabilities", "clientInfo",
 })
 
