@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.events import Quarantined
+from ledger.sqlite import SQLiteRecorder
 from monitor.appserver_tap import AppServerTap
 from monitor.jsonrpc import BadMessage, RpcSession
+from monitor.parser import EARLIEST, LATEST
 
 METHODS = ["turn/started", "turn/completed", "item/started", "item/completed", "thread/status/changed",
            "thread/started", "serverRequest/resolved", "thread/queue/changed", "error",
@@ -41,20 +43,43 @@ frames = st.one_of(
 )
 
 
+HOLE = "\x01hole\x01"
+# Values no JSON encoder writes: nesting past any limit, numbers beyond 64 bits or a
+# double, times out of any calendar, NUL bytes, invalid UTF-8.
+RAW = st.sampled_from([
+    b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 3_000 + b"1" + b"}" * 3_000, b"[" * 129 + b"]" * 129,
+    b"123456789012345678901234567890", str(2**64).encode(), b"9" * 400, b"-" + b"9" * 400, b"1e400", b"1e308",
+    b"-1e300", b"253402300800001", b'"a\\u0000b"', b'"a\x00b"', b'"\xff\xfe"', b'"\\ud800"',
+])
+# the same messages, one value (a time, an id, a whole object) replaced by a raw one
+raw_frames = st.tuples(
+    st.fixed_dictionaries({"method": st.sampled_from(METHODS)}, optional={
+        "params": st.fixed_dictionaries({"threadId": st.just("t")}, optional={
+            "turn": st.just({"id": HOLE}), "item": st.just({"type": "agentMessage", "id": "i", "text": HOLE}),
+            "startedAtMs": st.just(HOLE), "status": st.just(HOLE), "requestId": st.just(HOLE)}),
+        "emittedAtMs": st.just(HOLE), "id": st.just(HOLE)}),
+    RAW,
+).map(lambda pair: json.dumps(pair[0]).encode().replace(json.dumps(HOLE).encode(), pair[1]))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(frames, max_size=20))
+@given(st.lists(frames | raw_frames, max_size=20))
 def test_nothing_the_server_sends_makes_the_tap_raise(stream):
     session, tap = RpcSession(), AppServerTap("unix:///fuzz")
     session.request("thread/resume", {})  # a pending id a response may name
-    for position, frame in enumerate(stream):
-        message = session.receive(frame)
-        if not hasattr(message, "method") and not isinstance(message, BadMessage):
-            continue  # a response: the client hands it to its caller, not to the tap
-        out = tap.receive(message, now=1000.0)
-        for env in out.envelopes:
-            if isinstance(env.event, Quarantined):
-                assert env.event.offset == position and env.event.reason
-                assert env.event_id.startswith("q-")
+    with SQLiteRecorder(":memory:") as ledger:
+        for position, frame in enumerate(stream):
+            message = session.receive(frame)
+            if not hasattr(message, "method") and not isinstance(message, BadMessage):
+                continue  # a response: the client hands it to its caller, not to the tap
+            out = tap.receive(message, now=1000.0)
+            for env in out.envelopes:
+                assert env.at is None or EARLIEST <= env.at <= LATEST
+                if isinstance(env.event, Quarantined):
+                    assert env.event.offset == position and env.event.reason
+                    assert env.event_id.startswith("q-")
+            ledger.append(out.envelopes)  # whatever comes out, a ledger stores and reads back
+        assert ledger.verify().ok and len(list(ledger.read())) == ledger.max_seq()
 
 
 def test_malformed_messages_are_quarantined_with_the_reason():
