@@ -338,7 +338,13 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
     target = None if no_codex else resolve_target(url, client_name)
     path = ledger_file(ledger_path)
     from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
+    from monitor.appserver_client import JsonlTrace, TraceFileError
 
+    if trace_path:
+        try:  # refused here in one line, not later inside the daemon's connection task
+            JsonlTrace(trace_path).close()
+        except TraceFileError as exc:
+            raise Fail(str(exc)) from None
     options = DaemonOptions(url=target.url if target else None,
                             client_name=target.client_name if target else OWN_CLIENT_NAME,
                             default_socket=bool(target and target.default_socket),

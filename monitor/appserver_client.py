@@ -14,9 +14,11 @@ Runs on anyio's asyncio backend (websockets' client is asyncio-only).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -56,22 +58,51 @@ class HandshakeRefused(ConnectionError):
     """Something listens at the address but refused the WebSocket upgrade."""
 
 
+class TraceFileError(Exception):
+    """The trace file cannot be opened safely; the message is one line for the user."""
+
+
 class JsonlTrace:
     """A trace sink writing `{"ts", "dir", "msg"}` JSON lines to an owner-only file.
 
     ``redact`` is applied to each message before it is written (the caller's privacy
-    policy). A frame that was not JSON is written as ``{"ts", "dir", "raw": <text>}``.
+    policy). A frame that was not JSON is written as ``{"ts", "dir", "raw": <text>}``,
+    its text redacted the same way (to its digest and size).
+
+    The file is appended to (a daemon's restarts share one trace). It is created
+    owner-only, and an existing one is made owner-only too: what it held before was
+    written under the same privacy policy, and what comes next may not be. A symlink is
+    refused (it may point anywhere, and the trace would be written there), and so is
+    anything but a regular file (a FIFO would block the daemon).
     """
 
-    def __init__(self, path: Path, redact: Callable[[Any], Any] | None = None):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    def __init__(self, path: Path | str, redact: Callable[[Any], Any] | None = None):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise TraceFileError(f"trace file {path} is a symlink: give the path of the file"
+                                                " itself") from None
+            if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+                raise TraceFileError(f"trace file {path} is not a regular file: give a file path") from None
+            raise TraceFileError(f"cannot open trace file {path}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise TraceFileError(f"trace file {path} is not a regular file: give a file path")
+            if stat.S_IMODE(st.st_mode) & 0o077:
+                os.fchmod(fd, 0o600)
+        except BaseException:
+            os.close(fd)
+            raise
         self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._redact = redact
 
     def __call__(self, direction: Direction, message: Any) -> None:
         record: dict[str, Any] = {"ts": time.time(), "dir": direction}
         if isinstance(message, BadMessage) and message.decoded is None:
-            record["raw"] = message.frame
+            record["raw"] = self._redact(message.frame) if self._redact else message.frame
         else:
             decoded = message.decoded if isinstance(message, BadMessage) else message
             record["msg"] = self._redact(decoded) if self._redact else decoded

@@ -25,7 +25,7 @@ from ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadSta
 from monitor.appserver_events import AppServerEvents, natural_key
 from monitor.commands import DEFAULT, CommandPatterns
 from monitor.jsonrpc import BadMessage, Notification, ServerRequest
-from monitor.parser import WrongType
+from monitor.parser import EARLIEST, LATEST, WrongType
 
 _MALFORMED = (WrongType, TypeError, AttributeError, KeyError, ValueError)
 
@@ -69,7 +69,9 @@ class AppServerTap:
         # re-sent on every resume; it has no emittedAtMs, but its startedAtMs stays put).
         params = raw.get("params") if isinstance(raw.get("params"), dict) else {}
         emitted = raw.get("emittedAtMs", params.get("startedAtMs"))
-        at = emitted / 1000 if isinstance(emitted, int | float) and not isinstance(emitted, bool) else now
+        timed = isinstance(emitted, int | float) and not isinstance(emitted, bool)
+        # A time out of any calendar (or beyond a double) is no time: ours stands in.
+        at = emitted / 1000 if timed and EARLIEST * 1000 <= emitted <= LATEST * 1000 else now
         self._learn(events)
         resume = [e.thread_id for e in events if self._should_resume(e)]
         return TapOutput([self._envelope(e, at, emitted) for e in events], resume)

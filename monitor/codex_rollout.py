@@ -23,11 +23,11 @@ import msgspec
 
 from ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
 from monitor.digest import digest
+from monitor.lines import decode_json
 from monitor.parser import Call, OpenCalls, Parser, command_text, integer, items, iso_time, obj, text, workdir
 
 _THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
-_json = msgspec.json.Decoder()
 
 SHELL_TOOLS = frozenset({"shell", "exec_command", "container.exec", "shell_command", "local_shell"})
 
@@ -259,7 +259,7 @@ def _command_from_arguments(arguments) -> str | None:
     """The command inside a shell tool's arguments (a JSON string: ``cmd`` or ``command``)."""
     if isinstance(arguments, str):
         try:
-            arguments = _json.decode(arguments)
+            arguments = decode_json(arguments)
         except msgspec.DecodeError:
             return arguments  # not JSON: classify what the model sent
     if not isinstance(arguments, dict):
@@ -279,7 +279,7 @@ def _exit_code(output) -> int | None:
         return None
     if output.startswith("{"):
         try:
-            decoded = _json.decode(output)
+            decoded = decode_json(output)
         except msgspec.DecodeError:
             decoded = None
         if isinstance(decoded, dict) and isinstance(decoded.get("metadata"), dict):

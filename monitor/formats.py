@@ -15,6 +15,7 @@ from monitor.claude_transcript import ClaudeTranscriptParser
 from monitor.codex_exec import CodexExecParser
 from monitor.codex_rollout import CodexRolloutParser
 from monitor.codex_tui import CodexTuiParser
+from monitor.lines import decode_json
 from monitor.parser import Parser
 
 PARSERS: dict[str, type[Parser]] = {
@@ -37,7 +38,6 @@ _HEAD_PATTERNS = (
     (re.compile(rb'"dir"\s*:\s*"(?:in|out)"\s*,\s*"msg"'), "appserver-trace"),
     (re.compile(rb'"sessionId"\s*:'), "claude-transcript"),
 )
-_decoder = msgspec.json.Decoder()
 
 
 def parser_for(name: str) -> type[Parser]:
@@ -62,7 +62,7 @@ def _record(line: bytes) -> dict | None:
     if not line.strip():
         return None
     try:
-        value = _decoder.decode(line)
+        value = decode_json(line)
     except msgspec.DecodeError:
         return None
     return value if isinstance(value, dict) else None

@@ -11,9 +11,10 @@ The app-server speaks JSON-RPC 2.0 without the ``"jsonrpc"`` field:
   that count up across the whole server process.
 
 `RpcSession` allocates ids, encodes outgoing messages, and turns each incoming frame
-into exactly one typed value. It never raises on input: a frame that is not JSON, not
-an object, has an id of the wrong type or an unknown shape becomes a `BadMessage`, so
-the caller can quarantine it and carry on.
+into exactly one typed value. It never raises on input: a frame that is not JSON (or
+nests deeper than ``monitor.lines.MAX_DEPTH``), not an object, has an id of the wrong
+type or an unknown shape becomes a `BadMessage`, so the caller can quarantine it and
+carry on.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 
 import msgspec
 
+from monitor.lines import TOO_DEEP, TooDeep, decode_json
+
 RequestId = str | int
 
-_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
@@ -133,7 +135,9 @@ class RpcSession:
     def receive(self, frame: str | bytes) -> Incoming:
         text = frame.decode(errors="replace") if isinstance(frame, bytes) else frame
         try:
-            message = _decoder.decode(frame)
+            message = decode_json(frame)
+        except TooDeep as exc:
+            return BadMessage(text, f"{TOO_DEEP}: {exc}")
         except msgspec.DecodeError as exc:
             return BadMessage(text, f"invalid JSON: {exc}")
         if not isinstance(message, dict):

@@ -8,16 +8,23 @@ bytes until the next newline and then reports the whole range as skipped. So the
 memory used is bounded by ``max_line`` plus one chunk, whatever the file size, and
 every byte range comes back either as a line or as a skipped range.
 
-``decode_object`` turns a line into a dict or the reason it is refused.
+``decode_json`` is the one place untrusted JSON is decoded (file records, the
+app-server's frames, JSON inside their strings); ``decode_object`` turns a line into
+a dict or the reason it is refused.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
 MAX_LINE = 64 * 1024 * 1024
+# Nesting levels a JSON value may have. Real records nest a dozen levels or so. The
+# limit is fixed and far below Python's recursion limit (1000 frames), so a value that
+# decodes can still be digested, encoded and redacted by recursive code, and a record
+# reads the same in every process whatever the depth of the caller's stack.
+MAX_DEPTH = 128
 
 # Quarantine reasons (the ``reason`` of a ``quarantined`` event).
 INVALID_UTF8 = "invalid_utf8"
@@ -27,6 +34,8 @@ NOT_AN_OBJECT = "not_an_object"
 LINE_TOO_LONG = "line_too_long"
 TRUNCATED = "truncated"
 WRONG_TYPE = "wrong_type"
+TOO_DEEP = "too_deep"
+NUMBER_OUT_OF_RANGE = "number_out_of_range"
 
 
 class Line(NamedTuple):
@@ -112,6 +121,40 @@ class LineFramer:
 _decoder = msgspec.json.Decoder()
 
 
+class TooDeep(msgspec.DecodeError):
+    """JSON nested deeper than ``MAX_DEPTH`` levels. A ``DecodeError``, so code that
+    treats undecodable JSON as plain text treats this the same."""
+
+
+def decode_json(data: bytes | str) -> Any:
+    """``data`` decoded, or ``msgspec.DecodeError`` (``TooDeep`` for nesting past
+    ``MAX_DEPTH``); never another exception. msgspec recurses on the C stack and
+    raises ``RecursionError`` at whatever depth the caller's stack leaves, which
+    would escape every handler of bad input."""
+    try:
+        value = _decoder.decode(data)
+    except RecursionError:
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} levels") from None
+    # Each level opens a bracket: with few brackets the walk cannot find a deep value.
+    opening = ("[", "{") if isinstance(data, str) else (b"[", b"{")
+    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether a decoded value nests more than ``limit`` containers (iteratively: the
+    walk itself must not recurse)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
 def decode_object(line: Line) -> dict | str | None:
     """The line's JSON object, a quarantine reason, or None for a blank line."""
     data = line.data
@@ -120,13 +163,17 @@ def decode_object(line: Line) -> dict | str | None:
     if b"\x00" in data:
         return NUL_BYTES
     try:
-        value = _decoder.decode(data)
+        value = decode_json(data)
+    except TooDeep:
+        return TOO_DEEP
     except msgspec.DecodeError as exc:
         message = str(exc)
         if "UTF-8" in message:
             return INVALID_UTF8
         if "truncated" in message or not line.terminated:
             return TRUNCATED
+        if "out of range" in message:
+            return NUMBER_OUT_OF_RANGE
         return INVALID_JSON
     if not isinstance(value, dict):
         return NOT_AN_OBJECT

@@ -39,6 +39,9 @@ class WrongType(Exception):
 
 
 _INTENT_ID = re.compile(r"\bin-[0-9a-f]{20}\b")
+# Source times a ledger can store and a person can read: years 1 to 9999 (datetime's range).
+EARLIEST = datetime.min.replace(tzinfo=timezone.utc).timestamp()
+LATEST = datetime.max.replace(tzinfo=timezone.utc).timestamp()
 
 
 def ack_tokens(text: str) -> tuple[str, ...]:
@@ -107,7 +110,7 @@ class Parser:
                 continue
             self._line = frame
             try:
-                at = self._time(record)
+                at = source_time(self._time(record))
                 events = self._events(record)
             except (WrongType, TypeError, AttributeError, KeyError, ValueError):
                 # Wrong types deep inside a record: refuse the record, keep going.
@@ -215,6 +218,14 @@ def command_text(command: Any) -> str | None:
     if isinstance(command, list):
         return " ".join(str(part) for part in command)
     raise WrongType("command")
+
+
+def source_time(value: float | None) -> float | None:
+    """A source time as epoch seconds; None when it is no time at all (beyond a double,
+    or outside years 1 to 9999): like an unreadable time, missing information."""
+    if value is None or not EARLIEST <= value <= LATEST:  # compared before float(): ints may be huge
+        return None
+    return float(value)
 
 
 def iso_time(value: Any) -> float | None:

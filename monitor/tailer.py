@@ -27,7 +27,7 @@ calls), so after a restart a generation's parser is rebuilt by feeding it the by
 before the stored offset with its output dropped — lazily, only when the file grows.
 
 Partial lines: the parser holds an incomplete last line; the offset never passes it.
-Hostile input (bad JSON, invalid UTF-8, NUL bytes, over-long lines, wrong types) is
+Hostile input (bad JSON, invalid UTF-8, NUL bytes, over-long lines, deep nesting, wrong types) is
 quarantined by the parser; an unreadable file, a symlink loop or a file whose format
 cannot be told is logged once and recorded as a ``quarantined`` event. Nothing
 raises out of ``poll``.

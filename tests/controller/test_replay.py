@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from controller.cli import main
 from controller.timefmt import parse_time
 from ledger.sqlite import SQLiteRecorder
+from tests.monitor.test_quarantine import GOOD as QUARANTINE_GOOD
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 EXPECTED = tomllib.loads((SESSIONS / "expected.toml").read_text())
@@ -145,3 +146,22 @@ def test_human_output_lists_files_and_totals():
     code, out = replay(STALL)
     assert code == 0
     assert "codex-rollout" in out and "decisions" in out and "intents: rejected 1" in out
+
+
+DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n"  # 100k levels
+
+
+@pytest.mark.parametrize("fmt", sorted(QUARANTINE_GOOD))
+def test_deeply_nested_json_is_quarantined_in_every_format(tmp_path, fmt):
+    good = QUARANTINE_GOOD[fmt] + b"\n"
+    first, later = tmp_path / "first.jsonl", tmp_path / "later.jsonl"
+    first.write_bytes(DEEP + good)
+    later.write_bytes(good + DEEP + good)
+    for path, fmt_option in ((first, fmt), (later, fmt), (later, "auto")):
+        (file,) = replay_json("--format", fmt_option, path)["files"]
+        assert (file["format"], file["records"], file["quarantined"]) == (fmt, 3 if path == later else 2, 1)
+    # told apart by its name alone, a file that opens with one is still replayed
+    named = tmp_path / "rollout-2026-11-30T00-00-00-0199a1b2-0000-7000-8000-00000000aa01.jsonl"
+    named.write_bytes(DEEP + QUARANTINE_GOOD["codex-rollout"] + b"\n")
+    (file,) = replay_json(named)["files"]
+    assert (file["format"], file["quarantined"]) == ("codex-rollout", 1)

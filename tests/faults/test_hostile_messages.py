@@ -4,12 +4,16 @@ message becomes a quarantine record with evidence, and good ones still count."""
 
 import json
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.events import Quarantined
+from ledger.sqlite import SQLiteRecorder
 from monitor.appserver_tap import AppServerTap
 from monitor.jsonrpc import BadMessage, RpcSession
+from monitor.parser import EARLIEST, LATEST
 
 METHODS = ["turn/started", "turn/completed", "item/started", "item/completed", "thread/status/changed",
            "thread/started", "serverRequest/resolved", "thread/queue/changed", "error",
@@ -39,20 +43,43 @@ frames = st.one_of(
 )
 
 
+HOLE = "\x01hole\x01"
+# Values no JSON encoder writes: nesting past any limit, numbers beyond 64 bits or a
+# double, times out of any calendar, NUL bytes, invalid UTF-8.
+RAW = st.sampled_from([
+    b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 3_000 + b"1" + b"}" * 3_000, b"[" * 129 + b"]" * 129,
+    b"123456789012345678901234567890", str(2**64).encode(), b"9" * 400, b"-" + b"9" * 400, b"1e400", b"1e308",
+    b"-1e300", b"253402300800001", b'"a\\u0000b"', b'"a\x00b"', b'"\xff\xfe"', b'"\\ud800"',
+])
+# the same messages, one value (a time, an id, a whole object) replaced by a raw one
+raw_frames = st.tuples(
+    st.fixed_dictionaries({"method": st.sampled_from(METHODS)}, optional={
+        "params": st.fixed_dictionaries({"threadId": st.just("t")}, optional={
+            "turn": st.just({"id": HOLE}), "item": st.just({"type": "agentMessage", "id": "i", "text": HOLE}),
+            "startedAtMs": st.just(HOLE), "status": st.just(HOLE), "requestId": st.just(HOLE)}),
+        "emittedAtMs": st.just(HOLE), "id": st.just(HOLE)}),
+    RAW,
+).map(lambda pair: json.dumps(pair[0]).encode().replace(json.dumps(HOLE).encode(), pair[1]))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(frames, max_size=20))
+@given(st.lists(frames | raw_frames, max_size=20))
 def test_nothing_the_server_sends_makes_the_tap_raise(stream):
     session, tap = RpcSession(), AppServerTap("unix:///fuzz")
     session.request("thread/resume", {})  # a pending id a response may name
-    for position, frame in enumerate(stream):
-        message = session.receive(frame)
-        if not hasattr(message, "method") and not isinstance(message, BadMessage):
-            continue  # a response: the client hands it to its caller, not to the tap
-        out = tap.receive(message, now=1000.0)
-        for env in out.envelopes:
-            if isinstance(env.event, Quarantined):
-                assert env.event.offset == position and env.event.reason
-                assert env.event_id.startswith("q-")
+    with SQLiteRecorder(":memory:") as ledger:
+        for position, frame in enumerate(stream):
+            message = session.receive(frame)
+            if not hasattr(message, "method") and not isinstance(message, BadMessage):
+                continue  # a response: the client hands it to its caller, not to the tap
+            out = tap.receive(message, now=1000.0)
+            for env in out.envelopes:
+                assert env.at is None or EARLIEST <= env.at <= LATEST
+                if isinstance(env.event, Quarantined):
+                    assert env.event.offset == position and env.event.reason
+                    assert env.event_id.startswith("q-")
+            ledger.append(out.envelopes)  # whatever comes out, a ledger stores and reads back
+        assert ledger.verify().ok and len(list(ledger.read())) == ledger.max_seq()
 
 
 def test_malformed_messages_are_quarantined_with_the_reason():
@@ -91,3 +118,41 @@ def test_a_re_sent_approval_request_is_the_same_fact():
     first = AppServerTap("unix:///x").receive(RpcSession().receive(request % 0), now=1.0).envelopes
     again = AppServerTap("unix:///x").receive(RpcSession().receive(request % 7), now=99.0).envelopes
     assert first == again and first[0].at == 1795997074.672
+
+
+DEEP = '{"a":' * 100_000 + "1" + "}" * 100_000
+
+
+def test_a_frame_nested_too_deep_is_a_bad_message_quarantined_as_too_deep():
+    session, tap = RpcSession(), AppServerTap("unix:///x")
+    for frame in (DEEP, DEEP.encode(), '{"method": "turn/started", "params": ' + "[" * 200 + "]" * 200 + "}"):
+        message = session.receive(frame)
+        assert isinstance(message, BadMessage) and message.reason.startswith("too_deep"), message.reason
+        (env,) = tap.receive(message, now=1.0).envelopes
+        assert env.event.reason.startswith("bad_message: too_deep") and env.event.length == len(frame)
+
+
+@pytest.mark.anyio
+async def test_a_frame_nested_too_deep_does_not_end_the_connection(tmp_path):
+    """The reader goes on to the next frame: the deep one reaches the consumer as a
+    BadMessage (and the trace as a digest), the next notification after it."""
+    from monitor.appserver_client import AppServerClient, JsonlTrace
+    from monitor.redact import redact_message
+
+    class Frames:  # stands in for the WebSocket: its frames, then the end of the connection
+        def __aiter__(self):
+            return self._frames()
+
+        async def _frames(self):
+            yield DEEP
+            yield '{"method": "turn/started", "params": {"threadId": "t", "turn": {"id": "u"}}}'
+
+    trace = JsonlTrace(tmp_path / "trace.jsonl", redact=redact_message)
+    client = AppServerClient(Frames(), trace)
+    await client._read_frames()
+    trace.close()
+    received = [message async for message in client.incoming]
+    assert isinstance(received[0], BadMessage) and received[0].reason.startswith("too_deep")
+    assert received[1].method == "turn/started"
+    raw = json.loads((tmp_path / "trace.jsonl").read_text().splitlines()[0])["raw"]
+    assert raw.startswith("[redacted sha256:") and raw.endswith(f" {len(DEEP)} bytes]")

@@ -6,12 +6,14 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from controller.cli import main
 from ledger.lock import LedgerLock
 from ledger.sqlite import SQLiteRecorder
-from monitor.appserver_client import JsonlTrace
+from monitor.appserver_client import JsonlTrace, TraceFileError
+from monitor.jsonrpc import RpcSession
 from monitor.redact import redact_message
 
 SESSION = Path(__file__).resolve().parents[2] / "fixtures" / "sessions" / "replay"
@@ -82,3 +84,77 @@ def test_trace_without_redaction_keeps_text(tmp_path):
     trace("in", {"method": "x", "params": {"text": PROMPT}})
     trace.close()
     assert PROMPT in path.read_text()
+
+
+PASSWORD = "s3cret-Passw0rd"
+LEAKY = [  # what the app-server says about file changes, tools and searches
+    {"method": "thread/started", "params": {"thread": {
+        "id": "t", "cwd": "/home/ann/clients/acme", "path": "/home/ann/.codex/sessions/r.jsonl",
+        "preview": "fix acme login", "cliVersion": "0.163.0", "status": {"type": "idle", "activeFlags": []}}}},
+    {"method": "item/completed", "params": {"threadId": "t", "turnId": "u", "item": {
+        "type": "fileChange", "id": "f1", "status": "completed", "changes": [{
+            "path": "/home/ann/clients/acme/settings.py", "kind": {"type": "update", "move_path": "/home/ann/x.py"},
+            "diff": f"-PASSWORD = ''\n+PASSWORD = '{PASSWORD}'\n"}]}}},
+    {"method": "turn/diff/updated", "params": {"threadId": "t", "turnId": "u", "diff": f"+{PASSWORD}"}},
+    {"method": "item/fileChange/outputDelta", "params": {"threadId": "t", "itemId": "f1", "delta": PASSWORD}},
+    {"method": "item/completed", "params": {"threadId": "t", "turnId": "u", "item": {
+        "type": "mcpToolCall", "id": "m1", "server": "crm", "tool": "lookup", "status": "completed",
+        "arguments": {"customer": "Jane Roe", "pin": 4321}, "durationMs": 12,
+        "result": {"content": [{"type": "text", "text": "Jane Roe, 12 Elm St"}], "structuredContent": {"a": 1}}}}},
+    {"method": "item/completed", "params": {"threadId": "t", "turnId": "u", "item": {
+        "type": "webSearch", "id": "w1", "query": "jane roe elm st", "action": {"type": "search",
+                                                                             "query": "jane roe elm st"}}}},
+    {"method": "item/started", "params": {"threadId": "t", "turnId": "u", "item": {
+        "type": "commandExecution", "id": "c1", "command": f"login --password {PASSWORD}",
+        "cwd": "/home/ann/clients/acme", "commandActions": [{"type": "unknown", "command": "login"}]}}},
+]
+CLEAR = ["/home/ann", "acme", "Jane Roe", "jane roe", "Elm St", "4321", PASSWORD, "lookup", "crm"]
+
+
+def test_the_redacted_trace_keeps_no_text_paths_arguments_or_queries(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    trace = JsonlTrace(path, redact=redact_message)
+    session = RpcSession()
+    for message in LEAKY:
+        trace("in", message)
+    trace("in", session.receive(f"not json: --password {PASSWORD}"))  # a frame that did not parse
+    trace("in", session.receive(f'["a list", "{PASSWORD}"]'))  # JSON, but not a message
+    trace.close()
+    written = path.read_text()
+    for secret in CLEAR:
+        assert secret not in written, secret
+    records = [json.loads(line) for line in written.splitlines()]
+    assert records[-2]["raw"].startswith("[redacted sha256:")
+    assert records[-2]["raw"].endswith(f" {len(f'not json: --password {PASSWORD}')} bytes]")
+    change = records[1]["msg"]["params"]["item"]
+    assert (change["type"], change["id"], change["status"], change["changes"][0]["kind"]["type"]) == (
+        "fileChange", "f1", "completed", "update")  # the structure stays
+    assert records[0]["msg"]["params"]["thread"]["cliVersion"] == "0.163.0"
+    assert records[4]["msg"]["params"]["item"]["durationMs"] == 12
+
+
+def test_an_existing_trace_file_is_made_owner_only(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text('{"ts": 1, "dir": "in", "msg": {}}\n')
+    path.chmod(0o644)
+    JsonlTrace(path, redact=redact_message).close()
+    assert _mode(path) == 0o600 and path.read_text().count("\n") == 1  # appended to, never truncated
+
+
+def test_a_symlinked_or_special_trace_path_is_refused_in_one_line(tmp_path):
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text("")
+    link = tmp_path / "trace.jsonl"
+    link.symlink_to(target)
+    with pytest.raises(TraceFileError, match="is a symlink"):
+        JsonlTrace(link)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceFileError, match="not a regular file"):
+        JsonlTrace(fifo)  # refused at once: nothing reads it, and opening must not block
+    for path, words in ((link, "is a symlink"), (fifo, "not a regular file")):
+        result = CliRunner().invoke(main, ["run", "--no-codex", "--watch", str(tmp_path), "--ledger",
+                                           str(tmp_path / "l.sqlite3"), "--trace", str(path)])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert target.read_text() == ""

@@ -173,3 +173,16 @@ def test_wrong_types_are_quarantined():
     ))
     assert reasons(evs) == ["wrong_type"] * 4
     assert kinds(evs)[-1] == "turn_started"
+
+
+def test_tool_arguments_nested_too_deep_are_read_as_text():
+    """The arguments are JSON inside a string: past the nesting limit they are the
+    model's text to classify, not a reason to drop the record or to fail."""
+    deep = '{"cmd":' * 100_000 + '"ls"' + "}" * 100_000
+    evs = events("codex-rollout", jsonl(
+        msg(type="task_started", turn_id="T"),
+        item(type="function_call", name="exec_command", call_id="c1", arguments=deep),
+        item(type="function_call_output", call_id="c1", output='{"metadata":' * 100_000 + "1" + "}" * 100_000),
+    ))
+    assert kinds(evs) == ["turn_started", "item_started", "item_completed"]
+    assert evs[1].args_digest == digest(deep)

@@ -1,10 +1,13 @@
+import json
+import sys
 import tracemalloc
 
+import msgspec
 import pytest
 
 from monitor.lines import (
-    INVALID_JSON, INVALID_UTF8, LINE_TOO_LONG, NOT_AN_OBJECT, NUL_BYTES, TRUNCATED, Line, LineFramer, Skipped,
-    decode_object,
+    INVALID_JSON, INVALID_UTF8, LINE_TOO_LONG, NOT_AN_OBJECT, NUL_BYTES, NUMBER_OUT_OF_RANGE, TOO_DEEP, TRUNCATED,
+    Line, LineFramer, Skipped, TooDeep, decode_json, decode_object,
 )
 
 
@@ -74,6 +77,27 @@ def test_an_over_long_line_is_never_held_in_memory():
     (b'"text"', True, NOT_AN_OBJECT),
     (b"  \r", True, None),
     (b'{"a":1}\r', True, {"a": 1}),
+    (b'{"a":' * 5000 + b"1" + b"}" * 5000, True, TOO_DEEP),
+    (b'{"a":' * 129 + b"1" + b"}" * 129, True, TOO_DEEP),
+    (b'{"a":' * 128 + b"1" + b"}" * 128, True, json.loads(b'{"a":' * 128 + b"1" + b"}" * 128)),
+    (b'{"a":1e400}', True, NUMBER_OUT_OF_RANGE),
+    (b'{"a":123456789012345678901234567890}', True, {"a": 123456789012345678901234567890}),
 ])
 def test_decode_object(data, terminated, expected):
     assert decode_object(Line(0, len(data) + 1, data, terminated)) == expected
+
+
+def test_decode_json_refuses_depth_as_a_decode_error_at_any_stack_depth():
+    """msgspec's RecursionError depends on the caller's stack; ``decode_json`` turns it
+    into ``TooDeep`` (a ``DecodeError``), even when called from deep inside a stack."""
+    deep = "[" * 100_000 + "]" * 100_000
+
+    def nested(levels: int):
+        if levels:
+            return nested(levels - 1)
+        with pytest.raises(TooDeep):
+            decode_json(deep)
+        with pytest.raises(msgspec.DecodeError):
+            decode_json(deep.encode())
+
+    nested(sys.getrecursionlimit() - 100)

@@ -27,6 +27,9 @@ BAD_LINES = [
     (b"{not json}", "invalid_json"),
     (b"[1,2,3]", "not_an_object"),
     (b"42", "not_an_object"),
+    (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "too_deep"),  # past msgspec's recursion limit
+    (b"[" * 200 + b"]" * 200, "too_deep"),  # decodes, but past MAX_DEPTH
+    (b'{"a":[1e400]}', "number_out_of_range"),
 ]
 
 
@@ -63,3 +66,10 @@ def test_an_over_long_line_is_skipped(fmt):
     assert (parsed[0].event.reason, parsed[0].event.offset, parsed[0].event.length) == (
         "line_too_long", 0, len(long_line) + 1)
     assert parsed[-1].event.__struct_config__.tag != "quarantined"
+
+
+@pytest.mark.parametrize("fmt", sorted(PARSERS))
+def test_a_record_nested_to_the_limit_is_read(fmt):
+    record = GOOD[fmt][:-1] + b', "pad": ' + b"[" * 127 + b"]" * 127 + b"}"  # 128 levels with the record
+    parsed, _ = parse(fmt, record + b"\n")
+    assert [p for p in parsed if p.event.__struct_config__.tag == "quarantined"] == []

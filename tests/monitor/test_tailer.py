@@ -5,6 +5,7 @@ input, and live == replay."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -275,6 +276,16 @@ def test_hostile_lines_are_quarantined_and_following_goes_on(ledger, rollout):
     assert [(x.offset, x.length) for x in q] == [
         (len(session_meta() + b"".join(bad[:i])), len(bad[i])) for i in range(len(bad))]
     assert isinstance(list(ledger.read())[-1].envelope.event, ev.AgentMessage)
+
+
+def test_deeply_nested_json_is_quarantined_with_its_byte_range_and_following_goes_on(ledger, rollout, caplog):
+    deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n"
+    append(rollout, session_meta() + deep + rollout_line(1))  # read in one chunk with its neighbours
+    drive(Tailer(), ledger, rollout)
+    assert [(q.reason, q.offset, q.length) for q in quarantines(ledger)] == [
+        ("too_deep", len(session_meta()), len(deep))]
+    assert isinstance(list(ledger.read())[-1].envelope.event, ev.AgentMessage)  # the line after it is read
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_an_unreadable_file_is_quarantined_and_the_others_still_followed(ledger, rollout, tmp_path, monkeypatch):

@@ -48,6 +48,12 @@ _hostile = st.one_of(
     st.just(b'{"type": "event_msg", "payload": {"type": "agent_message", "message": 7}}\n'),  # wrong type
     st.just(b'{"type": "response_item", "payload": []}\n'),
     st.just(b"[]\n"), st.just(b"\n"), st.just(b"   \n"), st.just(b"null\n"),
+    st.integers(129, 240).map(lambda n: b'{"x": ' + b"[" * n + b"]" * n + b"}\n"),  # nested too deep
+    st.sampled_from([b"1e400", b"9" * 30, b"-1e400"]).map(  # numbers beyond 64 bits or a double
+        lambda n: b'{"type": "event_msg", "payload": {"type": "exec_command_end", "exit_code": ' + n + b"}}\n"),
+    st.sampled_from([b'"0001-01-01T00:00:00+01:00"', b'"+275760-09-13T00:00:00Z"', b"1e300"]).map(  # no time
+        lambda t: b'{"timestamp": ' + t + b', "type": "event_msg", "payload": {"type": "agent_message",'
+                  b' "message": "m"}}\n'),
 )
 _content = st.lists(st.one_of(_records, _hostile), min_size=1, max_size=25).map(b"".join)
 
