@@ -63,6 +63,17 @@ def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = 
     return SQLiteRecorder(target, readonly=readonly)
 
 
+def open_intact_ledger(path: str | None) -> SQLiteRecorder:
+    """For a reading command that shows what the ledger holds: a file cut mid-page is
+    damage (exit 1), not a partial answer."""
+    recorder = open_ledger(path, readonly=True)
+    if recorder.damage:
+        recorder.close()
+        raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",
+                   EXIT_CHECK_FAILED)
+    return recorder
+
+
 def report_anchor(ledger: SQLiteRecorder) -> None:
     """After a writing command printed what it committed: a head anchor the file system
     would not move (a full disk) is one line and exit 3; the next write catches it up."""
@@ -169,7 +180,7 @@ def intent_show(intent_id, as_json, ledger_path):
 
     Example: tillerman intent show in-3f2a9c0d1e2b4a5f6c7d --json
     """
-    with open_ledger(ledger_path, readonly=True) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         view = intent_lib.intent_view(ledger, intent_id)
     _print_intent(view, as_json, history=True)
 
@@ -198,7 +209,7 @@ def intents_list(state, as_json, ledger_path):
 
     Example: tillerman intents --state queued --json
     """
-    with open_ledger(ledger_path, readonly=True) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
     views = [v for v in projection.intents.values() if state is None or v.state == state]
     views.sort(key=lambda v: (-v.intent.created_at, v.intent.id))
@@ -381,7 +392,7 @@ def status_cmd(as_json, ledger_path):
     Example: tillerman status --json
     """
     path = ledger_file(ledger_path)
-    with open_ledger(str(path), readonly=True) as recorder:
+    with open_intact_ledger(str(path)) as recorder:
         from controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
@@ -455,7 +466,7 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
     Example: tillerman overdue --check --json
     """
     now = parse_time(now_text) if now_text else time.time()
-    with open_ledger(ledger_path, readonly=True) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         found = find_overdue(projections.load(ledger), now)
     rows = [overdue_json(o) for o in found]
     if as_json:
@@ -515,7 +526,7 @@ def ledger_export(after, ledger_path):
     """
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
-    with open_ledger(ledger_path, readonly=True) as recorder:
+    with open_intact_ledger(ledger_path) as recorder:
         for entry in recorder.read(after_seq=after):
             out.write(encoder.encode(entry))
             out.write(b"\n")

@@ -86,9 +86,11 @@ class SQLiteRecorder(Recorder):
         self.readonly = readonly and not self.memory
         #: Why the last anchor write failed (its rows are committed); None once one succeeds.
         self.anchor_error: str | None = None
+        #: A reader's finding that the file itself is cut (then it reads the whole pages left).
+        self.damage: str | None = None
         try:
             if self.readonly:
-                self._db = _connect_readonly(self.path)
+                self._db, self.damage = _connect_readonly(self.path)
             else:
                 if not self.memory:
                     _create_private(Path(self.path))
@@ -334,9 +336,8 @@ class SQLiteRecorder(Recorder):
 
         def rows() -> Iterator[tuple]:
             try:
-                cursor = self._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY rowid")
-                while chunk := cursor.fetchmany(1000):
-                    yield from chunk
+                # row by row: a bad page must not take the good rows before it along
+                yield from self._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY rowid")
             except sqlite3.DatabaseError as exc:  # a truncated or overwritten page: stop there
                 unreadable.append(str(exc))
 
@@ -344,6 +345,8 @@ class SQLiteRecorder(Recorder):
             integrity = [r[0] for r in self._db.execute("PRAGMA integrity_check")]
         except sqlite3.DatabaseError as exc:
             integrity = [str(exc)]
+        if self.damage:
+            unreadable.append(self.damage)
         try:
             version = int(_meta(self._db, "chain_version") or CHAIN_VERSION)
             had_anchor = _meta(self._db, "anchored") is not None
@@ -423,25 +426,50 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
     return row[0] if row else None
 
 
-def _connect_readonly(path: str) -> sqlite3.Connection:
+def _connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
     """Open for reading without writing anything. ``mode=ro`` reads a WAL ledger through
     its ``-shm`` index, which SQLite must be able to open or create; where it cannot (a
     read-only file or folder) and no ``-wal`` holds committed rows, ``immutable`` reads
     the file alone. With a non-empty ``-wal`` that would skip committed rows, so then
-    the error stands."""
+    the error stands. A file cut mid-page is read as far as its whole pages go, in
+    memory, with the damage named (the second value)."""
     if not os.path.exists(path):
         raise OperationalError(f"no ledger at {path}")
     uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
     db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     try:
         db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        return db
+        return db, None
     except sqlite3.OperationalError:
         db.close()
         wal = path + "-wal"
         if os.path.exists(wal) and os.path.getsize(wal) > 0:
             raise
-    return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.DatabaseError:
+        db.close()
+        if (salvaged := _whole_pages(path)) is None:
+            raise
+        return salvaged
+    return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False), None
+
+
+def _whole_pages(path: str) -> tuple[sqlite3.Connection, str] | None:
+    """A SQLite file cut mid-page, as far as its whole pages go (None: not that damage)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if not data.startswith(b"SQLite format 3\0") or len(data) < 100:
+        return None
+    page_size = int.from_bytes(data[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    cut = len(data) % page_size
+    if not cut:
+        return None
+    pages = bytearray(data[: len(data) - cut])
+    pages[18:20] = b"\x01\x01"  # read as a rollback-journal file: an in-memory copy has no WAL
+    pages[28:32] = (len(pages) // page_size).to_bytes(4, "big")  # the pages that are there
+    db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    db.deserialize(bytes(pages))
+    return db, f"the file ends {cut} bytes into a page (truncated)"
 
 
 def _check_readable(db: sqlite3.Connection, version: int) -> None:
