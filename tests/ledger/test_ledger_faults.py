@@ -5,13 +5,10 @@ writing until a person accepts it."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -24,12 +21,10 @@ from controller.cli import main
 from ledger import projections
 from ledger.errors import AnchorMismatch, OperationalError
 from ledger.sqlite import SQLiteRecorder
+from tests.faults.ledger_faults import READERS, cut_tail, fill, ledger_faults, run_cli, tiny_filesystem
 from tests.ledger.recorder_contract import turn
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = ROOT / "tests" / "ledger" / "fixtures" / "chain-v1.sqlite3"
-#: Every reading command, with the arguments it needs after ``--ledger PATH``.
-READERS = (["ledger", "verify"], ["intents"], ["status"], ["ledger", "export"], ["overdue"])
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "chain-v1.sqlite3"
 
 
 def cli(*args: str):
@@ -100,37 +95,6 @@ def test_failed_anchor_write_is_reported_committed_and_recovered(ledger, monkeyp
     report = cli("ledger", "verify", "--ledger", str(ledger))
     assert report.exit_code == 0 and "lags" not in report.output, report.output
     assert len(proposed_ids(ledger)) == 2
-
-
-@contextlib.contextmanager
-def tiny_filesystem(size: str = "2m"):
-    """A small tmpfs mount (we run as root with CAP_SYS_ADMIN); None where mounting is not allowed."""
-    where = Path(tempfile.mkdtemp(prefix="tillerman-tinyfs-"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                             capture_output=True).returncode == 0
-    try:
-        yield where if mounted else None
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(where)], check=False)
-        shutil.rmtree(where, ignore_errors=True)
-
-
-def fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb") as fh:
-        while True:
-            fh.write(b"\0" * 4096)
-            fh.flush()
-    return filler
-
-
-def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess:
-    prefix = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}",
-              "--clear-groups"] if user else []
-    env = dict(os.environ, HOME="/tmp", PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([*prefix, sys.executable, "-m", "controller", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
 
 
 def test_full_disk_on_a_tiny_filesystem(monkeypatch):
@@ -204,15 +168,8 @@ def test_reader_sees_rows_still_in_the_wal(ledger):
 # -- 5a/5b: a cut tail or a missing anchor stays detectable ----------------------------------
 
 
-def _delete_tail(path: Path, after: int) -> None:
-    db = sqlite3.connect(path)
-    db.execute("DELETE FROM events WHERE seq > ?", (after,))
-    db.commit()
-    db.close()
-
-
 def test_cut_tail_then_appends_stays_detectable_until_accepted(ledger):
-    _delete_tail(ledger, 8)
+    cut_tail(ledger, 8)
     refused = propose(ledger)
     assert refused.exit_code == 1, refused.output
     assert "missing from the tail" in refused.output and "tillerman ledger accept-tail --by NAME" in refused.output
@@ -312,13 +269,13 @@ def test_an_unknown_chain_version_is_refused(ledger):
 
 
 def test_replay_and_rules_diff_of_a_damaged_ledger_exit_1(ledger, tmp_path):
-    _delete_tail(ledger, 8)
+    cut_tail(ledger, 8)
     replay = cli("replay", "--format", "ledger", str(ledger))
     assert replay.exit_code == 1 and "damaged" in replay.output, replay.output
     rules = tmp_path / "rules.toml"
     rules.write_text("")
     diff = cli("rules", "diff", "--against", str(rules), "--ledger", str(ledger))
-    assert diff.exit_code == 1 and "damaged" in diff.output, (diff.output, __import__("traceback").format_exception(diff.exception.__context__))
+    assert diff.exit_code == 1 and "damaged" in diff.output, diff.output
 
 
 # -- 5e: a file truncated mid-page is damage, with the last good seq ------------------------
@@ -340,3 +297,11 @@ def test_ledger_truncated_mid_page_is_damage_with_the_last_good_seq(tmp_path):
     for command in (["intents"], ["ledger", "export"], ["status"]):
         result = cli(*command, "--ledger", str(path))
         assert result.exit_code in (0, 1) and "not a readable" not in result.output, (command, result.output)
+
+
+# -- the torture run's ledger stage ----------------------------------------------------------
+
+
+def test_torture_ledger_stage_passes():
+    passed, table = ledger_faults()
+    assert passed, table
