@@ -115,9 +115,12 @@ def disk_full(stage: Stage) -> str:
             stage.failures.append("disk full: cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
             return "disk full: not run"
         path = _seeded(where, stage)
+        from ledger.events import Envelope, TurnStarted
         from ledger.sqlite import SQLiteRecorder
 
-        keeper = SQLiteRecorder(path)  # holds the -wal open, so a commit reuses its frames
+        keeper = SQLiteRecorder(path)  # holds a grown -wal open, so a commit reuses its frames
+        keeper.append([Envelope(event_id=f"fill{i}", event=TurnStarted(thread_id="t", turn_id=f"u{i}"), source="torture")
+                       for i in range(200)])
         keeper._db.execute("PRAGMA wal_checkpoint(RESTART)")
         filler = fill(where)
         full = stage.propose(path, "on a full disk", expect=(2, 3))  # refused whole, or committed sans anchor
