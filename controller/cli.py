@@ -15,6 +15,7 @@ import msgspec
 
 from controller import intents as intent_lib
 from controller.output import (
+    EXIT_ANCHOR_STALE,
     EXIT_CHECK_FAILED,
     Fail,
     errors_to_exit_codes,
@@ -53,11 +54,33 @@ def ledger_file(path: str | None) -> Path:
     return (Path(path) if path else default_ledger_path()).absolute()
 
 
-def open_ledger(path: str | None, *, must_exist: bool = False) -> SQLiteRecorder:
+def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> SQLiteRecorder:
+    """``readonly``: for the commands that only read; they never write (no migration, no
+    anchor, no snapshot), so they work on a read-only file or a full disk."""
     target = ledger_file(path)
-    if must_exist and not target.exists():
+    if (must_exist or readonly) and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
-    return SQLiteRecorder(target)
+    return SQLiteRecorder(target, readonly=readonly)
+
+
+def open_intact_ledger(path: str | None) -> SQLiteRecorder:
+    """For a reading command that shows what the ledger holds: a file cut mid-page is
+    damage (exit 1), not a partial answer."""
+    recorder = open_ledger(path, readonly=True)
+    if recorder.damage:
+        recorder.close()
+        raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",
+                   EXIT_CHECK_FAILED)
+    return recorder
+
+
+def report_anchor(ledger: SQLiteRecorder) -> None:
+    """After a writing command printed what it committed: a head anchor the file system
+    would not move (a full disk) is one line and exit 3; the next write catches it up."""
+    if ledger.anchor_error:
+        click.echo(f"Warning: committed, but {ledger.anchor_error}; the next write catches it up"
+                   " once the disk has room", err=True)
+        sys.exit(EXIT_ANCHOR_STALE)
 
 
 def ledger_option(fn):
@@ -126,6 +149,7 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
         )
         view = intent_lib.intent_view(ledger, new.id)
     _print_intent(view, as_json, history=False)
+    report_anchor(ledger)
 
 
 @intent.command("cancel")
@@ -143,6 +167,7 @@ def intent_cancel(intent_id, ledger_path):
         except intent_lib.IntentError as exc:
             raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
     click.echo(f"cancelled {intent_id}")
+    report_anchor(ledger)
 
 
 @intent.command("show")
@@ -155,7 +180,7 @@ def intent_show(intent_id, as_json, ledger_path):
 
     Example: tillerman intent show in-3f2a9c0d1e2b4a5f6c7d --json
     """
-    with open_ledger(ledger_path, must_exist=True) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         view = intent_lib.intent_view(ledger, intent_id)
     _print_intent(view, as_json, history=True)
 
@@ -184,7 +209,7 @@ def intents_list(state, as_json, ledger_path):
 
     Example: tillerman intents --state queued --json
     """
-    with open_ledger(ledger_path) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
     views = [v for v in projection.intents.values() if state is None or v.state == state]
     views.sort(key=lambda v: (-v.intent.created_at, v.intent.id))
@@ -222,7 +247,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
                            retain_payloads=retain_payloads, progress=progress).run(list(paths))
     except ReplayError as exc:
-        raise Fail(str(exc)) from exc
+        raise Fail(str(exc), exc.exit_code) from exc
     finally:
         if progress:
             progress.done()
@@ -373,7 +398,7 @@ def status_cmd(as_json, ledger_path):
     Example: tillerman status --json
     """
     path = ledger_file(ledger_path)
-    with open_ledger(str(path), must_exist=True) as recorder:
+    with open_intact_ledger(str(path)) as recorder:
         from controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
@@ -447,7 +472,7 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
     Example: tillerman overdue --check --json
     """
     now = parse_time(now_text) if now_text else time.time()
-    with open_ledger(ledger_path) as ledger:
+    with open_intact_ledger(ledger_path) as ledger:
         found = find_overdue(projections.load(ledger), now)
     rows = [overdue_json(o) for o in found]
     if as_json:
@@ -467,7 +492,7 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
 
 @main.group()
 def ledger() -> None:
-    """Check and export the ledger."""
+    """Check, export and accept a shortened ledger."""
 
 
 @ledger.command("verify")
@@ -475,17 +500,18 @@ def ledger() -> None:
 @ledger_option
 @errors_to_exit_codes
 def ledger_verify(as_json, ledger_path):
-    """Check the hash chain, the sequence, the head anchor and SQLite's integrity;
-    name the first bad seq. Exit 1 on damage.
+    """Check the hash chain, the sequence, the head anchor, the saved fold and SQLite's
+    integrity; name the first bad seq and the last good one. Exit 1 on damage.
 
     Example: tillerman ledger verify --ledger ./ledger.sqlite3
     """
-    with open_ledger(ledger_path, must_exist=True) as recorder:
+    with open_ledger(ledger_path, readonly=True) as recorder:
         report = recorder.verify()
     if as_json:
         print_json(report)
     else:
-        click.echo(f"{'ok' if report.ok else 'DAMAGED'}: {report.rows} rows, last seq {report.last_seq}")
+        last = "last seq" if report.ok else "last good seq"
+        click.echo(f"{'ok' if report.ok else 'DAMAGED'}: {report.rows} rows, {last} {report.last_seq}")
         for line in report.problems:
             click.echo(f"problem: {line}")
         for line in report.notes:
@@ -506,11 +532,30 @@ def ledger_export(after, ledger_path):
     """
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
-    with open_ledger(ledger_path, must_exist=True) as recorder:
+    with open_intact_ledger(ledger_path) as recorder:
         for entry in recorder.read(after_seq=after):
             out.write(encoder.encode(entry))
             out.write(b"\n")
     out.flush()
+
+
+@ledger.command("accept-tail")
+@click.option("--by", required=True, help="Who accepts the shorter history (recorded in the ledger).")
+@ledger_option
+@errors_to_exit_codes
+def ledger_accept_tail(by, ledger_path):
+    """Accept a ledger that ends before its head anchor, or whose anchor is gone: rows
+    cut off the tail, or lost to a power failure. Until then every write is refused and
+    the daemon holds every dispatch. Records who accepted, in a chained event, and moves
+    the anchor onto it.
+
+    Example: tillerman ledger verify; tillerman ledger accept-tail --by ann
+    """
+    if not by.strip():
+        raise Fail("--by names the person who accepts the shorter history: give a name")
+    with open_ledger(ledger_path, must_exist=True) as recorder:
+        problem, seq = recorder.accept_tail(by)
+    click.echo(f"accepted by {by} at seq {seq}: {problem}")
 
 
 

@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 import click
 import msgspec
 
-from ledger.errors import LedgerError, OperationalError, SchemaError, UnknownIntent
+from ledger.errors import AnchorMismatch, IntegrityError, LedgerError, OperationalError, SchemaError, UnknownIntent
 
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+EXIT_ANCHOR_STALE = 3  # the command's rows are committed, but the ledger's head anchor was not moved
 
 
 class Fail(click.ClickException):
@@ -59,6 +60,8 @@ def errors_to_exit_codes(fn: Callable) -> Callable:
             raise Fail(str(exc)) from exc
         except SchemaError as exc:
             raise Fail(f"{exc}. Point --ledger at a tillerman ledger.") from exc
+        except (AnchorMismatch, IntegrityError) as exc:  # damage: a failed check, not a usage error
+            raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
         except OperationalError as exc:
             raise Fail(f"{exc}. Retry when the ledger is writable.") from exc
         except LedgerError as exc:

@@ -28,6 +28,7 @@ from controller.supervisor import Step
 from ledger import events as ev
 from ledger.events import Entry, Envelope
 from ledger.projections import IntentView, Projection, is_open
+from ledger.errors import LedgerError
 from ledger.recorder import Recorder
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
@@ -37,6 +38,7 @@ from monitor.identity import file_identity, read_first_line
 from monitor.parser import Parsed
 from monitor.tailer import file_envelope, file_source
 from ledger.snapshot import ThreadSnapshot
+from ledger.sqlite import SQLiteRecorder
 from rules.detect import Watch, watch, watch_may_find, watch_next_due
 from rules.ruleset import RuleSet
 
@@ -51,6 +53,14 @@ GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaul
 
 class ReplayError(Exception):
     """Input that cannot be replayed (missing, unreadable, unknown format)."""
+
+    exit_code = 2
+
+
+class DamagedLedger(ReplayError):
+    """A ledger whose chain does not verify: its history is not the recorded one."""
+
+    exit_code = 1
 
 
 class FileSummary(Counts, frozen=True, kw_only=True):
@@ -359,10 +369,22 @@ def _read_head(path: Path) -> bytes:
 _entry_decoder = msgspec.json.Decoder(Entry)
 
 
+def _check_intact(path: Path) -> None:
+    try:
+        with SQLiteRecorder(path, readonly=True) as ledger:
+            report = ledger.verify()
+    except LedgerError as exc:
+        raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
+    if not report.ok:
+        raise DamagedLedger(f"{path}: the ledger is damaged ({report.problems[0]}); a replay of it would not be"
+                            f" the recorded history. `tillerman ledger verify --ledger {path}` says more")
+
+
 def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
     """The observations of a tillerman ledger (a SQLite file, read-only, or a
     ``ledger export``): replay re-derives every decision from them."""
     if _read_head(path).startswith(_SQLITE_MAGIC):
+        _check_intact(path)
         try:
             db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
             rows = db.execute("SELECT event_id, at, observed_at, source, offset, length, payload FROM events ORDER BY seq")

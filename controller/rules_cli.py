@@ -199,7 +199,7 @@ def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json)
     try:
         report = diff(active, candidate, [ledger_path] if ledger_path else list(sessions))
     except ReplayError as exc:
-        raise Fail(str(exc)) from exc
+        raise Fail(str(exc), exc.exit_code) from exc
     if as_json:
         print_json(_diff_json(report))
         return

@@ -14,6 +14,13 @@ class OperationalError(LedgerError):
     """
 
 
+class AnchorMismatch(OperationalError):
+    """The table ends before its head anchor, or the anchor of a ledger that had one is
+    missing: rows were cut off the tail (or lost to a power failure). Every write is
+    refused, so the daemon holds every dispatch, until a person accepts the shorter
+    history (``tillerman ledger accept-tail``)."""
+
+
 class IntegrityError(LedgerError):
     """The stored chain or sequence is damaged, or a write would damage it."""
 

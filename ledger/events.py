@@ -245,6 +245,16 @@ class Conflict(Event, tag="conflict"):
     offered_digest: str
 
 
+class TailAccepted(Event, tag="tail_accepted"):
+    """A person accepted a ledger shorter than its head anchor (``tillerman ledger
+    accept-tail``): rows cut off the tail, or lost to a power failure under WAL."""
+
+    by: str
+    anchor_seq: int | None  # what the anchor named (None: the anchor file was missing)
+    anchor_hash: str | None
+    ledger_seq: int  # where the table ended when the shorter history was accepted
+
+
 AnyEvent = (
     ThreadStarted
     | TurnStarted
@@ -269,6 +279,7 @@ AnyEvent = (
     | RulesetRejected
     | RuleProposed
     | RulePromoted
+    | TailAccepted
 )
 
 #: Kinds that describe the observed session (as opposed to tillerman's own acts).

@@ -3,7 +3,7 @@ without SQLite, for runs whose ledger is thrown away at exit (``tillerman replay
 without ``--ledger``).
 
 The same rows as ``ledger.sqlite`` — payload, content digest, hash chain — so
-``verify`` walks them with the same code (``ledger.verify.verify_rows``) and a
+``verify`` walks them with the same code (``ledger.verify.verify_ledger``) and a
 replay records the same entries whichever backend it uses. One process, one writer:
 nothing here is shared or durable (``durable`` is accepted and means nothing), and
 there is no head anchor to keep.
@@ -18,7 +18,7 @@ from ledger.batch import Row, prepare, row_columns
 from ledger.events import Entry, Envelope
 from ledger.intent_states import State
 from ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
-from ledger.verify import verify_rows
+from ledger.verify import verify_ledger
 
 
 class MemoryRecorder(Recorder):
@@ -76,7 +76,8 @@ class MemoryRecorder(Recorder):
     # -- verification -----------------------------------------------------------
 
     def verify(self) -> VerifyReport:
-        return verify_rows((row_columns(row) for row in self._rows), ["ok"], None)
+        return verify_ledger((row_columns(row) for row in self._rows), ["ok"], None,
+                             snapshot=self.load_snapshot, entries=self.read)
 
     def close(self) -> None:
         pass

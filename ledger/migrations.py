@@ -50,6 +50,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX file_offsets_path ON file_offsets (path)",
     ),
+    # 3: facts about the ledger itself (ledger.sqlite META_*): the chain formula its rows
+    # are hashed with, and whether a head anchor was ever written for it
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "INSERT INTO meta (key, value) VALUES ('chain_version', '1')",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -329,15 +329,22 @@ _state_decoder = msgspec.msgpack.Decoder(Projection)
 
 
 def load(recorder: Recorder) -> Projection:
-    """The current projection: the saved snapshot plus a fold of the tail after it."""
+    """The current projection: the saved snapshot plus a fold of the tail after it. A
+    snapshot that claims more than the chain holds is not trusted (``ledger verify``
+    checks the rest: it folds the chain again and compares)."""
     saved = recorder.load_snapshot(SNAPSHOT_NAME)
-    projection = Projection()
-    if saved is not None:
-        try:
-            projection = _state_decoder.decode(saved[1])
-        except msgspec.DecodeError:
-            projection = Projection()  # an unreadable snapshot only costs a full re-fold
+    projection = None
+    if saved is not None and saved[0] <= recorder.max_seq():
+        projection = decode_state(saved[1])  # an unreadable snapshot only costs a full re-fold
+    projection = projection or Projection()
     return projection.fold(recorder.read(after_seq=projection.seq))
+
+
+def decode_state(state: bytes) -> Projection | None:
+    try:
+        return _state_decoder.decode(state)
+    except msgspec.DecodeError:
+        return None
 
 
 def save(recorder: Recorder, projection: Projection) -> None:

@@ -17,6 +17,10 @@ from ledger import events
 from ledger.events import Entry, Envelope
 
 GENESIS = "0" * 64
+#: The ``row_hash`` formula. A ledger records the version its rows were hashed with
+#: (``meta.chain_version``) and is verified under it; a formula change gets a new number
+#: and an explicit migration, never a silent re-hash of existing rows.
+CHAIN_VERSION = 1
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -31,6 +35,7 @@ class VerifyReport(msgspec.Struct, frozen=True):
     last_seq: int
     problems: tuple[str, ...] = ()  # each names the first bad seq or the anchor mismatch
     notes: tuple[str, ...] = ()  # benign facts (e.g. the anchor lags after a crash)
+    chain_version: int = CHAIN_VERSION
 
 
 def content_digest(env: Envelope, payload: bytes) -> str:

@@ -3,8 +3,18 @@
 Several processes may append at once (the daemon, ``tillerman intent propose``): each
 batch takes the write lock, reads the chain head inside its transaction, and commits
 contiguous seqs. The head (last seq and hash) is also anchored in a file beside the
-database, rewritten after each commit under a file lock, so ``verify`` catches a
-tail cut off the table.
+database (``LEDGER.head``), so a tail cut off the table shows:
+
+* the anchor is created, anchoring the empty chain, before a ledger's first commit,
+  and ``meta.anchored`` records that it exists: from then on a missing anchor is damage;
+* every append first checks the table against the anchor and refuses to write on top
+  of a table that ends before it (``AnchorMismatch``) until a person accepts the
+  shorter history (``accept_tail``, a chained ``tail_accepted`` event);
+* after each commit the anchor moves to the new head. When that write fails (a full
+  disk) the rows stay committed, ``anchor_error`` says so, and the next write catches
+  the anchor up.
+
+A reader (``readonly=True``) never writes: no migration, no anchor, no snapshot.
 """
 
 from __future__ import annotations
@@ -15,17 +25,19 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ledger import events
 from ledger.batch import prepare, row_columns
-from ledger.errors import IntegrityError, OperationalError, SchemaError
-from ledger.events import Entry, Envelope
+from ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
+from ledger.events import Entry, Envelope, TailAccepted
 from ledger.file_offsets import FileOffset
 from ledger.intent_states import State
 from ledger.migrations import SCHEMA_VERSION, migrate
 from ledger.recorder import (
+    CHAIN_VERSION,
     GENESIS,
     AppendResult,
     Recorder,
@@ -35,6 +47,7 @@ from ledger.recorder import (
 BUSY_TIMEOUT_MS = 10_000
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
+ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
 _COLUMNS = (
     "seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
     " offset, length, payload, digest, prev_hash, hash"
@@ -54,32 +67,49 @@ def _translate(exc: sqlite3.Error) -> Exception:
         if "full" in message:
             return OperationalError(f"ledger disk is full: {message}")
         return OperationalError(message)
+    if isinstance(exc, sqlite3.DatabaseError) and "malformed" in message:
+        return IntegrityError(f"the ledger is damaged ({message}); `tillerman ledger verify` names the last"
+                              " good seq")
     if isinstance(exc, sqlite3.DatabaseError):
         return SchemaError(f"not a readable tillerman ledger: {message}")
     return OperationalError(message)
 
 
 class SQLiteRecorder(Recorder):
-    def __init__(self, path: str | Path = ":memory:", *, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+                 readonly: bool = False) -> None:
         # Absolute from here on: a reader of the WAL's change events sees absolute paths,
         # and a later chdir must not move the ledger.
         self.memory = str(path) == ":memory:"
         self.path = str(path) if self.memory else os.path.abspath(path)
         self.head_path = None if self.memory else Path(self.path + ".head")
-        if not self.memory:
-            _create_private(Path(self.path))
+        self.readonly = readonly and not self.memory
+        #: Why the last anchor write failed (its rows are committed); None once one succeeds.
+        self.anchor_error: str | None = None
+        #: A reader's finding that the file itself is cut (then it reads the whole pages left).
+        self.damage: str | None = None
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            if self.readonly:
+                self._db, self.damage = _connect_readonly(self.path)
+            else:
+                if not self.memory:
+                    _create_private(Path(self.path))
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            if not self.memory:
-                self._db.execute("PRAGMA journal_mode = WAL")
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            if self._db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                with self._transaction():  # only a migration needs the write lock to open
-                    migrate(self._db)
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if self.readonly:
+                _check_readable(self._db, version)
+            else:
+                if not self.memory:
+                    self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                if version != SCHEMA_VERSION:
+                    with self._transaction():  # only a migration needs the write lock to open
+                        migrate(self._db)
+                        if self.head_path is not None and self.head_path.exists():
+                            self._mark_anchored(self._db)  # a ledger from before meta.anchored
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
-        self._heal_anchor()
 
     # -- transactions -----------------------------------------------------------
 
@@ -114,6 +144,7 @@ class SQLiteRecorder(Recorder):
         if not batch and not offsets:
             return AppendResult()
         with self._transaction(durable) as db:
+            anchor = self._check_anchor(db)
             if offsets:
                 self._save_offsets(db, offsets, time.time())
             head_seq, head_hash = self._head(db)
@@ -123,8 +154,84 @@ class SQLiteRecorder(Recorder):
             db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
                            [row_columns(row) for row in prepared.rows])
         if prepared.rows:
-            self._write_anchor(prepared.rows[-1].seq, prepared.rows[-1].hash)
+            head_seq, head_hash = prepared.rows[-1].seq, prepared.rows[-1].hash
+        if self.head_path is not None and head_seq and (anchor is None or anchor[0] < head_seq):
+            # also catches up an anchor a full disk or a crash left behind
+            self._write_anchor(head_seq, head_hash)
         return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+
+    def _check_anchor(self, db: sqlite3.Connection) -> tuple[int, str] | None:
+        """Inside the write transaction, before anything is written: the table must
+        reach its anchor. The first write of a ledger creates the anchor (on the empty
+        chain's head) before its commit, so a ledger with rows always has one."""
+        if self.head_path is None:
+            return None
+        anchor = self._read_anchor()
+        if problem := self._anchor_problem(db, anchor):
+            raise AnchorMismatch(f"{problem}; nothing was written. Check it with `tillerman ledger verify`,"
+                                 f" then accept the table as it is with `{ACCEPT_TAIL}`")
+        if anchor is None:
+            if not self._write_anchor(*self._head(db)):
+                raise OperationalError(f"cannot create the head anchor: {self.anchor_error}")
+            self._mark_anchored(db)
+            anchor = self._read_anchor()
+        return anchor
+
+    def _anchor_problem(self, db: sqlite3.Connection, anchor: tuple[int, str] | None) -> str | None:
+        """What is wrong between the table and its anchor; None when the table reaches
+        it (a lagging anchor is not wrong: a crash or a full disk after a commit)."""
+        if anchor is None:
+            return f"the head anchor {self.head_path} is missing, but this ledger had one" \
+                if _meta(db, "anchored") else None
+        seq, link = anchor
+        if seq < 0:
+            return f"the head anchor {self.head_path} is unreadable"
+        head_seq, _ = self._head(db)
+        if seq > head_seq:
+            return (f"the ledger ends at seq {head_seq} but its head anchor names seq {seq}:"
+                    f" {seq - head_seq} row(s) missing from the tail")
+        row = db.execute("SELECT hash FROM events WHERE seq = ?", (seq,)).fetchone()
+        if seq and (row is None or row[0] != link):
+            return f"seq {seq} differs from the head anchor"
+        return None
+
+    @staticmethod
+    def _mark_anchored(db: sqlite3.Connection) -> None:
+        db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('anchored', '1')")
+
+    def tail_problem(self) -> str | None:
+        """What ``append`` would refuse over, without writing (None: nothing)."""
+        if self.head_path is None:
+            return None
+        try:
+            return self._anchor_problem(self._db, self._read_anchor())
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    def accept_tail(self, by: str) -> tuple[str, int]:
+        """Accept the table as it is although it ends before its anchor (or the anchor
+        is gone): record who did, in a chained ``tail_accepted`` event, and move the
+        anchor onto it. Returns what was accepted and the new seq; raises
+        ``ValueError`` when table and anchor agree."""
+        with self._transaction(durable=True) as db:
+            anchor = self._read_anchor()
+            problem = self._anchor_problem(db, anchor)
+            if problem is None:
+                raise ValueError("the ledger reaches its head anchor: there is no shorter history to accept")
+            head_seq, head_hash = self._head(db)
+            now = time.time()
+            env = Envelope(
+                event_id=f"tail_accepted:{head_seq}:{head_hash[:16]}:{now!r}", source="tillerman", at=now,
+                event=TailAccepted(by=by, anchor_seq=anchor[0] if anchor else None,
+                                   anchor_hash=anchor[1] if anchor else None, ledger_seq=head_seq),
+            )
+            (row,) = prepare([env], head_seq, head_hash, now, lambda ids: {}, lambda intent_id: None).rows
+            db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
+            self._mark_anchored(db)
+        if not self._write_anchor(row.seq, row.hash, force=True):
+            raise OperationalError(f"accepted at seq {row.seq}, but {self.anchor_error};"
+                                   " run the command again once the disk has room")
+        return problem, row.seq
 
     @staticmethod
     def _save_offsets(db: sqlite3.Connection, offsets: Sequence[FileOffset], now: float) -> None:
@@ -188,25 +295,28 @@ class SQLiteRecorder(Recorder):
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
     def max_seq(self) -> int:
-        row = self._db.execute("SELECT max(seq) FROM events").fetchone()
-        return row[0] or 0
+        return self._query("SELECT max(seq) FROM events")[0][0] or 0
 
     def data_version(self) -> int:
         """Changes when another connection commits: a cheap "anything new?" probe."""
-        return self._db.execute("PRAGMA data_version").fetchone()[0]
+        return self._query("PRAGMA data_version")[0][0]
 
     def intent_entries(self, intent_id: str) -> list[Entry]:
-        rows = self._db.execute(
-            f"SELECT {_COLUMNS} FROM events WHERE intent_id = ? ORDER BY seq", (intent_id,)
-        ).fetchall()
+        rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE intent_id = ? ORDER BY seq", (intent_id,))
         return [_entry(r) for r in rows]
 
     # -- snapshots --------------------------------------------------------------
 
     def load_snapshot(self, name: str) -> tuple[int, bytes] | None:
-        row = self._db.execute("SELECT seq, state FROM snapshots WHERE name = ?", (name,)).fetchone()
-        return (row[0], bytes(row[1])) if row else None
+        rows = self._query("SELECT seq, state FROM snapshots WHERE name = ?", (name,))
+        return (rows[0][0], bytes(rows[0][1])) if rows else None
 
     def save_snapshot(self, name: str, seq: int, state: bytes) -> None:
         with self._transaction() as db:
@@ -220,14 +330,38 @@ class SQLiteRecorder(Recorder):
     # -- verification -----------------------------------------------------------
 
     def verify(self) -> VerifyReport:
-        from ledger.verify import verify_rows  # the walk is backend-independent
+        from ledger.verify import verify_ledger  # the walk is backend-independent
+
+        unreadable: list[str] = []
+
+        def rows() -> Iterator[tuple]:
+            try:
+                # row by row: a bad page must not take the good rows before it along
+                yield from self._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY rowid")
+            except sqlite3.DatabaseError as exc:  # a truncated or overwritten page: stop there
+                unreadable.append(str(exc))
 
         try:
-            cursor = self._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY rowid")
             integrity = [r[0] for r in self._db.execute("PRAGMA integrity_check")]
-            return verify_rows(iter(cursor), integrity, self._read_anchor())
-        except sqlite3.Error as exc:
-            return VerifyReport(ok=False, rows=0, last_seq=0, problems=(f"unreadable: {exc}",))
+        except sqlite3.DatabaseError as exc:
+            integrity = [str(exc)]
+        if self.damage:
+            unreadable.append(self.damage)
+        try:
+            version = int(_meta(self._db, "chain_version") or CHAIN_VERSION)
+            had_anchor = _meta(self._db, "anchored") is not None
+        except sqlite3.DatabaseError as exc:
+            version, had_anchor = CHAIN_VERSION, False
+            unreadable.append(str(exc))
+        return verify_ledger(rows(), integrity, self._read_anchor() if self.head_path else None,
+                             chain_version=version, had_anchor=had_anchor, unreadable=unreadable,
+                             snapshot=self._verifiable_snapshot, entries=self.read)
+
+    def _verifiable_snapshot(self, name: str) -> tuple[int, bytes] | None:
+        try:
+            return self.load_snapshot(name)
+        except (IntegrityError, OperationalError):
+            return None
 
     # -- the head anchor --------------------------------------------------------
 
@@ -240,37 +374,32 @@ class SQLiteRecorder(Recorder):
         except (ValueError, KeyError, TypeError, OSError):
             return (-1, "unreadable")
 
-    def _write_anchor(self, seq: int, link: str) -> None:
-        """Rewrite the head file unless another writer already anchored a later seq."""
-        if self.head_path is None:
-            return
-        fd = os.open(self.head_path, os.O_RDWR | os.O_CREAT, 0o600)
+    def _write_anchor(self, seq: int, link: str, *, force: bool = False) -> bool:
+        """Move the head file to ``seq`` unless another writer already anchored a later
+        one (``force``: move it back, for ``accept_tail``). False, with ``anchor_error``
+        set and no temporary file left, when the file system refuses."""
+        assert self.head_path is not None
+        tmp = self.head_path.with_name(self.head_path.name + f".{os.getpid()}.tmp")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            current = self._read_anchor()
-            if current is not None and current[0] >= seq:
-                return
-            tmp = self.head_path.with_name(self.head_path.name + f".{os.getpid()}.tmp")
-            tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(tmp_fd, "w") as fh:
-                fh.write(json.dumps({"seq": seq, "hash": link, "schema": SCHEMA_VERSION}))
-            os.replace(tmp, self.head_path)
-        finally:
-            os.close(fd)
-
-    def _heal_anchor(self) -> None:
-        """After a crash between COMMIT and the anchor write, the anchor lags: catch it
-        up, but only when the rows it anchors are intact (otherwise verify must see it)."""
-        if self.head_path is None:
-            return
-        anchor = self._read_anchor()
-        seq, link = self._head(self._db)
-        if anchor is None and seq == 0:
-            return
-        if anchor is None or anchor[0] < seq:
-            at = self._db.execute("SELECT hash FROM events WHERE seq = ?", (anchor[0],)).fetchone() if anchor else None
-            if anchor is None or (at is not None and at[0] == anchor[1]):
-                self._write_anchor(seq, link)
+            fd = os.open(self.path, os.O_RDONLY)  # writers serialize on a flock of the database file
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                current = self._read_anchor()
+                if not force and current is not None and current[0] >= seq:
+                    return True
+                tmp_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(tmp_fd, "w") as fh:
+                    fh.write(json.dumps({"seq": seq, "hash": link, "schema": SCHEMA_VERSION}))
+                os.replace(tmp, self.head_path)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.anchor_error = f"the head anchor {self.head_path} was not moved to seq {seq} ({exc.strerror or exc})"
+            return False
+        self.anchor_error = None
+        return True
 
     def close(self) -> None:
         self._db.close()
@@ -284,6 +413,72 @@ def _entry(row: tuple) -> Entry:
         observed_at=observed_at, offset=offset, length=length,
     )
     return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)
+
+
+def _meta(db: sqlite3.Connection, key: str) -> str | None:
+    """A ``meta`` value; None also for a ledger older than the table (read, not migrated)."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return row[0] if row else None
+
+
+def _connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
+    """Open for reading without writing anything. ``mode=ro`` reads a WAL ledger through
+    its ``-shm`` index, which SQLite must be able to open or create; where it cannot (a
+    read-only file or folder) and no ``-wal`` holds committed rows, ``immutable`` reads
+    the file alone. With a non-empty ``-wal`` that would skip committed rows, so then
+    the error stands. A file cut mid-page is read as far as its whole pages go, in
+    memory, with the damage named (the second value)."""
+    if not os.path.exists(path):
+        raise OperationalError(f"no ledger at {path}")
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro"
+    db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db, None
+    except sqlite3.OperationalError:
+        db.close()
+        wal = path + "-wal"
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise
+    except sqlite3.DatabaseError:
+        db.close()
+        if (salvaged := _whole_pages(path)) is None:
+            raise
+        return salvaged
+    return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False), None
+
+
+def _whole_pages(path: str) -> tuple[sqlite3.Connection, str] | None:
+    """A SQLite file cut mid-page, as far as its whole pages go (None: not that damage)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if not data.startswith(b"SQLite format 3\0") or len(data) < 100:
+        return None
+    page_size = int.from_bytes(data[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    cut = len(data) % page_size
+    if not cut:
+        return None
+    pages = bytearray(data[: len(data) - cut])
+    pages[18:20] = b"\x01\x01"  # read as a rollback-journal file: an in-memory copy has no WAL
+    pages[28:32] = (len(pages) // page_size).to_bytes(4, "big")  # the pages that are there
+    db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+    db.deserialize(bytes(pages))
+    return db, f"the file ends {cut} bytes into a page (truncated)"
+
+
+def _check_readable(db: sqlite3.Connection, version: int) -> None:
+    """What ``migrate`` refuses, for a reader (which never migrates: older schemas are read as they are)."""
+    if version > SCHEMA_VERSION:
+        raise SchemaError(f"ledger schema version {version} is newer than this tillerman understands"
+                          f" ({SCHEMA_VERSION}); upgrade tillerman")
+    if version == 0:
+        raise SchemaError("the file is not a tillerman ledger (no schema)")
 
 
 def _create_private(path: Path) -> None:

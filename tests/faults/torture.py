@@ -52,6 +52,7 @@ from fixtures.scripted_model import ScriptedModel
 from ledger import projections
 from ledger.events import Report
 from ledger.sqlite import SQLiteRecorder
+from tests.faults.ledger_faults import ledger_faults
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "ann"
@@ -588,11 +589,13 @@ async def _main(args: argparse.Namespace) -> int:
                     daemon.stop()
         finally:
             shutil.rmtree(home, ignore_errors=True)
+    ledger_ok, ledger_table = ledger_faults()
     print()
     print(summary.table())
     if race_lines:
         print("\n".join(race_lines))
-    clean = summary.clean and races_ok
+    print(ledger_table)
+    clean = summary.clean and races_ok and ledger_ok
     print("RESULT:", "PASS" if clean else "FAIL")
     return 0 if clean else 1
 

@@ -87,7 +87,7 @@ def test_read_only_ledger_raises_operational_error(tmp_path):
     rec.close()
 
 
-def test_anchor_lag_after_a_crash_is_healed_on_open(tmp_path):
+def test_anchor_lag_after_a_crash_is_a_note_and_healed_by_the_next_write(tmp_path):
     path = tmp_path / "l.sqlite3"
     with SQLiteRecorder(path) as rec:
         rec.append([turn(1)])
@@ -95,5 +95,9 @@ def test_anchor_lag_after_a_crash_is_healed_on_open(tmp_path):
         rec.append([turn(2)])
     path.with_name(path.name + ".head").write_text(head)  # as if killed before the rewrite
     with SQLiteRecorder(path) as rec:
+        report = rec.verify()
+    assert report.ok and report.notes and "lags by 1" in report.notes[0]
+    with SQLiteRecorder(path) as rec:
+        rec.append([turn(3)])
         report = rec.verify()
     assert report.ok and report.notes == ()

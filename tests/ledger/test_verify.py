@@ -40,7 +40,8 @@ def test_intact_ledger_verifies(ledger_file):
     ("statements", "names"),
     [
         (["UPDATE events SET payload = replace(payload, 'u5', 'u9') WHERE seq = 5"], "seq 5"),
-        (["UPDATE events SET thread_id = 'other' WHERE seq = 4"], "seq 4: thread/turn/kind columns"),
+        (["UPDATE events SET thread_id = 'other' WHERE seq = 4"], "seq 4: thread/turn/kind/intent columns"),
+        (["UPDATE events SET intent_id = 'in-forged' WHERE seq = 4"], "seq 4: thread/turn/kind/intent columns"),
         (["UPDATE events SET at = 99 WHERE seq = 3"], "seq 3"),
         (["DELETE FROM events WHERE seq = 6"], "seq 7: expected seq 6"),
         # reorder: swap the contents of two rows, keeping seqs
@@ -48,7 +49,7 @@ def test_intact_ledger_verifies(ledger_file):
           "UPDATE events SET seq = 3 WHERE seq = -2"], "seq 2"),
         (["DELETE FROM events WHERE seq > 8"], "cut off the tail"),
     ],
-    ids=["edit-payload", "edit-column", "edit-time", "delete-middle", "reorder", "truncate-tail"],
+    ids=["edit-payload", "edit-column", "edit-intent-column", "edit-time", "delete-middle", "reorder", "truncate-tail"],
 )
 def test_damage_exits_1_and_names_where(ledger_file, statements, names):
     _tamper(ledger_file, *statements)
