@@ -35,7 +35,7 @@ import watchfiles
 from anyio.abc import TaskStatus
 
 from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue
+from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
 from controller.intents import intent_view
 from controller.notify import OverdueNotifier
 from controller.reload import POLL_EVERY, RuleReloader
@@ -424,7 +424,8 @@ class Daemon:
         if decision.action in DISPATCH_ACTIONS:
             if self.options.dry_run or view.state != State.PROPOSED:
                 return
-            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex))
+            active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
+            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex, active_turn))
         elif decision.action is Action.RECONCILE:
             self._drive(tg, intent_id, self._reconcile_fact(view, now))
         elif decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
@@ -444,7 +445,8 @@ class Daemon:
         snapshot = self.projection.snapshot(intent.thread_id)
         echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
         return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view),
-                         echo_turn_state=snapshot.turn_state(echo))
+                         echo_turn_state=snapshot.turn_state(echo),
+                         behind_turn_state=snapshot.turn_state(behind_turn(view)))
 
     def _turn_items(self, view: IntentView) -> frozenset[str]:
         """Items still running that started in the intent's expected turn (an interrupt
