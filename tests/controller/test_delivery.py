@@ -389,10 +389,10 @@ def test_queue_add_of_unknown_outcome_is_never_expired_by_its_ack_deadline(activ
     """Past the ack deadline, absent from the queue and from every turn: still unknown (an
     add in flight may land; the overdue report says so). Then it lands, and is found."""
     run, add, rebuilt = _queue_add_lost(active_turn)
-    assert transition(Output(run.outputs[0].envelopes)).evidence["behind_turn"] == active_turn
     past_deadline = NOW + 200
     absent = _read_back_queue(rebuilt, Reconcile(past_deadline), [], turns_page(turn(NEXT_TURN)))
     assert absent == Output() and rebuilt.state is State.DISPATCH_UNKNOWN
+    assert transition(Output(run.outputs[0].envelopes)).evidence["behind_turn"] == active_turn
     mine = {"id": "q1", "clientUserMessageId": run.intent.client_user_message_id}
     found = _read_back_queue(rebuilt, Reconcile(past_deadline + 5), [mine], turns_page())
     assert (transition(found).to_state, transition(found).evidence["found_in_queue"]) == ("queued", True)
