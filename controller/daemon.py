@@ -35,7 +35,7 @@ import watchfiles
 from anyio.abc import TaskStatus
 
 from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue
+from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
 from controller.intents import intent_view
 from controller.notify import OverdueNotifier
 from controller.reload import POLL_EVERY, RuleReloader
@@ -119,6 +119,11 @@ class Daemon:
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
+        # Threads with folded entries no decision round has judged yet. Every fold adds to
+        # it, not only a round's first: a proposal another process commits while a round
+        # writes is folded by that round's later folds, after its threads were chosen, and
+        # once folded no "ledger changed" probe sees it again.
+        self._unjudged: set[str] = set()
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
         self.notifier = OverdueNotifier(options.on_overdue)
         self.connected = anyio.Event()
@@ -317,6 +322,8 @@ class Daemon:
 
         while True:
             wait = POLL_INTERVAL if self._due is None else min(POLL_INTERVAL, max(0.0, self._due - self.clock()))
+            if self._unjudged:
+                wait = 0.0  # a round folded what it did not judge: the next round judges it now
             with anyio.move_on_after(wait):
                 take(await self._inbox.receive())
             while len(pending) < BATCH:  # take whatever else is already waiting
@@ -325,7 +332,7 @@ class Daemon:
                 except anyio.WouldBlock:
                     break
             try:
-                if pending or offsets or self._ledger_changed() or self._timer_due():
+                if pending or offsets or self._unjudged or self._ledger_changed() or self._timer_due():
                     self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
@@ -362,11 +369,12 @@ class Daemon:
             self.recorder.append(batch, offsets=offsets)  # one transaction: events and file positions
         elif batch:
             self.recorder.append(batch)
-        touched = self._refold(tg, now)
+        self._refold(tg, now)
         timer_due = self._due is not None and now >= self._due
-        if not touched and not timer_due:
+        if not self._unjudged and not timer_due:
             return
-        threads = list(self.projection.threads) if timer_due else sorted(touched)
+        threads = list(self.projection.threads) if timer_due else sorted(self._unjudged)
+        self._unjudged.clear()  # what the folds below add is judged by the next round
         self._write(self.step.step(self.projection, threads, now))
         self._refold(tg, now)
         wanted = set(threads)
@@ -383,22 +391,21 @@ class Daemon:
         if envelopes:
             self.recorder.append(envelopes)
 
-    def _refold(self, tg, now: float) -> set[str]:
-        """Fold what the ledger gained (ours, or another process's), and hand each new
-        observation to the delivery machines of its thread."""
-        touched: set[str] = set()
+    def _refold(self, tg, now: float) -> None:
+        """Fold what the ledger gained (ours, or another process's), mark its threads for
+        the next decision round (``_unjudged``), and hand each new observation to the
+        delivery machines of its thread."""
         for entry in self.recorder.read(after_seq=self.projection.seq):
             self.projection.apply(entry)
             event = entry.envelope.event
             if event.thread_id is not None:
-                touched.add(event.thread_id)
+                self._unjudged.add(event.thread_id)
             if isinstance(event, ev.IntentProposed):
-                touched.add(event.intent.thread_id)
+                self._unjudged.add(event.intent.thread_id)
             if isinstance(event, _DELIVERY_EVENTS):
                 for machine in list(self.machines.values()):
                     if machine.intent.thread_id == event.thread_id and not machine.finished:
                         self._drive(tg, machine.intent.id, Observed(event, now))
-        return touched
 
     def _next_due(self, now: float) -> float | None:
         dues = [t for view in self.projection.open_intents()
@@ -417,7 +424,8 @@ class Daemon:
         if decision.action in DISPATCH_ACTIONS:
             if self.options.dry_run or view.state != State.PROPOSED:
                 return
-            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex))
+            active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
+            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex, active_turn))
         elif decision.action is Action.RECONCILE:
             self._drive(tg, intent_id, self._reconcile_fact(view, now))
         elif decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
@@ -437,7 +445,8 @@ class Daemon:
         snapshot = self.projection.snapshot(intent.thread_id)
         echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
         return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view),
-                         echo_turn_state=snapshot.turn_state(echo))
+                         echo_turn_state=snapshot.turn_state(echo),
+                         behind_turn_state=snapshot.turn_state(behind_turn(view)))
 
     def _turn_items(self, view: IntentView) -> frozenset[str]:
         """Items still running that started in the intent's expected turn (an interrupt

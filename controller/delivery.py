@@ -34,6 +34,13 @@ Theory of operation (DESIGN.md "Intents: the delivery protocol"):
 * Queue: the server does not deduplicate by ``clientUserMessageId``, so the add is
   preceded by a ``QueueList``; our entry already there → queued, no add. The new
   turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``).
+  An add of unknown outcome names no turn, so its "expected turn" is the one it waits
+  behind: the turn active when it was dispatched (recorded as ``behind_turn``). The
+  server drains its queue when that turn ends, so from then on the readback — the
+  queue list, then the thread's turns — finds an add it received: still queued, or in
+  the turn it started. Only then, with no turn of the thread still running, does
+  absence mean ``not_delivered``. An add sent to an idle thread (no turn to wait
+  behind) settles only when found. The ack deadline makes it overdue, never expired.
 * Interrupt: ``{}`` → queued; the target turn completed ``interrupted`` →
   acknowledged. Then the background terminals are listed and only those whose item
   started in THAT turn are terminated; each request, result and late
@@ -150,6 +157,7 @@ class Dispatch:
 
     now: float
     attempt: str
+    active_turn: str | None = None  # the thread's running turn: the one a queue add waits behind
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,7 @@ class Reconcile:
     echo_turn_id: str | None = None
     turn_items: frozenset[str] = frozenset()
     echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
+    behind_turn_state: str | None = None  # queue: the state of the turn the add waits behind
 
 
 @dataclass(frozen=True)
@@ -259,11 +268,14 @@ class Delivery:
         self._terminated_items: set[str] = set()
         self._exited: set[str] = set()  # terminated items whose late item/completed arrived
         self._recorded: set[str] = set()  # evidence keys written by this machine
+        self._behind_turn: str | None = None  # queue: the turn active when the add was dispatched
+        self._behind_ended = False  # ...and it has ended: the server drained its queue since
 
     @classmethod
     def from_view(cls, view: IntentView, *, turn_items: frozenset[str] = frozenset()) -> Delivery:
         """Rebuild from the ledger after a restart or a lost race."""
         machine = cls(view.intent, S(view.state), turn_items=turn_items)
+        machine._behind_turn = behind_turn(view)
         for item in view.history:
             if item.kind == "evidence" and item.reason == "delivered":
                 machine._delivered_in = _str(item.evidence.get("turn_id"))
@@ -318,8 +330,11 @@ class Delivery:
             return self._out(self._move(S.REJECTED, "not_dispatchable", {"replayed": True}, fact.now))
         if intent.mode != "queue" and intent.expected_turn_id is None:
             return self._out(self._move(S.REJECTED, "invalid", {"missing": "expected_turn_id"}, fact.now))
-        record = self._move(S.DISPATCH_UNKNOWN, "dispatching", {"attempt": fact.attempt, "mode": intent.mode},
-                            fact.now)
+        evidence = {"attempt": fact.attempt, "mode": intent.mode}
+        if intent.mode == "queue":
+            self._behind_turn = fact.active_turn
+            evidence["behind_turn"] = fact.active_turn
+        record = self._move(S.DISPATCH_UNKNOWN, "dispatching", evidence, fact.now)
         self._attempt = fact.attempt
         ids = {"intent_id": intent.id, "thread_id": intent.thread_id}
         command: Command
@@ -401,11 +416,15 @@ class Delivery:
                 found = _find_client_item(turn, self.client_id)
                 if found is not None:
                     return self._found(turn, found, now)
-            if self.state is S.QUEUED or now < self.intent.ack_deadline:
-                # accepted and still waiting in the server's queue, or an add in flight
-                # that may still land: the overdue report covers a long wait
+            running = any(turn.get("status") == "inProgress" for turn in turns)
+            if self.state is S.QUEUED or not self._behind_ended or running:
+                # Accepted and still waiting in the server's queue, or an add of unknown
+                # outcome before the turn it waits behind ended (or while a turn it may
+                # have started runs): it may still land. The overdue report covers a long
+                # wait; the ack deadline never settles it.
                 return Output()
-            return self._absent({"turn_id": None, "turn_status": None}, now)
+            return self._absent({"turn_id": None, "turn_status": None, "behind_turn": self._behind_turn,
+                                 "via": "readback"}, now)
         turn = next((t for t in turns if t.get("id") == command.turn_id), None)
         if turn is None:
             cursor = result.get("nextCursor")
@@ -538,6 +557,8 @@ class Delivery:
         return self._evidence("delivered", {"turn_id": turn_id, "item_id": item_id}, "delivered", now)
 
     def _turn_completed(self, event: TurnCompleted, now: float) -> Output:
+        if event.turn_id is not None and event.turn_id == self._behind_turn:
+            self._behind_ended = True
         if event.turn_id == self.intent.expected_turn_id and self.state in _UNSETTLED:
             return self._expected_turn_ended(event.status, now)
         if event.turn_id is not None and event.turn_id == self._delivered_in and self.state in _UNSETTLED:
@@ -578,6 +599,8 @@ class Delivery:
 
     def _reconcile(self, fact: Reconcile) -> Output:
         self._turn_items |= fact.turn_items
+        if self._behind_turn is not None and fact.behind_turn_state in ENDED_TURN_STATES:
+            self._behind_ended = True
         if self.state not in _UNSETTLED:
             return Output()
         mode = self.intent.mode
@@ -662,6 +685,12 @@ class Delivery:
 
 
 # -- reading replies ---------------------------------------------------------------------
+
+
+def behind_turn(view: IntentView) -> str | None:
+    """The turn a queue intent's add waits behind, from its dispatch record."""
+    return next((_str(item.evidence.get("behind_turn")) for item in view.history
+                 if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN), None)
 
 
 def _kind(command: Command) -> str:

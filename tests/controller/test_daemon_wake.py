@@ -9,6 +9,8 @@ import pytest
 import controller.daemon as daemon_module
 from controller import intents
 from controller.daemon import Daemon, DaemonOptions
+from ledger import events as ev
+from ledger.events import Envelope
 from ledger.sqlite import SQLiteRecorder
 from rules.files import default_ruleset
 
@@ -31,6 +33,43 @@ def test_a_proposal_from_another_process_wakes_the_daemon(tmp_path, monkeypatch,
                 with anyio.fail_after(10):  # far below the poll: the watcher woke it
                     while intent.id not in daemon.projection.intents:
                         await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+
+
+def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, monkeypatch):
+    """Another process commits a proposal while a round (started by an observation on
+    another thread) writes its own records: that round folds the proposal after it chose
+    its threads. The next round must decide it at once, not when something else happens
+    on its thread: once folded, no "ledger changed" probe sees it again."""
+    monkeypatch.setattr(daemon_module, "POLL_INTERVAL", 60.0)  # neither the poll nor a timer may rescue it
+    (tmp_path / "sessions").mkdir()
+    path = tmp_path / "ledger.sqlite3"
+
+    async def run():
+        with SQLiteRecorder(path) as recorder, SQLiteRecorder(path) as other:
+            daemon = Daemon(recorder, default_ruleset(), DaemonOptions(watch=(str(tmp_path / "sessions"),)))
+            proposed: list[intents.Intent] = []
+            step = daemon.step.step
+
+            def step_while_another_process_proposes(projection, threads, now):
+                if "T0" in threads and not proposed:  # between this round's first fold and its next
+                    proposed.append(intents.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
+                return step(projection, threads, now)
+
+            daemon.step.step = step_while_another_process_proposes
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                await anyio.sleep(0.5)  # the first round (every open intent decided once) is over
+                seen = Envelope(event_id="seen:T0", source="test", at=None,
+                                event=ev.ThreadStarted(thread_id="T0", source_format="appserver"))
+                await daemon._inbox_send.send([seen])
+                with anyio.fail_after(5):  # far below any deadline, the poll, or the next event on T1
+                    while not proposed or (view := daemon.projection.intents.get(proposed[0].id)) is None \
+                            or view.last_decision is None:
+                        await anyio.sleep(0.02)
+                assert view.last_decision == ("reconcile_turn", "thread_unknown")
                 tg.cancel_scope.cancel()
 
     anyio.run(run)

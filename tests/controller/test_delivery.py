@@ -364,19 +364,60 @@ def test_queue_entry_already_there_is_not_added_again():
     assert rebuilt.handle(Replied(listing, {"data": []}, NOW + 3)) == Output()
 
 
-def test_queue_add_of_unknown_outcome_is_reconciled_never_readded():
+def _queue_add_lost(active_turn: str | None) -> tuple[Run, QueueAdd, Delivery]:
+    """A queue add sent while ``active_turn`` runs, its reply lost; then a restart."""
     run = Run(make_intent("queue"))
-    [listing] = run.dispatch().commands
+    [listing] = run.feed(Dispatch(NOW, "a1", active_turn)).commands
     [add] = run.feed(Replied(listing, {"data": []}, NOW + 1)).commands
     run.feed(NoAnswer(add, "timeout", NOW + 11))
-    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
-    [relist] = rebuilt.handle(Reconcile(NOW + 12)).commands
-    [readback] = rebuilt.handle(Replied(relist, {"data": []}, NOW + 13)).commands
+    return run, add, Delivery.from_view(intent_view(run.recorder, run.intent.id))
+
+
+def _read_back_queue(machine: Delivery, reconcile: Reconcile, entries: list, turns: dict) -> Output:
+    """Reconcile: the queue list first, then (our entry absent) the thread's turns."""
+    [relist] = machine.handle(reconcile).commands
+    listed = machine.handle(Replied(relist, {"data": entries}, reconcile.now))
+    if not listed.commands:
+        return listed
+    [readback] = listed.commands
     assert isinstance(readback, ReadBack) and readback.turn_id is None
-    assert rebuilt.handle(Replied(readback, turns_page(), NOW + 14)) == Output()  # before the ack deadline
-    late = rebuilt.handle(Replied(readback, turns_page(turn(NEXT_TURN)), NOW + 200))
-    assert transition(late).reason == "not_delivered"
-    assert run.sent(QueueAdd) == [add]
+    return machine.handle(Replied(readback, turns, reconcile.now))
+
+
+@pytest.mark.parametrize("active_turn", [TURN, None])
+def test_queue_add_of_unknown_outcome_is_never_expired_by_its_ack_deadline(active_turn):
+    """Past the ack deadline, absent from the queue and from every turn: still unknown (an
+    add in flight may land; the overdue report says so). Then it lands, and is found."""
+    run, add, rebuilt = _queue_add_lost(active_turn)
+    past_deadline = NOW + 200
+    absent = _read_back_queue(rebuilt, Reconcile(past_deadline), [], turns_page(turn(NEXT_TURN)))
+    assert absent == Output() and rebuilt.state is State.DISPATCH_UNKNOWN
+    assert transition(Output(run.outputs[0].envelopes)).evidence["behind_turn"] == active_turn
+    mine = {"id": "q1", "clientUserMessageId": run.intent.client_user_message_id}
+    found = _read_back_queue(rebuilt, Reconcile(past_deadline + 5), [mine], turns_page())
+    assert (transition(found).to_state, transition(found).evidence["found_in_queue"]) == ("queued", True)
+    assert rebuilt.handle(echo(run.intent, turn_id="turn-3")).envelopes[0].event.reason == "queue_turn_started"
+    assert run.sent(QueueAdd) == [add]  # never added again
+
+
+def test_queue_add_of_unknown_outcome_is_not_delivered_once_the_turn_it_waits_behind_ended():
+    """The server drains its queue when the turn the add waits behind ends: from then on,
+    absent from the queue and from every turn (none still running) means not delivered."""
+    _, _, rebuilt = _queue_add_lost(TURN)
+    running = _read_back_queue(rebuilt, Reconcile(NOW + 12, behind_turn_state="inProgress"), [], turns_page())
+    assert running == Output()  # the turn it waits behind still runs: the add may be queued behind it
+    ended = Reconcile(NOW + 20, behind_turn_state="completed")
+    started = _read_back_queue(rebuilt, ended, [], turns_page(turn(NEXT_TURN, "inProgress"), turn(TURN)))
+    assert started == Output()  # a turn it may have started is still running
+    gone = _read_back_queue(rebuilt, ended, [], turns_page(turn(NEXT_TURN), turn(TURN)))
+    move = transition(gone)
+    assert (move.to_state, move.reason, move.evidence["behind_turn"]) == ("expired", "not_delivered", TURN)
+    # the live machine learns that turn's end from the notification
+    _, _, live = _queue_add_lost(TURN)
+    assert _read_back_queue(live, Reconcile(NOW + 12), [], turns_page(turn(TURN))) == Output()
+    live.handle(turn_completed(turn_id=TURN))
+    assert transition(_read_back_queue(live, Reconcile(NOW + 13), [], turns_page(turn(TURN)))).reason \
+        == "not_delivered"
 
 
 def test_a_refused_list_before_the_add_rejects_the_intent():

@@ -19,6 +19,8 @@ from controller.delivery import Delivery, Dispatch, Observed, Reconcile
 from controller.intents import intent_view, propose
 from fixtures.codex_server import AppServer, EventLog, is_item
 from fixtures.scripted_model import ScriptedModel
+from controller.overdue import overdue
+from ledger import projections
 from ledger.events import Envelope, Report
 from ledger.intent_states import State
 from ledger.intents import Intent
@@ -49,6 +51,25 @@ class LosesQueueAddReply:
         return result
 
 
+class HoldsQueueAdd:
+    """Acts as if ``thread/queue/add`` timed out, and holds it back: the test delivers it
+    later (``land``), as a slow server that answers too late would process it."""
+
+    def __init__(self, client: AppServerClient):
+        self.client = client
+        self.held: list[dict] = []
+
+    async def request(self, method: str, params: dict | None = None, timeout: float = 10.0):
+        if method == "thread/queue/add":
+            self.held.append(params)
+            raise TimeoutError
+        return await self.client.request(method, params, timeout)
+
+    async def land(self) -> None:
+        for params in self.held:
+            await self.client.request("thread/queue/add", params)
+
+
 class Tillerman:
     """The daemon's loop, in small: notifications → ledger → machines → guarded adapter."""
 
@@ -66,8 +87,8 @@ class Tillerman:
         self.machines.append(machine)
         return machine
 
-    async def dispatch(self, machine: Delivery) -> None:
-        await carry_out(machine, Dispatch(time.time(), uuid.uuid4().hex), self.recorder, self.adapter)
+    async def dispatch(self, machine: Delivery, active_turn: str | None = None) -> None:
+        await carry_out(machine, Dispatch(time.time(), uuid.uuid4().hex, active_turn), self.recorder, self.adapter)
 
     async def pump(self) -> None:
         """Record what arrived and feed it to every machine."""
@@ -226,6 +247,59 @@ async def test_queue_intent_is_added_once_and_acknowledged_when_its_turn_starts(
         assert acknowledged.evidence["turn_id"] not in (None, first_turn)
         await log.wait_for(_turn_completed(thread["id"], acknowledged.evidence["turn_id"]))
     assert _reached_model(scripted_model, "then update the changelog") == 1
+
+
+async def test_queue_add_of_unknown_outcome_outlives_its_ack_deadline_and_is_found_when_it_lands(
+    app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
+) -> None:
+    """The add's reply never comes and the add itself is slow to land: past the ack
+    deadline the queue and the turns show nothing, yet the intent stays unknown
+    (overdue, not expired), and is acknowledged when the add lands and its turn starts."""
+    async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
+        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 3")
+        await _subscribe(supervisor, log, thread["id"])
+        tm = Tillerman(supervisor, log, tmp_path)
+        slow = HoldsQueueAdd(supervisor)
+        tm.adapter.client = slow
+        queued = tm.propose(thread_id=thread["id"], mode="queue", text="a late add: then tag the release", ack_deadline=1.0)
+        await tm.dispatch(queued, active_turn=turn_id)
+        tm.adapter.client = supervisor
+        assert tm.state(queued.intent) == "dispatch_unknown"
+
+        await anyio.sleep(1.5)  # past the ack deadline: absent everywhere, still unknown
+        await carry_out(queued, Reconcile(time.time()), tm.recorder, tm.adapter)
+        assert tm.state(queued.intent) == "dispatch_unknown"
+        assert overdue(projections.load(tm.recorder), time.time())[0].intent_id == queued.intent.id
+
+        await slow.land()  # the add lands late: it waits behind the running turn, then starts its own
+        await tm.until(lambda: queued.state is State.ACKNOWLEDGED)
+        acknowledged = intent_view(tm.recorder, queued.intent.id).history[-1]
+        assert (acknowledged.reason, acknowledged.evidence["turn_id"] != turn_id) == ("echo", True)
+        await log.wait_for(_turn_completed(thread["id"], acknowledged.evidence["turn_id"]))
+    assert _reached_model(scripted_model, "a late add: then tag the release") == 1
+
+
+async def test_queue_add_never_sent_is_not_delivered_once_the_turn_it_waits_behind_ends(
+    app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
+) -> None:
+    """Recorded, never sent (its reply lost with it): when the turn it waited behind ends,
+    the server has drained its queue, and the readback finding it nowhere settles it."""
+    async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
+        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 2")
+        await _subscribe(supervisor, log, thread["id"])
+        tm = Tillerman(supervisor, log, tmp_path)
+        tm.adapter.client = HoldsQueueAdd(supervisor)  # held for good: never sent
+        lost = tm.propose(thread_id=thread["id"], mode="queue", text="never heard of", ack_deadline=60.0)
+        await tm.dispatch(lost, active_turn=turn_id)
+        tm.adapter.client = supervisor
+        await carry_out(lost, Reconcile(time.time()), tm.recorder, tm.adapter)
+        assert tm.state(lost.intent) == "dispatch_unknown"  # the turn it waits behind still runs
+
+        await tm.until(lambda: any(_turn_completed(thread["id"], turn_id)(m) for m in log.messages))
+        await carry_out(lost, Reconcile(time.time()), tm.recorder, tm.adapter)
+        move = intent_view(tm.recorder, lost.intent.id).history[-1]
+        assert (move.state, move.reason, move.evidence["behind_turn"]) == ("expired", "not_delivered", turn_id)
+    assert _reached_model(scripted_model, "never heard of") == 0
 
 
 async def test_steer_accepted_then_lost_to_an_interrupt_expires_lost_after_accept(
