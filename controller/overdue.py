@@ -14,7 +14,8 @@ _AWAITING_EFFECT = frozenset({State.ACKNOWLEDGED, State.ACTION_STARTED})
 _WHY = {
     State.PROPOSED: "not dispatched yet (held by policy: check its last decision)",
     State.DISPATCH_UNKNOWN: "delivery outcome unknown; it is never resent, and settles when the echo"
-    " appears or the expected turn ends",
+    " appears or a readback decides once the turn it was meant for (a queued message: the turn it waits"
+    " behind) has ended",
     State.QUEUED: "accepted by the server but no clientId echo yet",
     State.ACKNOWLEDGED: "acknowledged, but the expected action has not started",
     State.ACTION_STARTED: "action started, but the effect is not verified",
