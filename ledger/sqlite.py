@@ -381,7 +381,10 @@ class SQLiteRecorder(Recorder):
         assert self.head_path is not None
         tmp = self.head_path.with_name(self.head_path.name + f".{os.getpid()}.tmp")
         try:
-            fd = os.open(self.path, os.O_RDONLY)  # writers serialize on a flock of the database file
+            # Writers serialize on a lock file of their own. Never a descriptor of the database
+            # file: closing one drops every POSIX lock this process holds on it, SQLite's
+            # included, and other connections then stop seeing this writer's commits.
+            fd = os.open(self.path + ".head.lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 current = self._read_anchor()

@@ -37,7 +37,8 @@ def test_ledger_files_are_owner_only(tmp_path):
     with LedgerLock(ledger):
         pass
     files = list(ledger.parent.iterdir())
-    assert {p.name for p in files} >= {"ledger.sqlite3", "ledger.sqlite3.head", "ledger.sqlite3.lock"}
+    assert {p.name for p in files} >= {"ledger.sqlite3", "ledger.sqlite3.head", "ledger.sqlite3.head.lock",
+                                      "ledger.sqlite3.lock"}
     for path in files:
         assert _mode(path) & 0o077 == 0, (path, oct(_mode(path)))
     assert _mode(ledger.parent) == 0o700
