@@ -356,7 +356,7 @@ def _stage(path: Path, rule_id: str, block: str) -> Path:
     target = Path(os.path.realpath(path))
     try:
         existing = os.stat(target) if target.exists() else None
-        text = read_file(target, on_unsafe=warn_unsafe) if existing else ""
+        text = read_file(path, on_unsafe=warn_unsafe) if existing else ""
         new = lifecycle.install(text, rule_id, block)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc

@@ -21,6 +21,7 @@ import pwd
 import re
 import stat
 import string
+import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -304,7 +305,7 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
-    with open(fd, "rb") as file:
+    try:
         st = os.fstat(fd)
         kind = _NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
         if kind is not None:
@@ -314,10 +315,11 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
             if on_unsafe is None:
                 raise RuleSetError(problem)
             on_unsafe(problem)
-        try:
-            data = file.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
+        data = _read_at_most(fd, MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise RuleSetError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, the most a rule or config file may hold;"
                            " check the path given")
@@ -326,6 +328,14 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RuleSetError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit and (chunk := os.read(fd, min(limit - size, 1 << 16))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def unsafe_problem(path: Path, st: os.stat_result) -> str | None:
@@ -391,6 +401,11 @@ def _parse_toml(text: str, source: str) -> dict[str, Any]:
             line, what = int(where["line"]), f"{where['what']} at column {where['column']}"
         hint = 'strings need quotes, e.g. status = "active"' if what.startswith("Invalid value") else "fix the syntax there"
         raise RuleSetError(f"{source}:{line}: invalid TOML: {what}; {hint}") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        digits = re.search(r"[0-9_]{%d,}" % (sys.get_int_max_str_digits() + 1), text)
+        line = text.count("\n", 0, digits.start()) + 1 if digits else 1
+        raise RuleSetError(f"{source}:{line}: invalid TOML: a number of more than {sys.get_int_max_str_digits()} digits;"
+                           " write a smaller one") from None
 
 
 def _deepest_line(text: str) -> int:

@@ -31,7 +31,11 @@ WORDS = ["turn_quiet", "repeated_failure", "approval_waiting", "critical_tool_ru
          "turn_long", "active", "shadow", "proposed", "steer", "queue", "interrupt", "report_overdue", "*",
          "owner:ann", "rule:stall", "10m", "0s", "365d", "366d", "{turn_id}", "{", "}", "\\bdeploy\\b", "(", "a{99999999999}"]
 
-huge_numbers = st.integers(1, 4300).map(lambda digits: int("9" * digits))  # 4300: the most int() reads
+class Digits(int):
+    """A number written with this many digits (more than Python converts, at will)."""
+
+
+huge_numbers = st.integers(1, 6000).map(Digits)
 durations = st.from_regex(r"[0-9]{1,40}[smhdx]", fullmatch=True) | st.integers(1, 5000).map(lambda n: "9" * n + "s")
 huge_strings = st.builds(lambda char, count: char * count, st.characters(), st.integers(0, 100_000))
 deep_groups = st.integers(1, 20_000).map(lambda depth: "(" * depth + ")" * depth)
@@ -66,6 +70,8 @@ def toml_value(value: object) -> str:
         return json.dumps(value)  # a JSON string is a TOML basic string (lone surrogates aside: an error)
     if isinstance(value, float):
         return {"inf": "inf", "-inf": "-inf", "nan": "nan"}.get(repr(value), repr(value))
+    if isinstance(value, Digits):
+        return "9" * value
     if isinstance(value, int):
         return str(value)
     if isinstance(value, (datetime.date, datetime.time)):
