@@ -346,33 +346,33 @@ def unsafe_problem(path: Path, st: os.stat_result) -> str | None:
     directory can replace the file in it; a sticky directory such as /tmp is fine, as
     only a file's owner may replace it there. Directories further up are not checked.
     """
-    problem = _foreign_writer(st, sticky_ok=False)
+    problem = _foreign_writer(st, path, sticky_ok=False)
     if problem is not None:
-        return f"{path}: {problem.format(path=path)}"
+        return f"{path}: {problem}"
     named = Path(os.path.abspath(path)).parent
     for directory in dict.fromkeys((named, Path(os.path.realpath(path)).parent)):
         try:
-            problem = _foreign_writer(os.stat(directory), sticky_ok=True)
+            problem = _foreign_writer(os.stat(directory), directory, sticky_ok=True)
         except OSError:
-            continue  # the file was opened through it: nothing to replace it by
+            continue  # not ours to look at (no search permission): the file alone is judged
         if problem is not None:
-            return f"{path}: its directory {directory} is {problem.format(path=directory)}"
+            return f"{path}: its directory {directory} is {problem}"
     return None
 
 
-def _foreign_writer(st: os.stat_result, *, sticky_ok: bool) -> str | None:
-    """What lets another user write ``st`` (a template with ``{path}`` in its fix)."""
+_CONSEQUENCE = "tillerman run refuses it, since its commands would run as you"
+
+
+def _foreign_writer(st: os.stat_result, path: Path, *, sticky_ok: bool) -> str | None:
+    """What lets another user write ``path`` (described by ``st``), and the fix."""
     me = os.geteuid()
     if st.st_uid not in (me, 0):
-        return f"owned by {_user(st.st_uid)}, not by you ({_user(me)}) or root{_CONSEQUENCE}; fix: chown {_user(me)} {{path}}"
+        return f"owned by {_user(st.st_uid)}, not by you ({_user(me)}) or root: {_CONSEQUENCE}; fix: chown {_user(me)} {path}"
     writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
     if writers and not (sticky_ok and st.st_mode & stat.S_ISVTX):
-        return (f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):04o}){_CONSEQUENCE};"
-                " fix: chmod go-w {path}")
+        return (f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):04o}): {_CONSEQUENCE};"
+                f" fix: chmod go-w {path}")
     return None
-
-
-_CONSEQUENCE = ": tillerman run refuses it, since its commands would run as you"
 
 
 def _user(uid: int) -> str:
