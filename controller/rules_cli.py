@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-import tomllib
 from pathlib import Path
 
 import click
@@ -360,7 +359,7 @@ def _stage(path: Path, rule_id: str, block: str) -> Path:
         new = lifecycle.install(text, rule_id, block)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
-    except (OSError, tomllib.TOMLDecodeError, RecursionError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: TOMLDecodeError, or an over-long number
         raise Fail(f"{path}: cannot install the rule ({exc}); fix the file with tillerman rules validate") from exc
     try:
         load_rules(new, str(path))

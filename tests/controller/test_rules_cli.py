@@ -402,3 +402,17 @@ def test_promote_keeps_the_rule_file_mode_owner_and_symlink(here):
     assert (oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid) == ("0o600", NOBODY.pw_uid, NOBODY.pw_gid)
     assert {r.id: r.status for r in load_rules(real.read_text(), "x")}["quiet-steer"] == "shadow"
     assert sorted(p.name for p in real.parent.iterdir()) == ["rules.toml"]  # nothing staged is left behind
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("x = " + "9" * 5000 + "\n", "cannot install the rule (Exceeds the limit (4300 digits)"),
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "cannot install the rule (maximum recursion depth exceeded"),
+])
+def test_promote_into_a_hostile_rule_file_is_one_line_and_writes_nothing(here, content, says):
+    run("propose", "proposal.toml")
+    (here / "rules.toml").write_text(content)
+    code, out, err = run("promote", "quiet-steer", "--to", "shadow", "--by", "a", "--evaluation", "e",
+                         "--rollback-trigger", "r", "--rules", "rules.toml")
+    assert (code, out) == (2, "") and err.startswith(f"Error: rules.toml: {says}") and len(err.splitlines()) == 1
+    assert (here / "rules.toml").read_text() == content
+    assert json.loads(run("proposals", "--json")[1])[0]["status"] == "proposed"
