@@ -285,13 +285,21 @@ class _Progress:
         click.echo("\r\033[K", err=True, nl=False)
 
 
-def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effective:
+def load_rules_or_fail(rules_path: str | None, config_path: str | None, *, refuse_unsafe: bool = False) -> Effective:
     """Rules, grants and command patterns (rules.config), from ``--rules`` and
-    ``--config`` as given (no ``--config``: the default config file, if any)."""
+    ``--config`` as given (no ``--config``: the default config file, if any). A file
+    someone else could have written is refused with ``refuse_unsafe`` (``run``: the
+    daemon acts on it), and otherwise only warned about."""
     try:
-        return load_effective(Path(rules_path) if rules_path else None, config_file(config_path))
+        return load_effective(Path(rules_path) if rules_path else None, config_file(config_path),
+                              on_unsafe=None if refuse_unsafe else warn_unsafe)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
+
+
+def warn_unsafe(problem: str) -> None:
+    """A command that only reads a rule or config file says what ``run`` would refuse."""
+    click.echo(f"warning: {problem}", err=True)
 
 
 # -- the daemon ------------------------------------------------------------------------
@@ -347,7 +355,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
-    effective = load_rules_or_fail(rules_path, config_path)
+    effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
         home = codex_home()

@@ -10,7 +10,9 @@ them again and returns what to record and whether the running set changes:
   records nothing.
 * invalid: a ``ruleset_rejected`` event with the line-accurate error and the digest
   that keeps deciding; the running set stays. The same broken content is rejected
-  once, not on every poll.
+  once, not on every poll. Every kind of bad file is one: invalid, too deep, too
+  large, not a regular file (a FIFO, ``/dev/zero``), or one someone else could have
+  written (``rules.files.read_file``: the daemon runs a rule's ``verify`` as you).
 
 Without ``--config`` the default config file (``rules.config.config_file``) is the
 one watched, whether it exists or not: creating it applies it, removing it goes
@@ -44,7 +46,7 @@ log = logging.getLogger("tillerman")
 POLL_EVERY = 1.0
 SOURCE = "tillerman"
 
-Signature = tuple[tuple[int, int, int] | None, ...]
+Signature = tuple[tuple[int, ...] | None, ...]
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +83,10 @@ class RuleReloader:
                 log.error("rule reload rejected (%s); still deciding with %s:\n%s",
                           reason, self.effective.ruleset.digest, exc)
                 envelopes.append(self._rejected(str(exc), reason, now))
+            except Exception as exc:  # a loader bug must not take the running set (or the daemon) down with it
+                log.exception("rule reload failed (%s); still deciding with %s", reason, self.effective.ruleset.digest)
+                envelopes.append(self._rejected(f"the files could not be loaded ({type(exc).__name__}: {exc}); "
+                                                "check them with tillerman rules validate", reason, now))
             else:
                 if (candidate.ruleset.digest, candidate.patterns_digest) != (
                         self.effective.ruleset.digest, self.effective.patterns_digest):
@@ -128,11 +134,14 @@ class RuleReloader:
         return tuple(_stat(path) for path in (self.rules_path, self._config_watched))
 
 
-def _stat(path: Path | None) -> tuple[int, int, int] | None:
+def _stat(path: Path | None) -> tuple[int, ...] | None:
+    """What a change of the file changes: its content (mtime, size), its identity
+    (inode, device: a rename over it, a symlink to elsewhere) and who may write it
+    (mode, owner: a chmod o+w makes it one the daemon refuses)."""
     if path is None:
         return None
     try:
         st = os.stat(path)
     except OSError:
-        return (0, 0, 0)  # gone: loading it reports why
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return (0,)  # gone: loading it reports why
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev, st.st_mode, st.st_uid)

@@ -8,14 +8,14 @@ not allow), 2 usage, unreadable input or an invalid rule or config file.
 from __future__ import annotations
 
 import os
+import stat
 import time
-import tomllib
 from pathlib import Path
 
 import click
 import msgspec
 
-from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger
+from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, warn_unsafe
 from controller.disagreement import DiffReport, diff
 from controller.output import EXIT_CHECK_FAILED, EXIT_USAGE, Fail, errors_to_exit_codes, json_option, print_json, print_table
 from controller.replay import ReplayError
@@ -24,7 +24,7 @@ from ledger.events import Envelope, RulePromoted, RuleProposed
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from rules import lifecycle
 from rules.config import Effective, config_file, default_config_path, load_patterns
-from rules.files import RuleSetError, _parse_toml, _read, load_config, load_rules
+from rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file
 from rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
 from rules.owner import local_login
 from rules.ruleset import build_ruleset
@@ -62,7 +62,7 @@ def rules_validate(file, as_json):
     Example: tillerman rules validate ~/.config/tillerman/rules.toml
     """
     try:
-        text = _read(Path(file))
+        text = read_file(Path(file), on_unsafe=warn_unsafe)
         data = _parse_toml(text, file)
         if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
             config, patterns = load_config(text, file), load_patterns(text, file)
@@ -191,7 +191,7 @@ def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json)
         raise Fail("give the input: --ledger PATH, or recorded session files or directories (not both)")
     active = load_rules_or_fail(rules_path, config_path)
     try:
-        candidate_rules = load_rules(_read(Path(against)), against)
+        candidate_rules = load_rules(read_file(Path(against), on_unsafe=warn_unsafe), against)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
     candidate = Effective(ruleset=build_ruleset(candidate_rules, active.ruleset.grants),
@@ -264,7 +264,7 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
     Example: tillerman rules propose quiet-steer.toml --evidence ledger:seq:1042 --signature "same pytest failure 3x"
     """
     try:
-        found = load_rules(_read(Path(file)), file)
+        found = load_rules(read_file(Path(file), on_unsafe=warn_unsafe), file)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
     if len(found) != 1:
@@ -334,7 +334,7 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
                 staged.unlink(missing_ok=True)
             raise
         if staged is not None:
-            os.replace(staged, rules_path)
+            os.replace(staged, os.path.realpath(rules_path))
         life = _lifecycles(ledger)[rule_id]
     if as_json:
         print_json(_life_json(life))
@@ -349,18 +349,38 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
 
 def _stage(path: Path, rule_id: str, block: str) -> Path:
     """The rule file with the rule installed, validated, written beside it (not yet
-    in place). An invalid result is refused and nothing is written."""
+    in place; the caller renames it over the file, or over the file a symlink leads
+    to). It keeps the file's mode and owner: a promotion must not open the rules to
+    others. An invalid result is refused and nothing is written."""
+    target = Path(os.path.realpath(path))
     try:
-        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        existing = os.stat(target) if target.exists() else None
+        text = read_file(path, on_unsafe=warn_unsafe) if existing else ""
         new = lifecycle.install(text, rule_id, block)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+    except RuleSetError as exc:
+        raise Fail(str(exc)) from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: TOMLDecodeError, or an over-long number
         raise Fail(f"{path}: cannot install the rule ({exc}); fix the file with tillerman rules validate") from exc
     try:
         load_rules(new, str(path))
     except RuleSetError as exc:
         raise Fail(f"{path}: the rule file would not validate with the rule installed; nothing written:\n{exc}") from exc
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    staged.write_text(new, encoding="utf-8")
+    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        staged.unlink(missing_ok=True)  # a leftover of a crashed promotion; O_EXCL then follows no planted symlink
+        with open(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), "w",
+                  encoding="utf-8") as file:
+            if existing is not None:
+                os.fchmod(file.fileno(), stat.S_IMODE(existing.st_mode))
+                if (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):
+                    os.fchown(file.fileno(), existing.st_uid, existing.st_gid)
+            file.write(new)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise Fail(f"{path}: cannot write the rule file ({exc.strerror}); nothing written; "
+                   "check that you may write it and its directory") from exc
     return staged
 
 

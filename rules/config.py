@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from monitor.commands import CommandPatterns
-from rules.files import NO_CONFIG, RuleSetError, _default_rules, _locate, _parse_toml, _read, _show, load_grants, load_rules
+from rules.files import (
+    NO_CONFIG,
+    RuleSetError,
+    _default_rules,
+    _locate,
+    _parse_toml,
+    _show,
+    load_grants,
+    load_rules,
+    read_file,
+    validation_report,
+)
 from rules.ruleset import RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
@@ -74,21 +86,24 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
     try:
         spec = _PatternsSpec.model_validate(table)
     except ValidationError as exc:
-        problems = sorted(_describe(error, table, text, source) for error in exc.errors())
-        raise RuleSetError("\n".join(message for _, message in problems)) from None
-    problems = []
-    for key in PATTERN_KEYS:
-        for index, pattern in enumerate(getattr(spec, key) or ()):
-            problem = _pattern_problem(pattern)
-            if problem is not None:
-                line = _item_line(text, key, pattern)
-                problems.append((line, f"{source}:{line}: patterns field {key}[{index}]: {problem}"))
-    if problems:
-        raise RuleSetError("\n".join(message for _, message in sorted(problems)))
-    return CommandPatterns(
+        raise RuleSetError(validation_report(exc.errors(), lambda error: _describe(error, table, text, source),
+                                             source)) from None
+    wrong = [(key, index, pattern, problem) for key in PATTERN_KEYS
+             for index, pattern in enumerate(getattr(spec, key) or ())
+             if (problem := _pattern_problem(pattern)) is not None]
+    if wrong:
+        raise RuleSetError(validation_report(wrong, lambda item: _pattern_error(item, text, source), source))
+    patterns = CommandPatterns(
         critical=tuple(spec.critical) if spec.critical is not None else DEFAULT_PATTERNS.critical,
         external=tuple(spec.external) if spec.external is not None else DEFAULT_PATTERNS.external,
     )
+    try:
+        patterns.classify("")  # compiles each list as one expression, as the daemon will
+    except (re.error, RecursionError, OverflowError):
+        line = _locate(text, ("patterns",))
+        raise RuleSetError(f"{source}:{line}: patterns: the expressions are too many or too complex to combine;"
+                           " shorten the lists") from None
+    return patterns
 
 
 def default_config_path() -> Path:
@@ -106,13 +121,16 @@ def config_file(given: str | Path | None) -> Path | None:
     return default if default.exists() else None
 
 
-def load_effective(rules_path: Path | None, config_path: Path | None) -> Effective:
+def load_effective(rules_path: Path | None, config_path: Path | None, *,
+                   on_unsafe: Callable[[str], None] | None = None) -> Effective:
     """Rules (None: the built-in defaults), grants and patterns (None: no file, so
     only the owner's built-in grant and the built-in patterns; see ``config_file``).
-    Raises ``RuleSetError`` naming the file, line and fix."""
-    rules = load_rules(_read(rules_path), str(rules_path)) if rules_path is not None else _default_rules()
+    Raises ``RuleSetError`` naming the file, line and fix. A file someone else could
+    have written is refused, or with ``on_unsafe`` reported to it (``read_file``)."""
+    rules = (load_rules(read_file(rules_path, on_unsafe=on_unsafe), str(rules_path)) if rules_path is not None
+             else _default_rules())
     if config_path is not None:
-        text = _read(config_path)
+        text = read_file(config_path, on_unsafe=on_unsafe)
         grants = load_grants(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
     else:
@@ -128,7 +146,17 @@ def _pattern_problem(pattern: str) -> str | None:
     except re.error as exc:
         return (f"invalid regular expression {_show(pattern)} ({exc.msg} at position {exc.pos}); "
                 "fix it, or escape literal characters with a backslash")
+    except OverflowError as exc:  # a repetition count beyond what re allows
+        return f"invalid regular expression {_show(pattern)} ({exc}); use a smaller count"
+    except RecursionError:
+        return f"invalid regular expression {_show(pattern)} (groups nested too deeply); nest fewer groups"
     return None
+
+
+def _pattern_error(item: tuple[str, int, str, str], text: str, source: str) -> tuple[int, str]:
+    key, index, pattern, problem = item
+    line = _item_line(text, key, pattern)
+    return line, f"{source}:{line}: patterns field {key}[{index}]: {problem}"
 
 
 def _item_line(text: str, key: str, pattern: str) -> int:

@@ -16,10 +16,14 @@ from __future__ import annotations
 import datetime
 import importlib.resources
 import json
+import os
+import pwd
 import re
+import stat
 import string
+import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -61,14 +65,21 @@ class RuleSetError(Exception):
 
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
+#: The longest duration a rule may give. A wait or deadline beyond a year is a typo, and
+#: an unbounded one would overflow the clock arithmetic it feeds.
+MAX_DURATION_DAYS = 365
 
 
 def parse_duration(value: object) -> float:
-    """Seconds in ``"90s"``, ``"5m"``, ``"2h"`` or ``"1d"``. A bare number is refused:
-    seconds or minutes would be a guess."""
+    """Seconds in ``"90s"``, ``"5m"``, ``"2h"`` or ``"1d"``, at most ``MAX_DURATION_DAYS``.
+    A bare number is refused: seconds or minutes would be a guess."""
     match = _DURATION.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise ValueError(f"invalid duration {_show(value)}; write a whole number and a unit: 90s, 5m, 2h or 1d")
+    limit = MAX_DURATION_DAYS * DURATION_UNITS["d"]
+    # the length first: int() of thousands of digits is refused (or slow) before any comparison
+    if len(match[1]) > len(str(limit)) or int(match[1]) * DURATION_UNITS[match[2]] > limit:
+        raise ValueError(f"duration {_show(value)} is too long; at most {MAX_DURATION_DAYS}d")
     return float(int(match[1]) * DURATION_UNITS[match[2]])
 
 
@@ -234,7 +245,7 @@ def _check_placeholders(text: str, kind: str) -> None:
             continue
         if name not in available:
             names = ", ".join(f"{{{n}}}" for n in available)
-            raise ValueError(f"unknown placeholder {{{name}}} for kind {kind}; available: {names}")
+            raise ValueError(f"unknown placeholder {_show('{' + name + '}')} for kind {kind}; available: {names}")
         if spec or conversion:
             raise ValueError(f"placeholder {{{name}}} takes no format spec or conversion; write {{{name}}}")
 
@@ -270,13 +281,105 @@ def _default_rules() -> tuple[Rule, ...]:
     return load_rules(resource.read_text(encoding="utf-8"), "rules/defaults.toml")
 
 
-def _read(path: Path) -> str:
+#: The most a rule or config file may hold. Real ones are a few KiB; the limit keeps a
+#: path that leads somewhere huge from filling memory while it is read.
+MAX_FILE_BYTES = 1 << 20
+#: What a path may lead to besides a regular file, by ``stat.S_IFMT``.
+_NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> str:
+    """The text of a rule or config file.
+
+    Only a regular file of at most ``MAX_FILE_BYTES`` is read: the path is opened
+    without blocking (a FIFO with no writer would wait forever) and checked on the
+    open descriptor, so a symlink to ``/dev/zero`` or a FIFO is refused at once.
+
+    A rule's ``verify`` and the config's commands run as this user, so a file that
+    someone else could have written is as good as their command (``unsafe_problem``):
+    with ``on_unsafe`` None it is refused, as ``tillerman run`` and its reloads do;
+    otherwise ``on_unsafe`` gets the same one-line message and the file is read anyway.
+    """
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
+    try:
+        st = os.fstat(fd)
+        kind = _NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
+        if kind is not None:
+            raise RuleSetError(f"{path}: {kind}, not a regular file; give the path of a rule or config file")
+        problem = unsafe_problem(path, st)
+        if problem is not None:
+            if on_unsafe is None:
+                raise RuleSetError(problem)
+            on_unsafe(problem)
+        data = _read_at_most(fd, MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise RuleSetError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, the most a rule or config file may hold;"
+                           " check the path given")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RuleSetError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RuleSetError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    while size < limit and (chunk := os.read(fd, min(limit - size, 1 << 16))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def unsafe_problem(path: Path, st: os.stat_result) -> str | None:
+    """Why someone other than this user or root could have written the file ``st``
+    describes, or None. As ssh does for its config: the file must be owned by the
+    effective user or root and writable by no group or other. The directories holding
+    it (as named, and after symlinks) are held to the same, since whoever can write a
+    directory can replace the file in it; a sticky directory such as /tmp is fine, as
+    only a file's owner may replace it there. Directories further up are not checked.
+    """
+    problem = _foreign_writer(st, path, sticky_ok=False)
+    if problem is not None:
+        return f"{path}: {problem}"
+    named = Path(os.path.abspath(path)).parent
+    for directory in dict.fromkeys((named, Path(os.path.realpath(path)).parent)):
+        try:
+            problem = _foreign_writer(os.stat(directory), directory, sticky_ok=True)
+        except OSError:
+            continue  # not ours to look at (no search permission): the file alone is judged
+        if problem is not None:
+            return f"{path}: its directory {directory} is {problem}"
+    return None
+
+
+_CONSEQUENCE = "tillerman run refuses it, since its commands would run as you"
+
+
+def _foreign_writer(st: os.stat_result, path: Path, *, sticky_ok: bool) -> str | None:
+    """What lets another user write ``path`` (described by ``st``), and the fix."""
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return f"owned by {_user(st.st_uid)}, not by you ({_user(me)}) or root: {_CONSEQUENCE}; fix: chown {_user(me)} {path}"
+    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit]
+    if writers and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        return (f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(st.st_mode):04o}): {_CONSEQUENCE};"
+                f" fix: chmod go-w {path}")
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 _TOML_POSITION = re.compile(r"(?P<what>.*) \(at line (?P<line>\d+), column (?P<column>\d+)\)")
@@ -285,6 +388,10 @@ _TOML_POSITION = re.compile(r"(?P<what>.*) \(at line (?P<line>\d+), column (?P<c
 def _parse_toml(text: str, source: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        line = _deepest_line(text)
+        raise RuleSetError(f"{source}:{line}: invalid TOML: arrays or tables nested too deeply; "
+                           "rule and config files need a few levels at most") from None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         where = _TOML_POSITION.fullmatch(message)
@@ -294,26 +401,60 @@ def _parse_toml(text: str, source: str) -> dict[str, Any]:
             line, what = int(where["line"]), f"{where['what']} at column {where['column']}"
         hint = 'strings need quotes, e.g. status = "active"' if what.startswith("Invalid value") else "fix the syntax there"
         raise RuleSetError(f"{source}:{line}: invalid TOML: {what}; {hint}") from None
+    except ValueError:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+        digits = re.search(r"[0-9_]{%d,}" % (sys.get_int_max_str_digits() + 1), text)
+        line = text.count("\n", 0, digits.start()) + 1 if digits else 1
+        raise RuleSetError(f"{source}:{line}: invalid TOML: a number of more than {sys.get_int_max_str_digits()} digits;"
+                           " write a smaller one") from None
+
+
+def _deepest_line(text: str) -> int:
+    """The line where brackets first nest deepest: where a too-deep nesting is. Brackets
+    in strings and comments count too: a guess, for an error message."""
+    depth, deepest, line, at = 0, 0, 1, 1
+    for char in text:
+        if char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, at = depth, line
+        elif char in "]}":
+            depth -= 1
+        elif char == "\n":
+            line += 1
+    return at
 
 
 def _check_unique_ids(specs: Sequence[RuleSpec], text: str, source: str) -> None:
-    first_line: dict[str, int] = {}
+    first: dict[str, int] = {}
     for index, spec in enumerate(specs):
-        line = _locate(text, ("rule", index, "id"))
-        if spec.id in first_line:
+        if spec.id in first:  # lines only for the error: locating every id is quadratic in the file
+            line, earlier = _locate(text, ("rule", index, "id")), _locate(text, ("rule", first[spec.id], "id"))
             raise RuleSetError(
                 f'{source}:{line}: rule "{spec.id}" field id: duplicate id, already used at line '
-                f"{first_line[spec.id]}; give each rule its own id (raise version to change a rule)"
+                f"{earlier}; give each rule its own id (raise version to change a rule)"
             )
-        first_line[spec.id] = line
+        first[spec.id] = index
+
+
+#: Errors shown for one file: each is located in the source, and a file with thousands
+#: of wrong entries needs its first ones fixed, not a screenful.
+MAX_ERRORS = 20
 
 
 def _validate(model: type[M], data: dict[str, Any], text: str, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = sorted(_describe(error, data, text, source) for error in exc.errors())
-        raise RuleSetError("\n".join(message for _, message in problems)) from None
+        raise RuleSetError(validation_report(exc.errors(), lambda error: _describe(error, data, text, source),
+                                             source)) from None
+
+
+def validation_report(errors: list[Any], describe: Callable[[Any], tuple[int, str]], source: str) -> str:
+    """The messages for the first ``MAX_ERRORS`` errors, in line order, and how many more."""
+    problems = sorted(describe(error) for error in errors[:MAX_ERRORS])
+    more = len(errors) - MAX_ERRORS
+    tail = [f"{source}:{problems[-1][0]}: and {more} more problems; fix these first"] if more > 0 else []
+    return "\n".join([message for _, message in problems] + tail)
 
 
 # -- error messages ---------------------------------------------------------------------------
@@ -433,7 +574,7 @@ def _owner_label(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
         return "top level"
     table = _dig(data, loc[:2])
     name = table.get("id" if loc[0] == "rule" else "subject") if isinstance(table, dict) else None
-    return f"{loc[0]} {json.dumps(name)}" if isinstance(name, str) else f"{loc[0]} #{loc[1] + 1}"
+    return f"{loc[0]} {_show(name)}" if isinstance(name, str) else f"{loc[0]} #{loc[1] + 1}"
 
 
 def _dig(data: Any, path: tuple[Any, ...]) -> Any:
@@ -442,8 +583,17 @@ def _dig(data: Any, path: tuple[Any, ...]) -> Any:
     return data
 
 
+#: How much of a value an error message quotes.
+SHOW_CHARS = 60
+
+
 def _show(value: object) -> str:
-    return json.dumps(value) if isinstance(value, str) else str(value)
+    """A value as an error quotes it: one line, at most about ``SHOW_CHARS`` characters."""
+    try:
+        text = json.dumps(value[: SHOW_CHARS + 1]) if isinstance(value, str) else str(value).replace("\n", " ")
+    except ValueError:  # an integer of thousands of digits (Python refuses to print it)
+        return "a number too large to show"
+    return text if len(text) <= SHOW_CHARS else text[:SHOW_CHARS] + "…"
 
 
 # -- finding the line of a table or key in TOML source --------------------------------------

@@ -162,7 +162,8 @@ def duration_text(seconds: float) -> str:
 
 
 def _string(value: str) -> str:
-    return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    # a JSON string is a TOML basic string, but for DEL, which TOML wants escaped too
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _threads(value: str | tuple[str, ...]) -> str:

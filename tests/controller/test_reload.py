@@ -210,3 +210,127 @@ def test_an_explicit_config_is_the_one_watched_not_the_default(tmp_path):
     mine.unlink()
     outcome = reloader.poll(3.0)  # an explicit file that goes away is an error, not "no file"
     assert outcome.effective is None and "mine.toml: cannot read it" in outcome.envelopes[0].event.error
+
+
+# -- every kind of bad file: rejected and recorded, the last good set keeps deciding ------------
+
+
+def _replace(path, make) -> None:
+    """Put something new at ``path`` the way an editor or an attacker would: built beside
+    it, renamed over it."""
+    staged = path.with_name("staged")
+    make(staged)
+    if path.is_dir() or staged.is_dir():  # a rename cannot swap a directory and a file
+        path.rmdir() if path.is_dir() else path.unlink()
+    os.replace(staged, path)
+
+
+def _text(text: str):
+    def make(staged):
+        staged.write_text(text)
+    return make
+
+
+def _bytes(data: bytes):
+    def make(staged):
+        staged.write_bytes(data)
+    return make
+
+
+GOOD_RULE = RULE.format(version=1, count=3)
+BAD_FILES = {
+    # kind: (file, how it goes bad, what the rejection says)
+    "nested too deeply": ("rules", _text(GOOD_RULE + "x = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+                          ":9: invalid TOML: arrays or tables nested too deeply"),
+    "overflowing duration": ("rules", _text(GOOD_RULE.replace('report_overdue"', 'report_overdue"\nack_deadline = "'
+                                                              + "9" * 400 + 's"')),
+                             "field ack_deadline: duration"),
+    "symlink to /dev/zero": ("rules", lambda staged: staged.symlink_to("/dev/zero"), ": a character device, not a regular file"),
+    "FIFO": ("rules", os.mkfifo, ": a FIFO (named pipe), not a regular file"),
+    "directory": ("config", os.mkdir, ": a directory, not a regular file"),
+    "over 1 MiB": ("config", _text(CONFIG + "#" * (1 << 20)), ": larger than 1 MiB"),
+    "not UTF-8": ("config", _bytes(b"# caf\xe9\n"), ":1: not UTF-8 text"),
+    "NUL byte": ("rules", _bytes(GOOD_RULE.encode() + b'text = "a\x00b"\n'), ":9: invalid TOML"),
+    "huge number": ("rules", _text(GOOD_RULE.replace("version = 1", "version = " + "9" * 4300).replace(
+        "count = 3", "count = " + "9" * 5000)), ":7: invalid TOML: a number of more than 4300 digits"),
+    "wrong type": ("config", _text("[patterns]\ncritical = 5\n"), ":2: patterns field critical: must be a list"),
+    "world-writable": ("rules", lambda staged: (_text(GOOD_RULE)(staged), staged.chmod(0o666)),
+                       ": writable by group and others (mode 0666): tillerman run refuses it"),
+    "owned by another user": ("config", lambda staged: (_text(CONFIG)(staged), os.chown(staged, 65534, 65534)),
+                              ": owned by nobody, not by you"),
+}
+
+
+def test_every_kind_of_bad_file_is_rejected_and_the_last_good_set_keeps_deciding(tmp_path):
+    paths = {"rules": tmp_path / "rules.toml", "config": tmp_path / "config.toml"}
+    paths["rules"].write_text(GOOD_RULE)
+    paths["config"].write_text(CONFIG)
+    good = load_effective(paths["rules"], paths["config"])
+    reloader = RuleReloader(paths["rules"], paths["config"], good)
+    reloader.poll(0.0)
+    now, version = 1.0, 1
+    for kind, (which, spoil, says) in BAD_FILES.items():
+        _replace(paths[which], spoil)
+        outcome = reloader.poll(now)
+        (rejected,) = [e.event for e in outcome.envelopes]
+        assert isinstance(rejected, ev.RulesetRejected), kind
+        assert rejected.error.startswith(str(paths[which])) and says in rejected.error.splitlines()[0], (kind, rejected.error[:300])
+        assert (outcome.effective, rejected.kept_digest, reloader.effective) == (None, good.ruleset.digest, good), kind
+        assert reloader.poll(now + 0.5).envelopes == [], kind  # rejected once, not on every poll
+
+        # fixed (with a new version of the rule, so that the change shows): loaded and in force
+        version += 1
+        _replace(paths["rules"], _text(RULE.format(version=version, count=3)))
+        _replace(paths["config"], _text(CONFIG))
+        outcome = reloader.poll(now + 1)
+        (loaded,) = [e.event for e in outcome.envelopes]
+        assert isinstance(loaded, ev.RulesetLoaded) and loaded.previous_digest == good.ruleset.digest, kind
+        good = outcome.effective
+        assert good.ruleset.rules[0].version == version and reloader.effective == good, kind
+        now += 2
+
+
+def test_a_loader_fault_is_recorded_as_a_rejection_not_a_dead_daemon(tmp_path, monkeypatch):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(GOOD_RULE)
+    good = load_effective(rules, None)
+    reloader = RuleReloader(rules, None, good)
+    reloader.poll(0.0)
+
+    def broken(*args, **kwargs):
+        raise KeyError("kind")
+
+    monkeypatch.setattr("controller.reload.load_effective", broken)
+    rules.write_text(RULE.format(version=2, count=3))
+    outcome = reloader.poll(1.0)
+    (rejected,) = [e.event for e in outcome.envelopes]
+    assert rejected.error == ("the files could not be loaded (KeyError: 'kind'); check them with tillerman rules"
+                              " validate")
+    assert (outcome.effective, reloader.effective) == (None, good)
+
+
+def test_the_daemon_survives_a_deeply_nested_rule_file_and_one_replaced_by_dev_zero(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(GOOD_RULE)
+    first = load_effective(rules, None)
+    recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
+
+    async def scenario():
+        daemon = Daemon(recorder, first.ruleset, DaemonOptions(url="ws://127.0.0.1:1", rules_path=str(rules)))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(daemon._watch_rules, 0.02)
+            await until(lambda: kinds(recorder, "ruleset_loaded"))
+            _replace(rules, BAD_FILES["nested too deeply"][1])
+            await until(lambda: len(kinds(recorder, "ruleset_rejected")) == 1)
+            _replace(rules, BAD_FILES["symlink to /dev/zero"][1])
+            await until(lambda: len(kinds(recorder, "ruleset_rejected")) == 2)
+            assert daemon.step.ruleset == first.ruleset
+            _replace(rules, _text(RULE.format(version=2, count=3)))
+            await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 2)
+            assert daemon.step.ruleset.rules[0].version == 2
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(scenario)
+    finally:
+        recorder.close()

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import resource
 import shutil
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +25,7 @@ from rules.owner import local_login
 ROOT = Path(__file__).resolve().parents[2]
 DIS = ROOT / "fixtures" / "disagreement"
 NO_OWNER_GRANT = "\n[defaults]\nowner_grant = false\n"
+NOBODY = pwd.getpwnam("nobody")
 
 PROPOSAL = """\
 [[rule]]
@@ -324,3 +331,88 @@ def test_propose_by_defaults_to_the_login_name_not_user(here, monkeypatch):
     monkeypatch.delenv("USER", raising=False)
     code, out, _ = run("propose", "proposal.toml", "--json")
     assert code == 0 and json.loads(out)["proposed_by"] == local_login()
+
+
+# -- files others could write, and paths that are not files ----------------------------------
+
+
+def tillerman(*args, cwd, timeout=60):
+    """The real command in its own process, bounded: what hangs or eats memory fails the
+    test instead of the machine."""
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # noqa: E731
+    return subprocess.run([sys.executable, "-m", "controller", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=limit,
+                          env={**os.environ, "XDG_CONFIG_HOME": str(cwd), "PYTHONPATH": str(ROOT)})
+
+
+def test_run_refuses_rule_and_config_files_others_could_have_written(here):
+    (here / "rules.toml").write_text(PROPOSAL.replace('"proposed"', '"active"') + 'verify = "id > pwned"\n')
+    (here / "rules.toml").chmod(0o666)
+    (here / "sessions").mkdir()
+    done = tillerman("run", "--no-codex", "--watch", "sessions", "--rules", "rules.toml", cwd=here)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("Error: rules.toml: writable by group and others (mode 0666): tillerman run refuses it,"
+                           " since its commands would run as you; fix: chmod go-w rules.toml\n")
+    (here / "rules.toml").chmod(0o644)
+    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n')
+    os.chown(here / "config.toml", NOBODY.pw_uid, NOBODY.pw_gid)
+    done = tillerman("run", "--no-codex", "--watch", "sessions", "--rules", "rules.toml", "--config", "config.toml",
+                     cwd=here)
+    assert done.returncode == 2 and done.stderr.startswith("Error: config.toml: owned by nobody, not by you")
+    assert not (here / "pwned").exists()
+
+
+def test_reading_commands_warn_about_files_others_could_have_written(here):
+    (here / "proposal.toml").chmod(0o664)
+    warning = ("warning: proposal.toml: writable by group (mode 0664): tillerman run refuses it, since its commands"
+               " would run as you; fix: chmod go-w proposal.toml\n")
+    code, out, err = run("validate", "proposal.toml")
+    assert (code, err) == (0, warning) and "valid rule file" in out
+    code, _, err = run("show", "--rules", "proposal.toml")
+    assert (code, err) == (0, warning)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_validate_of_a_fifo_or_a_device_is_one_line_at_once(here, kind):
+    path = here / "rules.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+        what = "a FIFO (named pipe)"
+    else:
+        path.symlink_to("/dev/zero")
+        what = "a character device"
+    done = tillerman("rules", "validate", "rules.toml", cwd=here, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"Error: rules.toml: {what}, not a regular file; give the path of a rule or config file\n")
+
+
+def test_promote_keeps_the_rule_file_mode_owner_and_symlink(here):
+    run("propose", "proposal.toml")
+    real = here / "dotfiles" / "rules.toml"
+    real.parent.mkdir()
+    shutil.copy(ROOT / "rules" / "defaults.toml", real)
+    real.chmod(0o600)
+    os.chown(real, NOBODY.pw_uid, NOBODY.pw_gid)
+    (here / "rules.toml").symlink_to(real)
+    code, _, err = run("promote", "quiet-steer", "--to", "shadow", "--by", "ann", "--evaluation", "e",
+                       "--rollback-trigger", "r", "--rules", "rules.toml")
+    assert code == 0 and err.startswith("warning: rules.toml: owned by nobody")  # as it was before the promotion
+    assert (here / "rules.toml").is_symlink()
+    st = os.stat(real)
+    assert (oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid) == ("0o600", NOBODY.pw_uid, NOBODY.pw_gid)
+    assert {r.id: r.status for r in load_rules(real.read_text(), "x")}["quiet-steer"] == "shadow"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["rules.toml"]  # nothing staged is left behind
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("x = " + "9" * 5000 + "\n", "cannot install the rule (Exceeds the limit (4300 digits)"),
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "cannot install the rule (maximum recursion depth exceeded"),
+])
+def test_promote_into_a_hostile_rule_file_is_one_line_and_writes_nothing(here, content, says):
+    run("propose", "proposal.toml")
+    (here / "rules.toml").write_text(content)
+    code, out, err = run("promote", "quiet-steer", "--to", "shadow", "--by", "a", "--evaluation", "e",
+                         "--rollback-trigger", "r", "--rules", "rules.toml")
+    assert (code, out) == (2, "") and err.startswith(f"Error: rules.toml: {says}") and len(err.splitlines()) == 1
+    assert (here / "rules.toml").read_text() == content
+    assert json.loads(run("proposals", "--json")[1])[0]["status"] == "proposed"

@@ -273,7 +273,7 @@ review_by = 2027-03-01
         pytest.param(
             'condition = { kind = "repeated_failure", count = 3 }\naction = "steer"\n'
             'text = "Stop {command_name}"\n',
-            'rules.toml:9: rule "stall" field text: unknown placeholder {command_name} for kind repeated_failure; '
+            'rules.toml:9: rule "stall" field text: unknown placeholder "{command_name}" for kind repeated_failure; '
             "available: {thread_id}, {turn_id}, {count}, {tool}, {exit_code}, {args_digest}",
             id="unknown placeholder",
         ),
@@ -360,7 +360,7 @@ def test_rules_file_that_is_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b'# caf\xe9\n')
     with pytest.raises(RuleSetError) as caught:
         load_effective(path, None)
-    assert str(caught.value) == f"{path}: not UTF-8 text (invalid continuation byte at byte 5); save it as UTF-8"
+    assert str(caught.value) == f"{path}:1: not UTF-8 text (invalid continuation byte at byte 5); save it as UTF-8"
 
 
 # -- config file errors -------------------------------------------------------------------
