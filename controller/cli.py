@@ -21,6 +21,7 @@ from controller.output import (
     json_option,
     print_json,
     print_table,
+    warn_undecodable,
 )
 from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from controller.overdue import overdue as find_overdue
@@ -31,11 +32,12 @@ from ledger import projections
 from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
-from monitor.codex_home import OWN_CLIENT_NAME, codex_home, resolve_target
+from monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from rules.config import Effective, config_file, load_effective
 from rules.files import RuleSetError
 from rules.owner import local_login
 
+SEQ_MAX = 2**63 - 1  # SQLite's largest integer
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
 
@@ -49,15 +51,31 @@ def default_ledger_path() -> Path:
 
 def ledger_file(path: str | None) -> Path:
     """The ledger's absolute path: resolved here, at the edge, because the daemon matches
-    it against the absolute paths the kernel reports for its WAL file."""
+    it against the absolute paths the kernel reports for its WAL file. A URL (a
+    ``postgresql://`` DSN) is refused, not taken for a folder named ``postgresql:``."""
+    given = path if path is not None else os.environ.get("TILLERMAN_LEDGER")
+    if given is not None and "://" in given:
+        scheme = given.split("://", 1)[0]
+        raise Fail(f"ledger {scheme}:// is not supported yet; give --ledger the path of a SQLite file")
+    if path is not None and not path.strip():
+        raise Fail("--ledger is empty; give the path of the ledger file")
     return (Path(path) if path else default_ledger_path()).absolute()
 
 
 def open_ledger(path: str | None, *, must_exist: bool = False) -> SQLiteRecorder:
+    """``must_exist``: a reading command, which never creates a ledger (or its folders)
+    where none is; a writing command creates one."""
     target = ledger_file(path)
     if must_exist and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
+    if target.is_dir():
+        raise Fail(f"{target} is a directory; give --ledger the path of the ledger file")
     return SQLiteRecorder(target)
+
+
+def parse_now(now_text: str | None) -> float:
+    """``--now``: absent means the clock; given, it must be a time (an empty one is an error)."""
+    return time.time() if now_text is None else parse_time(now_text)
 
 
 def ledger_option(fn):
@@ -140,7 +158,7 @@ def intent_cancel(intent_id, ledger_path):
     with open_ledger(ledger_path, must_exist=True) as ledger:
         try:
             intent_lib.cancel(ledger, intent_id)
-        except intent_lib.IntentError as exc:
+        except intent_lib.IntentError as exc:  # not proposed, or the daemon moved it first
             raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
     click.echo(f"cancelled {intent_id}")
 
@@ -184,8 +202,9 @@ def intents_list(state, as_json, ledger_path):
 
     Example: tillerman intents --state queued --json
     """
-    with open_ledger(ledger_path) as ledger:
+    with open_ledger(ledger_path, must_exist=True) as ledger:
         projection = projections.load(ledger)
+    warn_undecodable(projection.undecodable)
     views = [v for v in projection.intents.values() if state is None or v.state == state]
     views.sort(key=lambda v: (-v.intent.created_at, v.intent.id))
     rows = [intent_json(v, history=False) for v in views]
@@ -216,7 +235,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
     effective = load_rules_or_fail(rules_path, config_path)
-    recorder = SQLiteRecorder(ledger_path) if ledger_path else MemoryRecorder()
+    recorder = open_ledger(ledger_path) if ledger_path is not None else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
@@ -227,7 +246,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
         if progress:
             progress.done()
         recorder.close()
-    if ledger_path:
+    if ledger_path is not None:
         summary.ledger = ledger_path
     if as_json:
         print_json(summary)
@@ -285,6 +304,8 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effec
 @click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow --codex ws://HOST on another machine (its WebSocket has no authentication by default).")
 @click.option("--client-name",
               help="clientInfo.name to initialize with (default: codex-tui on Codex's shared server, so the"
                    " user's threads are not branded; tillerman elsewhere).")
@@ -297,8 +318,8 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effec
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledger_path, config_path, rules_path,
-            trace_path, retain_payloads, dry_run, on_overdue, verbose):
+def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, client_name, ledger_path, config_path,
+            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
@@ -312,16 +333,19 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
 
     Example: tillerman run --watch ~/.codex/sessions
     """
-    if no_codex and (url or spawn_codex):
+    if no_codex and (url is not None or spawn_codex):
         raise Fail("--no-codex attaches to no app-server: drop --codex and --spawn-codex, or drop --no-codex")
     if no_codex and not watch_dirs:
         raise Fail("nothing to supervise with --no-codex: add --watch DIR (e.g. --watch ~/.codex/sessions)")
-    if url and spawn_codex:
+    if url is not None and spawn_codex:
         raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
+    _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
+    target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
+    path = ledger_file(ledger_path)
     effective = load_rules_or_fail(rules_path, config_path)
     server = None
     if spawn_codex:
@@ -335,8 +359,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
             raise Fail(str(exc)) from exc
         url = server.url
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
-    target = None if no_codex else resolve_target(url, client_name)
-    path = ledger_file(ledger_path)
+        target = _target(url, client_name, allow_remote)
     from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
 
     options = DaemonOptions(url=target.url if target else None,
@@ -356,6 +379,34 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
             server.stop()
 
 
+def _target(url: str | None, client_name: str | None, allow_remote: bool) -> Target:
+    """The app-server to attach to. Its WebSocket has no authentication by default, so a
+    host on another machine is refused unless ``--allow-remote`` says it is meant."""
+    try:
+        target = resolve_target(url, client_name)
+    except TargetError as exc:
+        raise Fail(str(exc)) from exc
+    if target.remote:
+        risk = (f"{target.url} is not on this machine, and the app-server's WebSocket has no authentication by"
+                " default: anyone who can reach it can drive your agents")
+        if not allow_remote:
+            raise Fail(f"{risk}; give --allow-remote if that is meant, or attach over unix:// or a loopback ws://")
+        click.echo(f"warning: {risk}", err=True)
+    return target
+
+
+def _check_run_options(*, client_name: str | None, on_overdue: str | None, trace_path: str | None) -> None:
+    """What can be checked before the daemon starts, so that a typo is one line, not a
+    failure inside the running daemon."""
+    for option, value in (("--client-name", client_name), ("--on-overdue", on_overdue), ("--trace", trace_path)):
+        if value is not None and not value.strip():
+            raise Fail(f"{option} is empty; give a value or leave the option out")
+    if trace_path is not None:
+        folder = Path(trace_path).absolute().parent
+        if not folder.is_dir():
+            raise Fail(f"cannot write the trace {trace_path}: the folder {folder} does not exist")
+
+
 @main.command("status")
 @json_option
 @ledger_option
@@ -371,6 +422,7 @@ def status_cmd(as_json, ledger_path):
         from controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
+    warn_undecodable({int(seq): why for seq, why in data["undecodable"].items()})
     if as_json:
         print_json(data)
         return
@@ -440,9 +492,11 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
 
     Example: tillerman overdue --check --json
     """
-    now = parse_time(now_text) if now_text else time.time()
-    with open_ledger(ledger_path) as ledger:
-        found = find_overdue(projections.load(ledger), now)
+    now = parse_now(now_text)
+    with open_ledger(ledger_path, must_exist=True) as ledger:
+        projection = projections.load(ledger)
+    warn_undecodable(projection.undecodable)
+    found = find_overdue(projection, now)
     rows = [overdue_json(o) for o in found]
     if as_json:
         print_json(rows)
@@ -489,7 +543,7 @@ def ledger_verify(as_json, ledger_path):
 
 
 @ledger.command("export")
-@click.option("--after", type=int, default=0, help="Only entries after this seq.")
+@click.option("--after", type=click.IntRange(min=0, max=SEQ_MAX), default=0, help="Only entries after this seq.")
 @ledger_option
 @errors_to_exit_codes
 def ledger_export(after, ledger_path):

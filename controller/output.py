@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import click
 import msgspec
@@ -46,6 +46,16 @@ def print_table(rows: Sequence[dict], columns: Sequence[str], empty: str) -> Non
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def warn_undecodable(undecodable: Mapping[int, str], shown: int = 5) -> None:
+    """One stderr line per ledger row the fold skipped because it does not decode (the
+    first few): the rest of the ledger is still read and shown."""
+    for seq in sorted(undecodable)[:shown]:
+        click.echo(f"warning: ledger seq {seq} cannot be decoded and was skipped ({undecodable[seq]})", err=True)
+    if len(undecodable) > shown:
+        click.echo(f"warning: {len(undecodable) - shown} more ledger rows cannot be decoded and were skipped",
+                   err=True)
 
 
 def errors_to_exit_codes(fn: Callable) -> Callable:

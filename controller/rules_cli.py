@@ -15,11 +15,11 @@ from pathlib import Path
 import click
 import msgspec
 
-from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger
+from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now
 from controller.disagreement import DiffReport, diff
 from controller.output import EXIT_CHECK_FAILED, EXIT_USAGE, Fail, errors_to_exit_codes, json_option, print_json, print_table
 from controller.replay import ReplayError
-from controller.timefmt import iso, parse_time
+from controller.timefmt import iso
 from ledger.events import Envelope, RulePromoted, RuleProposed
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from rules import lifecycle
@@ -120,7 +120,7 @@ def rules_show(rules_path, config_path, now_text, as_json):
     """
     effective = load_rules_or_fail(rules_path, config_path)
     used = config_file(config_path)
-    now = parse_time(now_text) if now_text else time.time()
+    now = parse_now(now_text)
     ruleset, patterns = effective.ruleset, effective.patterns
     data = {
         "digest": ruleset.digest,
@@ -314,6 +314,9 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
     for name, value in (("--by", by), ("--evaluation", evaluation), ("--rollback-trigger", rollback)):
         if not value.strip():
             raise Fail(f"{name} is empty; say who, which evaluation, and what sends the rule back")
+    if rules_path is not None and not Path(rules_path).absolute().parent.is_dir():
+        raise Fail(f"cannot install the rule in {rules_path}: the folder {Path(rules_path).absolute().parent}"
+                   " does not exist")
     with open_ledger(ledger_path) as ledger:
         life = _lifecycles(ledger).get(rule_id)
         problem = lifecycle.promotion_problem(life, rule_id, to)
@@ -381,7 +384,7 @@ def rules_proposals(ledger_path, as_json):
 
     Example: tillerman rules proposals --json
     """
-    with open_ledger(ledger_path) as ledger:
+    with open_ledger(ledger_path, must_exist=True) as ledger:
         lives = sorted(_lifecycles(ledger).values(), key=lambda life: life.rule_id)
     rows = [_life_json(life) for life in lives]
     if as_json:
