@@ -27,7 +27,7 @@ from controller.codex_process import AppServer, AppServerStartError, CodexBinary
 from controller.overdue import overdue as find_overdue
 from controller.replay import FORMATS, Replayer, ReplayError
 from controller.render import intent_json, overdue_json
-from controller.timefmt import format_duration, parse_duration, parse_time
+from controller.timefmt import format_duration, parse_duration, parse_time, shorten
 from ledger import projections
 from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
@@ -88,7 +88,18 @@ def _duration(ctx, param, value):
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+        raise Fail(f"{param.opts[0]}: {exc}") from exc
+
+
+def _seq(ctx, param, value: str) -> int:
+    """A ledger seq: a whole number SQLite can compare (0 to 2**63 - 1)."""
+    try:
+        seq = int(value)
+    except ValueError:
+        seq = -1
+    if not 0 <= seq <= SEQ_MAX:
+        raise Fail(f"{param.opts[0]} {shorten(value)!r} is not a ledger seq; give a whole number from 0 to {SEQ_MAX}")
+    return seq
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -543,7 +554,7 @@ def ledger_verify(as_json, ledger_path):
 
 
 @ledger.command("export")
-@click.option("--after", type=click.IntRange(min=0, max=SEQ_MAX), default=0, help="Only entries after this seq.")
+@click.option("--after", callback=_seq, default="0", help="Only entries after this seq.")
 @ledger_option
 @errors_to_exit_codes
 def ledger_export(after, ledger_path):

@@ -26,13 +26,13 @@ def parse_duration(text: str) -> float:
     """``90s``, ``5m``, ``2h``, ``1d`` (or ``250ms``) -> seconds, at most ``MAX_DURATION``."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"{text!r} is not a duration; write it like 90s, 5m, 2h or 1d")
+        raise ValueError(f"{shorten(text)!r} is not a duration; write it like 90s, 5m, 2h or 1d")
     return check_duration(float(match.group(1)) * _UNIT_SECONDS[match.group(2)], text=text)
 
 
 def check_duration(seconds: float, name: str = "duration", *, text: str | None = None) -> float:
     """``seconds`` unless it is not finite, not positive or longer than ``MAX_DURATION``."""
-    shown = text if text is not None else f"{seconds!r}s"
+    shown = shorten(text if text is not None else f"{seconds!r}s")
     if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not math.isfinite(seconds):
         raise ValueError(f"{name} {shown!r} is not a finite duration; write it like 90s, 5m, 2h or 1d")
     if seconds <= 0:
@@ -40,6 +40,11 @@ def check_duration(seconds: float, name: str = "duration", *, text: str | None =
     if seconds > MAX_DURATION:
         raise ValueError(f"{name} {shown!r} is longer than {format_duration(MAX_DURATION)}; give a shorter one")
     return float(seconds)
+
+
+def shorten(text: str, limit: int = 40) -> str:
+    """A value quoted back to a person, cut to a readable length."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def check_time(ts: float, name: str = "time") -> float:
@@ -77,10 +82,10 @@ def parse_time(text: str) -> float:
     try:
         dt = datetime.fromisoformat(text.strip().replace("z", "Z"))
     except ValueError:
-        raise ValueError(f"{text!r} is not an ISO-8601 time; write it like 2026-11-30T12:00:00Z") from None
+        raise ValueError(f"{shorten(text)!r} is not an ISO-8601 time; write it like 2026-11-30T12:00:00Z") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     try:
         return check_time(dt.timestamp())
     except (ValueError, OverflowError):
-        raise ValueError(f"{text!r} is outside the years 1970 to 9998; give a time in that range") from None
+        raise ValueError(f"{shorten(text)!r} is outside the years 1970 to 9998; give a time in that range") from None
