@@ -17,6 +17,7 @@ from controller import intents as intent_lib
 from controller.output import (
     EXIT_CHECK_FAILED,
     Fail,
+    PathType,
     errors_to_exit_codes,
     json_option,
     print_json,
@@ -25,7 +26,7 @@ from controller.output import (
 )
 from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from controller.overdue import overdue as find_overdue
-from controller.replay import FORMATS, Replayer, ReplayError
+from controller.replay import FORMATS, Replayer, ReplayError, collect_files
 from controller.render import intent_json, overdue_json
 from controller.timefmt import format_duration, parse_duration, parse_time, shorten
 from ledger import projections
@@ -68,8 +69,8 @@ def open_ledger(path: str | None, *, must_exist: bool = False) -> SQLiteRecorder
     target = ledger_file(path)
     if must_exist and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
-    if target.is_dir():
-        raise Fail(f"{target} is a directory; give --ledger the path of the ledger file")
+    if target.exists() and not target.is_file():  # a FIFO or a device: SQLite would block or write beside it
+        raise Fail(f"{target} is not a regular file; give --ledger the path of the ledger file")
     return SQLiteRecorder(target)
 
 
@@ -79,7 +80,7 @@ def parse_now(now_text: str | None) -> float:
 
 
 def ledger_option(fn):
-    return click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), help=LEDGER_HELP)(fn)
+    return click.option("--ledger", "ledger_path", type=PathType(dir_okay=False), help=LEDGER_HELP)(fn)
 
 
 def _duration(ctx, param, value):
@@ -231,10 +232,10 @@ def intents_list(state, as_json, ledger_path):
 @main.command("replay")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Input format; auto detects it per file.")
-@click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False),
+@click.option("--ledger", "ledger_path", type=PathType(dir_okay=False),
               help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
+@click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
@@ -246,11 +247,15 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
     effective = load_rules_or_fail(rules_path, config_path)
+    try:
+        found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
+    except ReplayError as exc:
+        raise Fail(str(exc)) from exc
     recorder = open_ledger(ledger_path) if ledger_path is not None else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                           retain_payloads=retain_payloads, progress=progress).run(list(paths))
+                           retain_payloads=retain_payloads, progress=progress).run(found)
     except ReplayError as exc:
         raise Fail(str(exc)) from exc
     finally:
@@ -309,10 +314,10 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effec
 @click.option("--no-codex", is_flag=True, help="Attach to no app-server: follow --watch files only.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
-@click.option("--codex-bin", type=click.Path(dir_okay=False),
+@click.option("--codex-bin", type=PathType(dir_okay=False),
               help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
                    " else the one of the openai-codex-cli-bin package).")
-@click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--watch", "watch_dirs", multiple=True, type=PathType(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
 @click.option("--allow-remote", is_flag=True,
@@ -321,9 +326,9 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None) -> Effec
               help="clientInfo.name to initialize with (default: codex-tui on Codex's shared server, so the"
                    " user's threads are not branded; tillerman elsewhere).")
 @ledger_option
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Record the JSON-RPC exchanged here.")
+@click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
+@click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--trace", "trace_path", type=PathType(dir_okay=False), help="Record the JSON-RPC exchanged here.")
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text in the ledger and trace.")
 @click.option("--dry-run", is_flag=True, help="Decide and record, never dispatch (shadow mode).")
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
@@ -471,7 +476,7 @@ def _daemon_lines(daemon: dict) -> list[str]:
 
 
 @main.command("shim", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("socket_path", type=click.Path(dir_okay=False))
+@click.argument("socket_path", type=PathType(dir_okay=False))
 @click.argument("ignored", nargs=-1, type=click.UNPROCESSED)
 def shim_cmd(socket_path, ignored):
     """Stand in for `codex app-server` for a harness that can only spawn a stdio server:

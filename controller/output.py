@@ -29,6 +29,17 @@ class Fail(click.ClickException):
         self.exit_code = exit_code
 
 
+class PathType(click.Path):
+    """``click.Path`` that answers a name the system cannot take (a NUL byte, a name
+    too long) with a usage error, not an exception from ``os.stat``."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except (ValueError, OSError) as exc:
+            self.fail(f"{value[:40]!r} cannot be a path ({exc})", param, ctx)
+
+
 def json_option(fn):
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
 
@@ -75,5 +86,7 @@ def errors_to_exit_codes(fn: Callable) -> Callable:
             raise Fail(str(exc)) from exc
         except ValueError as exc:  # our own validation (durations, times, intent requests)
             raise Fail(str(exc)) from exc
+        except OSError as exc:  # a path the system refuses (too long, not permitted, …)
+            raise Fail(f"{exc.filename!s:.80}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
 
     return wrapper
