@@ -402,6 +402,9 @@ class Daemon:
         for entry in self.recorder.read(after_seq=self.projection.seq):
             self.projection.apply(entry)
             event = entry.envelope.event
+            if isinstance(event, ev.Undecodable):
+                log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
+                            entry.seq, event.stored_kind, event.error)
             if event.thread_id is not None:
                 touched.add(event.thread_id)
             if isinstance(event, ev.IntentProposed):
