@@ -18,25 +18,28 @@ from controller.output import (
     EXIT_ANCHOR_STALE,
     EXIT_CHECK_FAILED,
     Fail,
+    PathType,
     errors_to_exit_codes,
     json_option,
     print_json,
     print_table,
+    warn_undecodable,
 )
 from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from controller.overdue import overdue as find_overdue
-from controller.replay import FORMATS, Replayer, ReplayError
+from controller.replay import FORMATS, Replayer, ReplayError, collect_files
 from controller.render import intent_json, overdue_json
-from controller.timefmt import format_duration, parse_duration, parse_time
+from controller.timefmt import format_duration, parse_duration, parse_time, shorten
 from ledger import projections
 from ledger.intent_states import State
 from ledger.memory import MemoryRecorder
 from ledger.sqlite import SQLiteRecorder
-from monitor.codex_home import OWN_CLIENT_NAME, codex_home, resolve_target
+from monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from rules.config import Effective, config_file, load_effective
 from rules.files import RuleSetError
 from rules.owner import local_login
 
+SEQ_MAX = 2**63 - 1  # SQLite's largest integer
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
 
@@ -50,16 +53,27 @@ def default_ledger_path() -> Path:
 
 def ledger_file(path: str | None) -> Path:
     """The ledger's absolute path: resolved here, at the edge, because the daemon matches
-    it against the absolute paths the kernel reports for its WAL file."""
+    it against the absolute paths the kernel reports for its WAL file. A URL (a
+    ``postgresql://`` DSN) is refused, not taken for a folder named ``postgresql:``."""
+    given = path if path is not None else os.environ.get("TILLERMAN_LEDGER")
+    if given is not None and "://" in given:
+        scheme = given.split("://", 1)[0]
+        raise Fail(f"ledger {scheme}:// is not supported yet; give --ledger the path of a SQLite file")
+    if path is not None and not path.strip():
+        raise Fail("--ledger is empty; give the path of the ledger file")
     return (Path(path) if path else default_ledger_path()).absolute()
 
 
 def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> SQLiteRecorder:
-    """``readonly``: for the commands that only read; they never write (no migration, no
-    anchor, no snapshot), so they work on a read-only file or a full disk."""
+    """``must_exist``: a reading command, which never creates a ledger (or its folders) where
+    none is; a writing command creates one. ``readonly``: for the commands that only read;
+    they never write (no migration, no anchor, no snapshot), so they work on a read-only
+    file or a full disk."""
     target = ledger_file(path)
     if (must_exist or readonly) and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
+    if target.exists() and not target.is_file():  # a FIFO or a device: SQLite would block or write beside it
+        raise Fail(f"{target} is not a regular file; give --ledger the path of the ledger file")
     return SQLiteRecorder(target, readonly=readonly)
 
 
@@ -83,8 +97,13 @@ def report_anchor(ledger: SQLiteRecorder) -> None:
         sys.exit(EXIT_ANCHOR_STALE)
 
 
+def parse_now(now_text: str | None) -> float:
+    """``--now``: absent means the clock; given, it must be a time (an empty one is an error)."""
+    return time.time() if now_text is None else parse_time(now_text)
+
+
 def ledger_option(fn):
-    return click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), help=LEDGER_HELP)(fn)
+    return click.option("--ledger", "ledger_path", type=PathType(dir_okay=False), help=LEDGER_HELP)(fn)
 
 
 def _duration(ctx, param, value):
@@ -93,7 +112,18 @@ def _duration(ctx, param, value):
     try:
         return parse_duration(value)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+        raise Fail(f"{param.opts[0]}: {exc}") from exc
+
+
+def _seq(ctx, param, value: str) -> int:
+    """A ledger seq: a whole number SQLite can compare (0 to 2**63 - 1)."""
+    try:
+        seq = int(value)
+    except ValueError:
+        seq = -1
+    if not 0 <= seq <= SEQ_MAX:
+        raise Fail(f"{param.opts[0]} {shorten(value)!r} is not a ledger seq; give a whole number from 0 to {SEQ_MAX}")
+    return seq
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -164,7 +194,7 @@ def intent_cancel(intent_id, ledger_path):
     with open_ledger(ledger_path, must_exist=True) as ledger:
         try:
             intent_lib.cancel(ledger, intent_id)
-        except intent_lib.IntentError as exc:
+        except intent_lib.IntentError as exc:  # not proposed, or the daemon moved it first
             raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
     click.echo(f"cancelled {intent_id}")
     report_anchor(ledger)
@@ -211,6 +241,7 @@ def intents_list(state, as_json, ledger_path):
     """
     with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
+    warn_undecodable(projection.undecodable)
     views = [v for v in projection.intents.values() if state is None or v.state == state]
     views.sort(key=lambda v: (-v.intent.created_at, v.intent.id))
     rows = [intent_json(v, history=False) for v in views]
@@ -226,10 +257,10 @@ def intents_list(state, as_json, ledger_path):
 @main.command("replay")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Input format; auto detects it per file.")
-@click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False),
+@click.option("--ledger", "ledger_path", type=PathType(dir_okay=False),
               help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
+@click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
@@ -241,18 +272,22 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
     effective = load_rules_or_fail(rules_path, config_path)
-    recorder = SQLiteRecorder(ledger_path) if ledger_path else MemoryRecorder()
+    try:
+        found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
+    except ReplayError as exc:
+        raise Fail(str(exc)) from exc
+    recorder = open_ledger(ledger_path) if ledger_path is not None else MemoryRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                           retain_payloads=retain_payloads, progress=progress).run(list(paths))
+                           retain_payloads=retain_payloads, progress=progress).run(found)
     except ReplayError as exc:
         raise Fail(str(exc), exc.exit_code) from exc
     finally:
         if progress:
             progress.done()
         recorder.close()
-    if ledger_path:
+    if ledger_path is not None:
         summary.ledger = ledger_path
     if as_json:
         print_json(summary)
@@ -312,26 +347,28 @@ def warn_unsafe(problem: str) -> None:
 @click.option("--no-codex", is_flag=True, help="Attach to no app-server: follow --watch files only.")
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
-@click.option("--codex-bin", type=click.Path(dir_okay=False),
+@click.option("--codex-bin", type=PathType(dir_okay=False),
               help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
                    " else the one of the openai-codex-cli-bin package).")
-@click.option("--watch", "watch_dirs", multiple=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--watch", "watch_dirs", multiple=True, type=PathType(exists=True, file_okay=False),
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow --codex ws://HOST on another machine (its WebSocket has no authentication by default).")
 @click.option("--client-name",
               help="clientInfo.name to initialize with (default: codex-tui on Codex's shared server, so the"
                    " user's threads are not branded; tillerman elsewhere).")
 @ledger_option
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Record the JSON-RPC exchanged here.")
+@click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
+@click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
+@click.option("--trace", "trace_path", type=PathType(dir_okay=False), help="Record the JSON-RPC exchanged here.")
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text in the ledger and trace.")
 @click.option("--dry-run", is_flag=True, help="Decide and record, never dispatch (shadow mode).")
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
 @errors_to_exit_codes
-def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledger_path, config_path, rules_path,
-            trace_path, retain_payloads, dry_run, on_overdue, verbose):
+def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, client_name, ledger_path, config_path,
+            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
@@ -345,16 +382,19 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
 
     Example: tillerman run --watch ~/.codex/sessions
     """
-    if no_codex and (url or spawn_codex):
+    if no_codex and (url is not None or spawn_codex):
         raise Fail("--no-codex attaches to no app-server: drop --codex and --spawn-codex, or drop --no-codex")
     if no_codex and not watch_dirs:
         raise Fail("nothing to supervise with --no-codex: add --watch DIR (e.g. --watch ~/.codex/sessions)")
-    if url and spawn_codex:
+    if url is not None and spawn_codex:
         raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
+    _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
+    target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
+    path = ledger_file(ledger_path)
     effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
@@ -368,8 +408,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
             raise Fail(str(exc)) from exc
         url = server.url
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
-    target = None if no_codex else resolve_target(url, client_name)
-    path = ledger_file(ledger_path)
+        target = _target(url, client_name, allow_remote)
     from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
     from monitor.appserver_client import JsonlTrace, TraceFileError
 
@@ -395,6 +434,34 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, client_name, ledg
             server.stop()
 
 
+def _target(url: str | None, client_name: str | None, allow_remote: bool) -> Target:
+    """The app-server to attach to. Its WebSocket has no authentication by default, so a
+    host on another machine is refused unless ``--allow-remote`` says it is meant."""
+    try:
+        target = resolve_target(url, client_name)
+    except TargetError as exc:
+        raise Fail(str(exc)) from exc
+    if target.remote:
+        risk = (f"{target.url} is not on this machine, and the app-server's WebSocket has no authentication by"
+                " default: anyone who can reach it can drive your agents")
+        if not allow_remote:
+            raise Fail(f"{risk}; give --allow-remote if that is meant, or attach over unix:// or a loopback ws://")
+        click.echo(f"warning: {risk}", err=True)
+    return target
+
+
+def _check_run_options(*, client_name: str | None, on_overdue: str | None, trace_path: str | None) -> None:
+    """What can be checked before the daemon starts, so that a typo is one line, not a
+    failure inside the running daemon."""
+    for option, value in (("--client-name", client_name), ("--on-overdue", on_overdue), ("--trace", trace_path)):
+        if value is not None and not value.strip():
+            raise Fail(f"{option} is empty; give a value or leave the option out")
+    if trace_path is not None:
+        folder = Path(trace_path).absolute().parent
+        if not folder.is_dir():
+            raise Fail(f"cannot write the trace {trace_path}: the folder {folder} does not exist")
+
+
 @main.command("status")
 @json_option
 @ledger_option
@@ -410,6 +477,7 @@ def status_cmd(as_json, ledger_path):
         from controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
+    warn_undecodable({int(seq): why for seq, why in data["undecodable"].items()})
     if as_json:
         print_json(data)
         return
@@ -447,7 +515,7 @@ def _daemon_lines(daemon: dict) -> list[str]:
 
 
 @main.command("shim", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("socket_path", type=click.Path(dir_okay=False))
+@click.argument("socket_path", type=PathType(dir_okay=False))
 @click.argument("ignored", nargs=-1, type=click.UNPROCESSED)
 def shim_cmd(socket_path, ignored):
     """Stand in for `codex app-server` for a harness that can only spawn a stdio server:
@@ -479,9 +547,11 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
 
     Example: tillerman overdue --check --json
     """
-    now = parse_time(now_text) if now_text else time.time()
+    now = parse_now(now_text)
     with open_intact_ledger(ledger_path) as ledger:
-        found = find_overdue(projections.load(ledger), now)
+        projection = projections.load(ledger)
+    warn_undecodable(projection.undecodable)
+    found = find_overdue(projection, now)
     rows = [overdue_json(o) for o in found]
     if as_json:
         print_json(rows)
@@ -529,7 +599,7 @@ def ledger_verify(as_json, ledger_path):
 
 
 @ledger.command("export")
-@click.option("--after", type=int, default=0, help="Only entries after this seq.")
+@click.option("--after", callback=_seq, default="0", help="Only entries after this seq.")
 @ledger_option
 @errors_to_exit_codes
 def ledger_export(after, ledger_path):

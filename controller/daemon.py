@@ -74,6 +74,7 @@ from rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
 
+RETRY_AFTER = 0.1  # seconds before a round that lost a race to another writer is decided again
 POLL_INTERVAL = 1.0  # the brain's longest sleep: a safety net under the ledger watcher
 LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopped) this often
 BATCH = 512  # observations appended per transaction at most
@@ -370,6 +371,18 @@ class Daemon:
         elif batch:
             self.recorder.append(batch)
         self._refold(tg, now)
+        try:
+            self._decide(tg, now)
+        except IllegalTransition as exc:
+            # Another writer (a person's `intent cancel`) moved an intent between our fold
+            # and our write: the protocol's normal case. The ledger refused the whole batch,
+            # so nothing of it was written; fold what won (its thread is judged again) and
+            # decide again next round.
+            log.info("an intent moved while this round decided (%s): deciding again", exc)
+            self._refold(tg, now)
+            self._due = self.clock() + RETRY_AFTER  # soon, but never a busy loop
+
+    def _decide(self, tg, now: float) -> None:
         timer_due = self._due is not None and now >= self._due
         if not self._unjudged and not timer_due:
             return
@@ -398,6 +411,9 @@ class Daemon:
         for entry in self.recorder.read(after_seq=self.projection.seq):
             self.projection.apply(entry)
             event = entry.envelope.event
+            if isinstance(event, ev.Undecodable):
+                log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
+                            entry.seq, event.stored_kind, event.error)
             if event.thread_id is not None:
                 self._unjudged.add(event.thread_id)
             if isinstance(event, ev.IntentProposed):

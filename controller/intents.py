@@ -12,10 +12,11 @@ import os
 import time
 from collections.abc import Mapping
 
+from controller.timefmt import check_duration, check_time
 from ledger import projections
-from ledger.errors import UnknownIntent
+from ledger.errors import IllegalTransition, UnknownIntent
 from ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
-from ledger.intent_states import State
+from ledger.intent_states import State, check_transition
 from ledger.intents import MODES, Intent, intent_id_from, text_digest
 from ledger.projections import IntentView, Projection
 from ledger.recorder import Recorder
@@ -52,12 +53,24 @@ def build_intent(
     resume_queue: bool = False,
     **fields,
 ) -> Intent:
-    """Validate a request and bind it to its target; ``expected_turn='active'`` resolves
-    to the turn active now and records it."""
+    """Validate a request completely and bind it to its target; ``expected_turn='active'``
+    resolves to the turn active now and records it. Every value is checked here, before
+    anything is written: an intent is one append, and a bad row in an append-only ledger
+    is there forever."""
     if mode not in MODES:
         raise IntentError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    if not text.strip():
+    if not isinstance(text, str) or not text.strip():
         raise IntentError("the intent text is empty; say precisely what should change")
+    _check_names(thread=thread_id, expected_turn=expected_turn, owner=owner, producer=producer,
+                 supersedes=supersedes, expect=expect, verify=verify, intent_id=intent_id)
+    try:
+        check_time(now, "the time of the proposal")
+        ack_deadline = check_duration(ack_deadline, "--ack-deadline")
+        expires = check_duration(expires, "--expires")
+        if effect_deadline is not None:
+            effect_deadline = check_duration(effect_deadline, "--effect-deadline")
+    except ValueError as exc:
+        raise IntentError(str(exc)) from None
     _check_mode_options(mode, ack_token=ack_token, force=force, resume_queue=resume_queue)
     if mode in ("steer", "interrupt") and not expected_turn:
         raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
@@ -82,6 +95,21 @@ def build_intent(
         owner=owner, producer=producer, expect=expect, verify=verify, supersedes=supersedes,
         ack_token=ack_token, force=force, resume_queue=resume_queue, **fields,
     )
+
+
+def _check_names(**values: str | None) -> None:
+    """Ids and texts given as options: absent, or one line that is not blank (an empty
+    thread id names no thread; an empty command or predicate checks nothing)."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        if not isinstance(value, str) or not value.strip():
+            raise IntentError(f"{option} is empty; give a value or leave the option out")
+        if name != "verify" and ("\n" in value or "\r" in value or "\x00" in value):
+            raise IntentError(f"{option} must be one line")
+        if "\x00" in value:
+            raise IntentError(f"{option} contains a NUL character")
 
 
 def _check_mode_options(mode: str, *, ack_token: str | None, force: bool, resume_queue: bool) -> None:
@@ -142,19 +170,47 @@ def evidence_envelope(
     return _envelope(f"{intent.id}:evidence:{key}", event, at)
 
 
+class LostRace(IntentError):
+    """Another writer (the daemon, most often) moved the intent first: the move asked
+    for was not made, and ``state`` is where the intent is now."""
+
+    def __init__(self, message: str, state: str) -> None:
+        super().__init__(message)
+        self.state = state
+
+
 def transition(
     recorder: Recorder, intent_id: str, to_state: State, reason: str,
     evidence: Mapping[str, object] | None = None, *, durable: bool = False, at: float | None = None,
 ) -> State:
     """Move one intent; the ledger refuses the move (``IllegalTransition``) if the
-    table does not allow it from the state the intent is in now."""
+    table does not allow it from the state the intent is in now. ``LostRace``: another
+    writer moved it between our read and our write, so the move was not made."""
     view = intent_view(recorder, intent_id)
     current = State(view.state)
-    recorder.append([transition_envelope(view.intent, current, to_state, reason, evidence, at)], durable=durable)
+    check_transition(current, to_state, reason)  # a move outside the table is no race
+    envelope = transition_envelope(view.intent, current, to_state, reason, evidence, at)
+    try:
+        result = recorder.append([envelope], durable=durable)
+    except IllegalTransition as exc:
+        raise _lost(recorder, intent_id, f"({exc})") from exc
+    if envelope.event_id in result.conflicts:
+        # the same move (same ids) was already recorded by another writer, for its own reason
+        raise _lost(recorder, intent_id, "")
     return to_state
 
 
+def _lost(recorder: Recorder, intent_id: str, detail: str) -> LostRace:
+    now = intent_view(recorder, intent_id)
+    last = now.history[-1] if now.history else None
+    why = f" ({last.reason})" if last is not None and last.kind == "transition" else ""
+    return LostRace(f"intent {intent_id} moved first: it is {now.state}{why} now, so this move was not made"
+                    + (f" {detail}" if detail else ""), now.state)
+
+
 def cancel(recorder: Recorder, intent_id: str, now: float | None = None) -> None:
+    """Expire a still-proposed intent (reason ``cancelled``). ``IntentError`` when it is
+    not proposed; ``LostRace`` when the daemon moved it while the cancel was written."""
     view = intent_view(recorder, intent_id)
     if view.state != State.PROPOSED:
         raise IntentError(
@@ -169,6 +225,9 @@ def intent_view(recorder: Recorder, intent_id: str) -> IntentView:
     """One intent, folded from its own events only (cheap: an indexed lookup)."""
     projection = Projection().fold(recorder.intent_entries(intent_id))
     view = projection.intents.get(intent_id)
+    if view is None and projection.undecodable:
+        seq, why = min(projection.undecodable.items())
+        raise UnknownIntent(f"intent {intent_id}: its record at ledger seq {seq} cannot be decoded ({why})")
     if view is None:
         raise UnknownIntent(f"no intent {intent_id} in this ledger (list them with: tillerman intents)")
     return view

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import click
 import msgspec
@@ -28,6 +28,17 @@ class Fail(click.ClickException):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class PathType(click.Path):
+    """``click.Path`` that answers a name the system cannot take (a NUL byte, a name
+    too long) with a usage error, not an exception from ``os.stat``."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except (ValueError, OSError) as exc:
+            self.fail(f"{value[:40]!r} cannot be a path ({exc})", param, ctx)
 
 
 def json_option(fn):
@@ -49,6 +60,16 @@ def print_table(rows: Sequence[dict], columns: Sequence[str], empty: str) -> Non
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
+def warn_undecodable(undecodable: Mapping[int, str], shown: int = 5) -> None:
+    """One stderr line per ledger row the fold skipped because it does not decode (the
+    first few): the rest of the ledger is still read and shown."""
+    for seq in sorted(undecodable)[:shown]:
+        click.echo(f"warning: ledger seq {seq} cannot be decoded and was skipped ({undecodable[seq]})", err=True)
+    if len(undecodable) > shown:
+        click.echo(f"warning: {len(undecodable) - shown} more ledger rows cannot be decoded and were skipped",
+                   err=True)
+
+
 def errors_to_exit_codes(fn: Callable) -> Callable:
     """Turn library exceptions into one ``Error:`` line with the right exit code."""
 
@@ -68,5 +89,7 @@ def errors_to_exit_codes(fn: Callable) -> Callable:
             raise Fail(str(exc)) from exc
         except ValueError as exc:  # our own validation (durations, times, intent requests)
             raise Fail(str(exc)) from exc
+        except OSError as exc:  # a path the system refuses (too long, not permitted, …)
+            raise Fail(f"{exc.filename!s:.80}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
 
     return wrapper

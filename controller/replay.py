@@ -16,6 +16,7 @@ import gc
 import hashlib
 import os
 import sqlite3
+import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,10 +99,25 @@ def collect_files(paths: list[str]) -> list[Path]:
         elif path.is_file():
             found.append(path)
         else:
-            raise ReplayError(f"{name}: no such file or directory")
+            raise ReplayError(f"{name}: {_not_a_file(path)}")
     if not found:
         raise ReplayError(f"no session files under {', '.join(paths)} (looked for *.jsonl)")
     return found
+
+
+def _not_a_file(path: Path) -> str:
+    """What a path that is neither a file nor a directory is, told from its ``stat``
+    alone: opening a FIFO would block until a writer came."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file or directory" + (" (a broken symbolic link)" if path.is_symlink() else "")
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"is {kind}, not a session file; replay reads regular files (*.jsonl, a ledger) and folders of them"
 
 
 class _CachingProjection(Projection, dict=True):
@@ -382,18 +398,23 @@ def _check_intact(path: Path) -> None:
 
 def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
     """The observations of a tillerman ledger (a SQLite file, read-only, or a
-    ``ledger export``): replay re-derives every decision from them."""
+    ``ledger export``): replay re-derives every decision from them. tillerman's own
+    rows are not decoded at all; an observation row this version cannot decode is
+    kept as quarantined input (its seq and size), and the replay goes on."""
+    wanted = ev.OBSERVATION_KINDS | {ev.Quarantined.__struct_config__.tag}
     if _read_head(path).startswith(_SQLITE_MAGIC):
         _check_intact(path)
         try:
             db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
-            rows = db.execute("SELECT event_id, at, observed_at, source, offset, length, payload FROM events ORDER BY seq")
-            for event_id, at, observed_at, source, offset, length, payload in rows:
-                event = ev.decode(payload)
-                if ev.kind_of(event) in ev.OBSERVATION_KINDS or isinstance(event, ev.Quarantined):
-                    yield Envelope(event_id=event_id, event=event, source=source, at=at,
-                                   observed_at=observed_at, offset=offset, length=length)
-        except (sqlite3.Error, msgspec.DecodeError) as exc:
+            rows = db.execute("SELECT seq, event_id, at, observed_at, source, offset, length, kind, thread_id,"
+                              " turn_id, payload FROM events ORDER BY seq")
+            for seq, event_id, at, observed_at, source, offset, length, kind, thread, turn, payload in rows:
+                if kind not in wanted:
+                    continue
+                event = _readable(ev.decode_stored(payload, kind, thread, turn), path, seq, len(payload or b""))
+                yield Envelope(event_id=event_id, event=event, source=source, at=at,
+                               observed_at=observed_at, offset=offset, length=length)
+        except sqlite3.Error as exc:
             raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
         return
     with open(path, "rb") as fh:
@@ -401,8 +422,18 @@ def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
             if not line.strip():
                 continue
             try:
-                env = _entry_decoder.decode(line).envelope
+                entry = _entry_decoder.decode(line)
             except msgspec.DecodeError as exc:
                 raise ReplayError(f"{path}:{number}: not a ledger export line ({exc})") from exc
-            if ev.kind_of(env.event) in ev.OBSERVATION_KINDS or isinstance(env.event, ev.Quarantined):
+            env = entry.envelope
+            if isinstance(env.event, ev.Undecodable) and env.event.stored_kind in wanted:
+                yield msgspec.structs.replace(env, event=_readable(env.event, path, entry.seq, len(env.event.raw)))
+            elif ev.kind_of(env.event) in wanted:
                 yield env
+
+
+def _readable(event: ev.AnyEvent, path: Path, seq: int, size: int) -> ev.AnyEvent:
+    if not isinstance(event, ev.Undecodable):
+        return event
+    return ev.Quarantined(thread_id=event.thread_id, turn_id=event.turn_id, source=str(path), offset=seq,
+                          length=size, reason=f"undecodable ledger row seq {seq} ({event.stored_kind})")

@@ -15,11 +15,20 @@ from pathlib import Path
 import click
 import msgspec
 
-from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, warn_unsafe
+from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, warn_unsafe
 from controller.disagreement import DiffReport, diff
-from controller.output import EXIT_CHECK_FAILED, EXIT_USAGE, Fail, errors_to_exit_codes, json_option, print_json, print_table
+from controller.output import (
+    EXIT_CHECK_FAILED,
+    EXIT_USAGE,
+    Fail,
+    PathType,
+    errors_to_exit_codes,
+    json_option,
+    print_json,
+    print_table,
+)
 from controller.replay import ReplayError
-from controller.timefmt import iso, parse_time
+from controller.timefmt import iso
 from ledger.events import Envelope, RulePromoted, RuleProposed
 from monitor.commands import DEFAULT as DEFAULT_PATTERNS
 from rules import lifecycle
@@ -34,12 +43,12 @@ LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/til
 
 
 def _ledger_option(fn):
-    return click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False), help=LEDGER_HELP)(fn)
+    return click.option("--ledger", "ledger_path", type=PathType(dir_okay=False), help=LEDGER_HELP)(fn)
 
 
 def _rules_options(fn):
-    fn = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), help=CONFIG_HELP)(fn)
-    return click.option("--rules", "rules_path", type=click.Path(dir_okay=False, exists=True),
+    fn = click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)(fn)
+    return click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True),
                         help="Rule file (TOML; default: the built-in rules).")(fn)
 
 
@@ -52,7 +61,7 @@ def rules() -> None:
 
 
 @rules.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=PathType(dir_okay=False))
 @json_option
 def rules_validate(file, as_json):
     """Check a rule file or a config file (grants, [patterns]); exit 2 with the file,
@@ -120,7 +129,7 @@ def rules_show(rules_path, config_path, now_text, as_json):
     """
     effective = load_rules_or_fail(rules_path, config_path)
     used = config_file(config_path)
-    now = parse_time(now_text) if now_text else time.time()
+    now = parse_now(now_text)
     ruleset, patterns = effective.ruleset, effective.patterns
     data = {
         "digest": ruleset.digest,
@@ -171,10 +180,10 @@ def _config_text(data: dict) -> str:
 
 
 @rules.command("diff")
-@click.option("--against", "against", required=True, type=click.Path(dir_okay=False, exists=True),
+@click.option("--against", "against", required=True, type=PathType(dir_okay=False, exists=True),
               help="The candidate rule file.")
 @_rules_options
-@click.option("--ledger", "ledger_path", type=click.Path(dir_okay=False, exists=True),
+@click.option("--ledger", "ledger_path", type=PathType(dir_okay=False, exists=True),
               help="Replay the observations of this ledger.")
 @click.argument("sessions", nargs=-1)
 @json_option
@@ -248,7 +257,7 @@ def _lifecycles(ledger) -> dict[str, lifecycle.Lifecycle]:
 
 
 @rules.command("propose")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=PathType(dir_okay=False))
 @click.option("--evidence", multiple=True, help="Pointer to the evidence (ledger seq, session file:offset, issue …).")
 @click.option("--signature", help="The failure signature the rule predicts (what it should catch).")
 @click.option("--by", "by", default=local_login,
@@ -299,7 +308,7 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
 @click.option("--by", "by", required=True, help="Who promotes it.")
 @click.option("--evaluation", required=True, help="The evaluation it cites (e.g. the rules diff run and its result).")
 @click.option("--rollback-trigger", "rollback", required=True, help="What observation sends it back to shadow.")
-@click.option("--rules", "rules_path", type=click.Path(dir_okay=False),
+@click.option("--rules", "rules_path", type=PathType(dir_okay=False),
               help="Install the rule, with its new status, in this rule file (the daemon reloads it).")
 @_ledger_option
 @json_option
@@ -314,6 +323,9 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
     for name, value in (("--by", by), ("--evaluation", evaluation), ("--rollback-trigger", rollback)):
         if not value.strip():
             raise Fail(f"{name} is empty; say who, which evaluation, and what sends the rule back")
+    if rules_path is not None and not Path(rules_path).absolute().parent.is_dir():
+        raise Fail(f"cannot install the rule in {rules_path}: the folder {Path(rules_path).absolute().parent}"
+                   " does not exist")
     with open_ledger(ledger_path) as ledger:
         life = _lifecycles(ledger).get(rule_id)
         problem = lifecycle.promotion_problem(life, rule_id, to)
@@ -401,7 +413,7 @@ def rules_proposals(ledger_path, as_json):
 
     Example: tillerman rules proposals --json
     """
-    with open_ledger(ledger_path) as ledger:
+    with open_ledger(ledger_path, must_exist=True) as ledger:
         lives = sorted(_lifecycles(ledger).values(), key=lambda life: life.rule_id)
     rows = [_life_json(life) for life in lives]
     if as_json:

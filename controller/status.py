@@ -44,12 +44,18 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
         "open_intents": len(projection.open_intents()),
         "overdue": len(overdue(projection, now)),
         "last_seq": projection.seq,
+        "undecodable": {str(seq): why for seq, why in sorted(projection.undecodable.items())},
     }
 
 
 def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
     beat = recorder.load_snapshot(HEARTBEAT)
-    info = msgspec.json.decode(beat[1]) if beat else {}
+    try:
+        info = msgspec.json.decode(beat[1]) if beat else {}
+    except msgspec.DecodeError:
+        info = {}  # an unreadable heartbeat says as much as none: nothing about the daemon
+    if not isinstance(info, dict):
+        info = {}
     return {
         "running": _lock_held(Path(f"{ledger_path}.lock")),
         "pid": info.get("pid"),

@@ -137,6 +137,18 @@ class Quarantined(Event, tag="quarantined"):
     reason: str
 
 
+class Undecodable(Event, tag="undecodable"):
+    """A stored row this version cannot decode (written by a faulty or a newer tillerman).
+
+    Never written: ``decode_stored`` puts it in place of the row's event, so every
+    reader reports the row and goes on — one bad row never makes a ledger unreadable.
+    ``raw`` keeps the stored payload as text, so an export still carries the evidence."""
+
+    stored_kind: str = ""
+    error: str = ""
+    raw: str = ""
+
+
 # -- intents and decisions (tillerman's own facts) -------------------------------
 
 
@@ -280,6 +292,7 @@ AnyEvent = (
     | RuleProposed
     | RulePromoted
     | TailAccepted
+    | Undecodable
 )
 
 #: Kinds that describe the observed session (as opposed to tillerman's own acts).
@@ -303,6 +316,16 @@ def encode(event: AnyEvent) -> bytes:
 
 def decode(payload: bytes | str) -> AnyEvent:
     return _decoder.decode(payload)
+
+
+def decode_stored(payload: bytes | str, kind: str, thread_id: str | None = None,
+                  turn_id: str | None = None) -> AnyEvent:
+    """A stored row's event, or ``Undecodable`` in its place when it does not decode."""
+    try:
+        return _decoder.decode(payload)
+    except (msgspec.DecodeError, TypeError) as exc:
+        raw = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else str(payload)
+        return Undecodable(thread_id=thread_id, turn_id=turn_id, stored_kind=str(kind), error=str(exc), raw=raw)
 
 
 def kind_of(event: Event) -> str:

@@ -78,6 +78,8 @@ class Projection(msgspec.Struct):
     seq: int = 0
     threads: dict[str, ThreadState] = {}
     intents: dict[str, IntentView] = {}
+    # rows this version cannot decode, skipped by the fold: seq -> "kind: why"
+    undecodable: dict[int, str] = {}
 
     # -- the fold ---------------------------------------------------------------
 
@@ -306,7 +308,12 @@ def _decision(p, e: ev.DecisionRecorded, at, seq, source) -> None:
         view.history.append(HistoryItem(seq, at, "decision", e.action, e.reason))
 
 
+def _undecodable(p, e: ev.Undecodable, at, seq, source) -> None:
+    p.undecodable[seq] = f"{e.stored_kind}: {e.error}"
+
+
 _APPLY = {
+    ev.Undecodable: _undecodable,
     ev.ThreadStarted: _thread_started,
     ev.TurnStarted: _turn_started,
     ev.TurnCompleted: _turn_completed,

@@ -409,10 +409,10 @@ class SQLiteRecorder(Recorder):
 
 
 def _entry(row: tuple) -> Entry:
-    (seq, event_id, at, observed_at, source, _thread, _turn, _kind, _intent,
+    (seq, event_id, at, observed_at, source, thread, turn, kind, _intent,
      offset, length, payload, _digest, prev_hash, link) = row
     env = Envelope(
-        event_id=event_id, event=events.decode(payload), source=source, at=at,
+        event_id=event_id, event=events.decode_stored(payload, kind, thread, turn), source=source, at=at,
         observed_at=observed_at, offset=offset, length=length,
     )
     return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import msgspec
 
 from ledger import events, projections
 from ledger.batch import intent_id_of
@@ -44,11 +43,9 @@ def verify_rows(rows: Iterator[tuple], integrity: list[str], anchor: tuple[int, 
         if prev_hash != prev:
             walk.append(f"{where}: prev_hash does not match the hash of seq {seq - 1}")
             break
-        try:
-            event = events.decode(payload)
-        except (msgspec.DecodeError, TypeError) as exc:
-            walk.append(f"{where}: payload does not decode ({exc})")
-            break
+        # A payload this version cannot decode is still chained: its hash below proves it
+        # is what was written, so it is a note (readers skip it), not damage.
+        event = events.decode_stored(payload, kind, thread_id, turn_id)
         env = Envelope(event_id=event_id, event=event, source=source, at=at,
                        observed_at=observed_at, offset=offset, length=length)
         if content_digest(env, payload) != digest:
@@ -57,8 +54,10 @@ def verify_rows(rows: Iterator[tuple], integrity: list[str], anchor: tuple[int, 
         if row_hash(prev, seq, env, payload, digest) != link:
             walk.append(f"{where}: hash mismatch (row edited)")
             break
-        if (thread_id, turn_id, kind, intent_id) != (event.thread_id, event.turn_id, events.kind_of(event),
-                                                     intent_id_of(event)):
+        if isinstance(event, events.Undecodable):
+            notes.append(f"{where}: payload does not decode with this version ({event.error}); readers skip it")
+        elif (thread_id, turn_id, kind, intent_id) != (event.thread_id, event.turn_id, events.kind_of(event),
+                                                       intent_id_of(event)):
             walk.append(f"{where}: thread/turn/kind/intent columns disagree with the payload (row edited)")
             break
         if isinstance(event, TailAccepted):
