@@ -313,6 +313,7 @@ class Daemon:
         pending: list[Envelope] = []
         offsets: list[FileOffset] = []  # file positions, recorded with the events they cover
         last_beat = 0.0
+        anchor_error: str | None = None
 
         def take(item: list[Envelope] | FileBatch) -> None:
             if isinstance(item, FileBatch):
@@ -337,6 +338,9 @@ class Daemon:
                     self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
+                if self.recorder.anchor_error != anchor_error:  # said once, and once more when healed
+                    anchor_error = self.recorder.anchor_error
+                    log.warning("%s", f"committed, but {anchor_error}" if anchor_error else "head anchor caught up")
                 if self._beat_now or self.clock() - last_beat >= HEARTBEAT_EVERY:
                     self._beat_now, last_beat = False, self.clock()
                     self._heartbeat(last_beat)

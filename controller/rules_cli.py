@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, warn_unsafe
+from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, report_anchor, warn_unsafe
 from controller.disagreement import DiffReport, diff
 from controller.output import (
     EXIT_CHECK_FAILED,
@@ -296,10 +296,12 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
         life = _lifecycles(ledger)[rule.id]
     if as_json:
         print_json(_life_json(life))
-        return
-    click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {digest}")
-    click.echo(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
-    click.echo(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id} --to shadow")
+    else:
+        click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {digest}")
+        click.echo(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
+        click.echo(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id}"
+                   " --to shadow")
+    report_anchor(ledger)
 
 
 @rules.command("promote")
@@ -350,13 +352,14 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
         life = _lifecycles(ledger)[rule_id]
     if as_json:
         print_json(_life_json(life))
-        return
-    click.echo(f"promoted {rule_id} v{rule.version} {event.from_status} -> {to} by {by} ({life.rule_digest})")
-    if rules_path:
-        click.echo(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
     else:
-        click.echo("not installed: add this to the daemon's rule file (or give --rules PATH):")
-        click.echo(block.rstrip("\n"))
+        click.echo(f"promoted {rule_id} v{rule.version} {event.from_status} -> {to} by {by} ({life.rule_digest})")
+        if rules_path:
+            click.echo(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
+        else:
+            click.echo("not installed: add this to the daemon's rule file (or give --rules PATH):")
+            click.echo(block.rstrip("\n"))
+    report_anchor(ledger)
 
 
 def _stage(path: Path, rule_id: str, block: str) -> Path:

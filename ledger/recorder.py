@@ -59,6 +59,10 @@ def row_hash(prev_hash: str, seq: int, env: Envelope, payload: bytes, digest: st
 class Recorder(abc.ABC):
     """Append-only, hash-chained event store."""
 
+    #: Why the last head-anchor write failed while its rows were committed (a full disk);
+    #: None when it succeeded, or for a backend with no anchor file.
+    anchor_error: str | None = None
+
     @abc.abstractmethod
     def append(self, batch: Sequence[Envelope], *, durable: bool = False) -> AppendResult:
         """Write the batch atomically, in order. ``durable`` forces a full fsync

@@ -37,3 +37,22 @@ def test_an_overdue_intent_is_reported_while_the_server_is_unreachable(tmp_path)
 
         anyio.run(run)
     assert json.loads(notices.read_text().splitlines()[0])["intent"] == late.id
+
+
+def test_a_head_anchor_that_could_not_be_moved_is_logged_once(tmp_path, caplog):
+    (tmp_path / "sessions").mkdir()
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
+        daemon = Daemon(recorder, ANN_MAY_QUEUE, DaemonOptions(watch=(str(tmp_path / "sessions"),)))
+
+        async def run():
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                recorder.anchor_error = "the head anchor was not moved to seq 7 (No space left on device)"
+                with anyio.fail_after(10):
+                    while "No space left" not in caplog.text:
+                        await anyio.sleep(0.05)
+                await anyio.sleep(1.2)  # more rounds go by
+                tg.cancel_scope.cancel()
+
+        anyio.run(run)
+    assert caplog.text.count("No space left") == 1

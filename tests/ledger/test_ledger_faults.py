@@ -72,8 +72,8 @@ def test_reading_commands_never_rewrite_the_anchor(ledger):
     assert "lags by 1" in cli("ledger", "verify", "--ledger", str(ledger)).output
 
 
-def test_failed_anchor_write_is_reported_committed_and_recovered(ledger, monkeypatch):
-    """ENOSPC injected at the anchor's temporary file (the tmpfs test below does it for real)."""
+def fill_the_disk(monkeypatch) -> None:
+    """ENOSPC at the anchor's temporary file (the tmpfs test below does it for real)."""
     real_fdopen = os.fdopen
 
     def full_disk(fd, *args, **kwargs):
@@ -82,6 +82,10 @@ def test_failed_anchor_write_is_reported_committed_and_recovered(ledger, monkeyp
         return handle
 
     monkeypatch.setattr(os, "fdopen", full_disk)
+
+
+def test_failed_anchor_write_is_reported_committed_and_recovered(ledger, monkeypatch):
+    fill_the_disk(monkeypatch)
     result = propose(ledger)
     monkeypatch.undo()
     assert result.exit_code == 3, result.output
@@ -305,3 +309,17 @@ def test_ledger_truncated_mid_page_is_damage_with_the_last_good_seq(tmp_path):
 def test_torture_ledger_stage_passes():
     passed, table = ledger_faults()
     assert passed, table
+
+
+def test_a_rule_proposal_whose_anchor_write_fails_is_reported_committed(ledger, monkeypatch, tmp_path):
+    """`rules propose` commits like `intent propose`, and says so the same way (exit 3)."""
+    from tests.controller.test_rules_cli import PROPOSAL
+
+    proposal = tmp_path / "proposal.toml"
+    proposal.write_text(PROPOSAL)
+    proposal.chmod(0o600)
+    fill_the_disk(monkeypatch)
+    result = cli("rules", "propose", str(proposal), "--ledger", str(ledger), "--by", "ann")
+    monkeypatch.undo()
+    assert result.exit_code == 3, result.output
+    assert "proposed quiet-steer v1" in result.stdout and "committed, but the head anchor" in result.stderr
