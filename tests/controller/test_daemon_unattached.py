@@ -56,3 +56,42 @@ def test_a_head_anchor_that_could_not_be_moved_is_logged_once(tmp_path, caplog):
 
         anyio.run(run)
     assert caplog.text.count("No space left") == 1
+
+
+def test_a_cut_tail_holds_every_decision_until_a_person_accepts_it(tmp_path, caplog):
+    """Rows cut off the ledger's tail (or lost to a power cut) are not history the daemon
+    may build on: it records nothing — so it dispatches nothing — until `ledger
+    accept-tail` puts the shorter history on record."""
+    from click.testing import CliRunner
+
+    from controller.cli import main
+    from tests.ledger.test_ledger_faults import cut_tail
+
+    ledger = tmp_path / "ledger.sqlite3"
+    (tmp_path / "sessions").mkdir()
+    with SQLiteRecorder(ledger) as recorder:
+        intent = intents.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")
+        intents.propose(recorder, thread_id="T2", mode="queue", text="cut off", owner="ann")
+    cut_tail(ledger, 1)  # the second proposal is gone; the anchor still names it
+    with SQLiteRecorder(ledger) as recorder:
+        daemon = Daemon(recorder, ANN_MAY_QUEUE, DaemonOptions(watch=(str(tmp_path / "sessions"),)))
+
+        def decisions() -> int:
+            return sum(1 for h in intents.intent_view(recorder, intent.id).history if h.kind == "decision")
+
+        async def run():
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                with anyio.fail_after(10):
+                    while "accept-tail" not in caplog.text:
+                        await anyio.sleep(0.05)
+                await anyio.sleep(1.5)
+                assert decisions() == 0  # held: nothing recorded, so nothing can be sent
+                accepted = CliRunner().invoke(main, ["ledger", "accept-tail", "--ledger", str(ledger), "--by", "ann"])
+                assert accepted.exit_code == 0, accepted.output
+                with anyio.fail_after(10):
+                    while decisions() == 0:
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+
+        anyio.run(run)
