@@ -16,17 +16,10 @@ from controller import intents
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from monitor.redact import is_redacted, kept
-from tests.live.daemon_support import ruleset_from, session, wait_until
+from tests.live.daemon_support import OWNER, OWNER_GRANT, ruleset_from, session, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-OWNER = "ann"
-GRANT = f"""\
-[[grant]]
-subject = "owner:{OWNER}"
-actions = ["steer", "queue", "interrupt"]
-threads = "*"
-"""
 SECRET = "hunter2-passphrase"  # in a command, its output, a prompt and a steer
 
 
@@ -43,7 +36,7 @@ async def test_the_redacted_trace_keeps_structure_and_no_text(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     async with session(app_server, tmp_path) as s:
-        await s.start_daemon(ruleset_from(tmp_path, "", GRANT))
+        await s.start_daemon(ruleset_from(tmp_path, "", OWNER_GRANT))
         thread = await s.start_thread(workspace)
         turn = await s.start_turn(thread, f"RUN: echo {SECRET} && sleep 1")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
