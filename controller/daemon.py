@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import anyio
 import msgspec
@@ -48,6 +49,7 @@ from ledger.file_offsets import FileOffset
 from ledger.intent_states import State
 from ledger.lock import LedgerLock
 from ledger.projections import IntentView, Projection
+from ledger.snapshot import ENDED_TURN_STATES
 from ledger.recorder import Recorder
 from controller.link import Link
 from monitor.appserver_client import (
@@ -69,7 +71,6 @@ from monitor.redact import redact_message
 from rules.config import Effective, patterns_digest
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
 from rules.detect import next_due
-from rules.policy import ENDED_TURN_STATES
 from rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -533,7 +534,7 @@ class Daemon:
             event=ev.ThreadStarted(thread_id=thread_id, source_format="appserver"))]
         for turn in turns if isinstance(turns, list) else []:
             turn_id, status = (turn.get("id"), turn.get("status")) if isinstance(turn, dict) else (None, None)
-            if isinstance(turn_id, str) and status in ("completed", "interrupted", "failed") \
+            if isinstance(turn_id, str) and status in get_args(ev.TurnStatus) \
                     and snapshot.turn_state(turn_id) not in ENDED_TURN_STATES:
                 out.append(Envelope(event_id=f"rb-turn-ended:{thread_id}:{turn_id}:{status}", source=self.tap.source,
                                     at=None, event=ev.TurnCompleted(thread_id=thread_id, turn_id=turn_id, status=status)))

@@ -66,7 +66,7 @@ from ledger.events import (
 from ledger.intent_states import State, is_terminal
 from ledger.intents import Intent
 from ledger.projections import IntentView
-from rules.policy import ENDED_TURN_STATES
+from ledger.snapshot import ENDED_TURN_STATES
 
 S = State
 #: The machine's own findings for a person carry this reporter in place of a rule.

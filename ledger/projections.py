@@ -20,10 +20,9 @@ from ledger.events import Entry, QueueEntry
 from ledger.intent_states import ALWAYS_TERMINAL, State
 from ledger.intents import Intent
 from ledger.recorder import Recorder
-from ledger.snapshot import ThreadSnapshot
+from ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 
 SNAPSHOT_NAME = "projection-v2"  # bump when Projection changes shape
-_ENDED = frozenset({"completed", "interrupted", "failed", "unclosed"})
 
 
 class RunningItem(msgspec.Struct):
@@ -201,7 +200,7 @@ def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
 
 def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
-    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) in _ENDED:
+    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) in ENDED_TURN_STATES:
         return
     t.turn_states[e.turn_id] = e.status
     if t.active_turn_id == e.turn_id:

@@ -10,6 +10,8 @@ from ledger.events import QueueEntry
 #: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
 #: "failed"), or "unclosed" (the next turn started, or the source ended, first).
 TURN_STATES = ("active", "completed", "interrupted", "failed", "unclosed")
+#: The turn states after which nothing more happens in a turn.
+ENDED_TURN_STATES = frozenset(TURN_STATES) - {"active"}
 
 
 class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):

@@ -63,13 +63,12 @@ from __future__ import annotations
 
 from ledger.intent_states import State, is_terminal
 from ledger.intents import Intent
-from ledger.snapshot import ThreadSnapshot
+from ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 from rules.decision import Action, Decision
 from rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 
 #: Turn states after which a turn can no longer receive a steer or an interrupt.
 #: "unclosed" counts: the next turn started (or the source ended) first.
-ENDED_TURN_STATES = frozenset({"completed", "interrupted", "failed", "unclosed"})
 
 RULE_PREFIX = "rule:"
 

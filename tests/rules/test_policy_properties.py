@@ -23,7 +23,8 @@ from ledger.intents import MODES, Intent
 from ledger.snapshot import TURN_STATES, ThreadSnapshot
 from rules import policy
 from rules.decision import DISPATCH_ACTIONS, Action, Decision
-from rules.policy import ENDED_TURN_STATES, decide, producing_rule
+from ledger.snapshot import ENDED_TURN_STATES
+from rules.policy import decide, producing_rule
 from rules.files import NO_CONFIG, load_config
 from rules.owner import owner_grant
 from tests.rules.test_policy_table import CASES, case_inputs
