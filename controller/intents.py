@@ -24,7 +24,7 @@ from ledger.recorder import Recorder
 DEFAULT_ACK_DEADLINE = 120.0
 DEFAULT_EFFECT_DEADLINE = 600.0
 DEFAULT_EXPIRES = 1800.0
-SOURCE = "tillerman"
+SOURCE = "tillerman"  # the source of every record tillerman makes itself (not an observation)
 
 
 class IntentError(ValueError):

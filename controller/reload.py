@@ -36,6 +36,7 @@ from pathlib import Path
 
 import msgspec
 
+from controller.intents import SOURCE
 from ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
 from rules.config import Effective, config_file, default_config_path, load_effective
 from rules.files import RuleSetError
@@ -44,7 +45,6 @@ from rules.lifecycle import reviews
 log = logging.getLogger("tillerman")
 
 POLL_EVERY = 1.0
-SOURCE = "tillerman"
 
 Signature = tuple[tuple[int, ...] | None, ...]
 

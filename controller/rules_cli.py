@@ -17,6 +17,7 @@ import msgspec
 
 from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, report_anchor, warn_unsafe
 from controller.disagreement import DiffReport, diff
+from controller.intents import SOURCE
 from controller.output import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,
@@ -38,7 +39,6 @@ from rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, ru
 from rules.owner import local_login
 from rules.ruleset import build_ruleset
 
-SOURCE = "tillerman"
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from controller.intents import IntentError, build_intent, proposal_envelopes, transition_envelope
+from controller.intents import SOURCE, IntentError, build_intent, proposal_envelopes, transition_envelope
 from ledger.events import DecisionRecorded, Envelope, Report
 from ledger.intent_states import TRANSITIONS as _MOVES
 from ledger.intent_states import State
@@ -27,7 +27,6 @@ from rules.detect import Finding, detect
 from rules.policy import decide
 from rules.ruleset import RuleSet
 
-SOURCE = "tillerman"
 
 #: Decisions the controller settles itself, with no transport involved: the policy's
 #: reason -> the ledger's reason for the terminal move.
