@@ -51,7 +51,7 @@ from ledger.lock import LedgerLock
 from ledger.projections import IntentView, Projection
 from ledger.snapshot import ENDED_TURN_STATES
 from ledger.recorder import Recorder
-from controller.link import Link
+from controller.link import HEARTBEAT, Link
 from monitor.appserver_client import (
     AppServerClient,
     AppServerDisconnected,
@@ -79,7 +79,6 @@ RETRY_AFTER = 0.1  # seconds before a round that lost a race to another writer i
 POLL_INTERVAL = 1.0  # the brain's longest sleep: a safety net under the ledger watcher
 LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopped) this often
 BATCH = 512  # observations appended per transaction at most
-HEARTBEAT = "daemon"  # snapshot name of the heartbeat record (read by `tillerman status`)
 HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
 RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
 KILL_AT_ENV = "TILLERMAN_KILL_AT"

@@ -16,6 +16,11 @@ from monitor.codex_home import START_HINT
 from monitor.appserver_info import server_identity
 
 
+#: Snapshot name of the daemon's heartbeat record, which carries ``Link.as_dict()`` and
+#: which ``tillerman status`` reads (here, so status need not import the daemon).
+HEARTBEAT = "daemon"
+
+
 @dataclass
 class Link:
     url: str | None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from controller.daemon import HEARTBEAT
+from controller.link import HEARTBEAT
 from controller.overdue import overdue
 from controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from controller.timefmt import iso

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.cli import main
-from controller.daemon import HEARTBEAT
+from controller.link import HEARTBEAT
 from controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from controller.status import version_warning
 from ledger.lock import LedgerLock
