@@ -40,7 +40,7 @@ from monitor.parser import Parsed
 from monitor.tailer import file_envelope, file_source
 from ledger.snapshot import ThreadSnapshot
 from ledger.sqlite import SQLiteRecorder
-from rules.detect import Watch, watch, watch_may_find, watch_next_due
+from rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
 from rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
@@ -129,13 +129,13 @@ class _CachingProjection(Projection, dict=True):
 
     def __post_init__(self) -> None:
         self._snapshots: dict[str, ThreadSnapshot] = {}
-        self._watches: dict[str, Watch] = {}
+        self._triggers: dict[str, Triggers] = {}
 
     def apply(self, entry: Entry) -> None:
         thread_id = entry.envelope.event.thread_id
         if thread_id is not None:
             self._snapshots.pop(thread_id, None)
-            self._watches.pop(thread_id, None)
+            self._triggers.pop(thread_id, None)
         Projection.apply(self, entry)
 
     def snapshot(self, thread_id: str) -> ThreadSnapshot:
@@ -144,10 +144,10 @@ class _CachingProjection(Projection, dict=True):
             snap = self._snapshots[thread_id] = Projection.snapshot(self, thread_id)
         return snap
 
-    def watch(self, thread_id: str, ruleset: RuleSet) -> Watch:
-        w = self._watches.get(thread_id)
+    def triggers(self, thread_id: str, ruleset: RuleSet) -> Triggers:
+        w = self._triggers.get(thread_id)
         if w is None:
-            w = self._watches[thread_id] = watch(self.snapshot(thread_id), ruleset)
+            w = self._triggers[thread_id] = triggers(self.snapshot(thread_id), ruleset)
         return w
 
 
@@ -307,19 +307,19 @@ class Replayer:
             candidates.extend(t for t in (i.ack_deadline, i.effect_deadline, i.expires_at) if t is not None and t > now)
         projection, ruleset = self.projection, self.ruleset
         for thread_id in projection.threads:
-            w = projection.watch(thread_id, ruleset)
+            w = projection.triggers(thread_id, ruleset)
             if w.timers:
-                due = watch_next_due(w, now)
+                due = triggers_next_due(w, now)
                 if due is not None:
                     candidates.append(due)
         return min(candidates, default=None)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
-        # (``watch_may_find``); elsewhere ``detect`` would return nothing.
+        # (``triggers_may_find``); elsewhere ``detect`` would return nothing.
         projection, ruleset = self.projection, self.ruleset
         finding = [t for t in thread_ids
-                   if watch_may_find(projection.watch(t, ruleset), projection.snapshot(t), now)]
+                   if triggers_may_find(projection.triggers(t, ruleset), projection.snapshot(t), now)]
         if finding:
             self._record(self.step.step(projection, finding, now))
         wanted = set(thread_ids)

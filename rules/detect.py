@@ -103,18 +103,18 @@ def next_due(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> float | 
     return min((t.since + t.limit for t in timers if t is not None and t.since + t.limit > now), default=None)
 
 
-class Watch(msgspec.Struct, frozen=True):
+class Triggers(msgspec.Struct, frozen=True):
     """What ``detect`` looks at in one snapshot, whatever the time: the lasting
     conditions (since, limit, rule) and the repeated-failure thresholds (count, rule)
     of every rule evaluated for the thread. A function of the snapshot alone, so a
-    caller that keeps a snapshot can keep its watch and ask it at every new ``now``
+    caller that keeps a snapshot can keep its triggers and ask them at every new ``now``
     (replay does, at every event, on its virtual clock)."""
 
     timers: tuple[tuple[float, float, Rule], ...]
     failures: tuple[tuple[int, Rule], ...]
 
 
-def watch(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Watch:
+def triggers(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Triggers:
     timers, failures = [], []
     for rule in ruleset.rules:
         if _applies(rule, snapshot):
@@ -125,16 +125,16 @@ def watch(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Watch:
             timer = _timer(rule.condition, snapshot)
             if timer is not None:
                 timers.append((timer.since, timer.limit, rule))
-    return Watch(tuple(timers), tuple(failures))
+    return Triggers(tuple(timers), tuple(failures))
 
 
-def watch_next_due(w: Watch, now: float) -> float | None:
-    """``next_due`` of the watched snapshot: the same answer."""
+def triggers_next_due(w: Triggers, now: float) -> float | None:
+    """``next_due`` of the snapshot these triggers were taken from: the same answer."""
     return min((since + limit for since, limit, rule in w.timers if since + limit > now and rule.in_force(now)),
                default=None)
 
 
-def watch_may_find(w: Watch, snapshot: ThreadSnapshot, now: float) -> bool:
+def triggers_may_find(w: Triggers, snapshot: ThreadSnapshot, now: float) -> bool:
     """False only when ``detect(snapshot, now, ...)`` is certainly empty: no lasting
     condition has lasted its limit (the very comparison ``_observe`` makes) and no
     command failed as often as a repeated-failure rule counts."""
