@@ -40,7 +40,7 @@ from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Rec
 from controller.intents import intent_view
 from controller.notify import OverdueNotifier
 from controller.reload import POLL_EVERY, RuleReloader
-from controller.supervisor import Step
+from controller.supervisor import Step, next_round_due
 from ledger import events as ev
 from ledger import projections
 from ledger.errors import IllegalTransition, OperationalError
@@ -428,14 +428,8 @@ class Daemon:
                         self._drive(tg, machine.intent.id, Observed(event, now))
 
     def _next_due(self, now: float) -> float | None:
-        dues = [t for view in self.projection.open_intents()
-                for t in (view.intent.ack_deadline, view.intent.effect_deadline, view.intent.expires_at)
-                if t is not None and t > now]
-        for thread_id in self.projection.threads:
-            due = next_due(self.projection.snapshot(thread_id), now, self.step.ruleset)
-            if due is not None:
-                dues.append(due)
-        return min(dues, default=None)
+        return next_round_due(self.projection.open_intents(), (
+            next_due(self.projection.snapshot(t), now, self.step.ruleset) for t in self.projection.threads), now)
 
     # -- acting on decisions ----------------------------------------------------------
 

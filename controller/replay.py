@@ -25,7 +25,7 @@ import msgspec
 
 from controller.overdue import overdue
 from controller.render import overdue_json
-from controller.supervisor import Step
+from controller.supervisor import Step, next_round_due
 from ledger import events as ev
 from ledger.events import Entry, Envelope
 from ledger.projections import IntentView, Projection, is_open
@@ -301,18 +301,9 @@ class Replayer:
             self._evaluate(list(self.projection.threads), due)
 
     def _next_due(self, now: float) -> float | None:
-        candidates = []
-        for view in self._open.values():
-            i = view.intent
-            candidates.extend(t for t in (i.ack_deadline, i.effect_deadline, i.expires_at) if t is not None and t > now)
         projection, ruleset = self.projection, self.ruleset
-        for thread_id in projection.threads:
-            w = projection.triggers(thread_id, ruleset)
-            if w.timers:
-                due = triggers_next_due(w, now)
-                if due is not None:
-                    candidates.append(due)
-        return min(candidates, default=None)
+        return next_round_due(self._open.values(), (
+            triggers_next_due(projection.triggers(t, ruleset), now) for t in projection.threads), now)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
