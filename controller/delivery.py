@@ -63,7 +63,7 @@ from controller.rpc_errors import EvidenceValue, Refusal
 from ledger.events import (
     AgentMessage, Envelope, Event, ItemCompleted, ItemStarted, Report, TurnCompleted, UserMessage,
 )
-from ledger.intent_states import State, is_terminal
+from ledger.intent_states import State, check_transition, is_terminal
 from ledger.intents import Intent
 from ledger.projections import IntentView
 from ledger.snapshot import ENDED_TURN_STATES
@@ -656,6 +656,9 @@ class Delivery:
         return {"intent_id": self.intent.id, "thread_id": self.intent.thread_id}
 
     def _move(self, to: State, reason: str, evidence: Evidence, now: float) -> Envelope:
+        # The machine checks its own moves against the table: a move it must not make is
+        # its bug, found here, not first when the ledger refuses the append.
+        check_transition(self.state, to, reason)
         envelope = transition_envelope(self.intent, self.state, to, reason, evidence, now)
         self.state = to
         return envelope

@@ -577,3 +577,13 @@ def test_a_queued_queue_intent_is_read_back_after_a_restart():
         {"type": "userMessage", "id": "m", "clientId": intent.client_user_message_id}]}]}, 52.0))
     assert machine.state is State.ACKNOWLEDGED
     assert found.envelopes[0].event.reason == "queue_turn_started"
+
+
+def test_the_machine_refuses_a_move_outside_the_table_itself():
+    """No ledger involved: an illegal move is the machine's own error, not the store's."""
+    from ledger.errors import IllegalTransition
+
+    machine = Delivery(make_intent())
+    with pytest.raises(IllegalTransition, match="cannot move from proposed to acknowledged"):
+        machine._move(State.ACKNOWLEDGED, "echo", {}, NOW)
+    assert machine.state == State.PROPOSED  # nothing moved
