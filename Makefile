@@ -59,4 +59,4 @@ clean:
 	rm -rf $(VENV) build *.egg-info
 
 lint: $(STAMP)
-	$(PY) -m ruff check ledger rules monitor controller fixtures tests bench
+	$(PY) -m ruff check tillerman ledger rules monitor controller fixtures tests bench

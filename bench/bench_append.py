@@ -33,12 +33,12 @@ import tempfile
 import msgspec
 
 from bench.common import INFO, Row, alternate, at_least, fmt_rate, main, scratch_dir, timed
-from controller.daemon import BATCH
-from ledger import events as ev
-from ledger.events import Envelope
-from ledger.migrations import migrate
-from ledger.recorder import GENESIS
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller.daemon import BATCH
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.migrations import migrate
+from tillerman.ledger.recorder import GENESIS
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 SEED = 6
 RAW_BUDGET = 0.6

@@ -14,7 +14,7 @@
 2. **Intent proposed by another process → picked up** (budget p99 ≤ 100 ms). The
    real daemon (``Daemon.run``, dry run) attached to the real Codex app-server
    (``fixtures.codex_server`` + ``fixtures.scripted_model``); a harness starts a thread;
-   a separate process proposes intents for it (``controller.intents.propose``, a
+   a separate process proposes intents for it (``tillerman.controller.intents.propose``, a
    durable append) at random intervals. Latency: the daemon's decision record for the
    intent minus the moment the proposer's commit returned (one clock: the same machine).
 """
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import anyio
 
-from bench.common import PASS, FAIL, Row, main, percentile, scratch_dir
-from ledger import events as ev
+from bench.common import FAIL, PASS, Row, main, percentile, scratch_dir
+from tillerman.ledger import events as ev
 
 DECISION_BUDGET_MS = 10.0
 PICKUP_BUDGET_MS = 100.0
@@ -41,8 +41,8 @@ OWNER = "bench"
 
 
 def _ruleset():
-    from rules.ruleset import Grant, build_ruleset
-    from rules.files import default_ruleset
+    from tillerman.rules.files import default_ruleset
+    from tillerman.rules.ruleset import Grant, build_ruleset
 
     return build_ruleset(default_ruleset().rules, (Grant(subject=f"owner:{OWNER}", actions=frozenset({"steer", "queue"})),))
 
@@ -52,7 +52,7 @@ def _ruleset():
 
 def _notifications(n: int, seed: int = 7):
     """(message, propose-before?) pairs: turns over 4 threads, an intent every ~8."""
-    from monitor.jsonrpc import Notification
+    from tillerman.monitor.jsonrpc import Notification
 
     rnd = random.Random(seed)
     threads = [f"01a229c4-bbbb-7000-8000-{i:012x}" for i in range(4)]
@@ -90,10 +90,10 @@ def _notifications(n: int, seed: int = 7):
 
 
 async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]]:
-    from controller import intents
-    from controller.daemon import Daemon, DaemonOptions
-    from ledger import projections
-    from ledger.sqlite import SQLiteRecorder
+    from tillerman.controller import intents
+    from tillerman.controller.daemon import Daemon, DaemonOptions
+    from tillerman.ledger import projections
+    from tillerman.ledger.sqlite import SQLiteRecorder
 
     recorder = SQLiteRecorder(ledger)
     other = SQLiteRecorder(ledger)  # "another process": its own connection
@@ -125,8 +125,8 @@ async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]
 
 _PROPOSER = """
 import random, sys, time
-from controller import intents
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller import intents
+from tillerman.ledger.sqlite import SQLiteRecorder
 ledger, thread, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rnd = random.Random(11)
 with SQLiteRecorder(ledger) as rec:
@@ -139,10 +139,10 @@ with SQLiteRecorder(ledger) as rec:
 
 
 async def _pickup(n: int, workdir: Path) -> list[float]:
-    from controller.daemon import Daemon, DaemonOptions
     from fixtures.codex_server import AppServer, make_codex_home, watched_connection
     from fixtures.scripted_model import ScriptedModel
-    from ledger.sqlite import SQLiteRecorder
+    from tillerman.controller.daemon import Daemon, DaemonOptions
+    from tillerman.ledger.sqlite import SQLiteRecorder
 
     ledger = workdir / "ledger.sqlite3"
     with ScriptedModel() as model:

@@ -59,8 +59,8 @@ def commands(path: str, ledger: str) -> dict[str, list[str]]:
     py = sys.executable
     return {
         "floor": [py, "-m", "bench.floor", path],
-        "memory": [py, "-m", "controller", "replay", "--json", path],
-        "ledger": [py, "-m", "controller", "replay", "--json", "--ledger", ledger, path],
+        "memory": [py, "-m", "tillerman.controller", "replay", "--json", path],
+        "ledger": [py, "-m", "tillerman.controller", "replay", "--json", "--ledger", ledger, path],
     }
 
 
@@ -126,7 +126,7 @@ def _events(path: str) -> int:
     """Events replay records from the file (from one in-memory run's summary)."""
     import json
 
-    out = subprocess.run([sys.executable, "-m", "controller", "replay", "--json", path],
+    out = subprocess.run([sys.executable, "-m", "tillerman.controller", "replay", "--json", path],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["events"]
 

@@ -1,3 +1,3 @@
-from controller.cli import main
+from tillerman.controller.cli import main
 
 main()

@@ -1,12 +1,12 @@
 """The guarded adapter: the only code that sends an intervention to the app-server.
 
-The delivery machine (``controller.delivery``) decides what to send; this module sends
+The delivery machine (``tillerman.controller.delivery``) decides what to send; this module sends
 it, and before every send checks AGAIN, at the boundary, against the ledger rather
 than anyone's memory:
 
 * the intent (its durable record, read back from the recorder) is not ``replayed``;
 * a grant in the current rule set lets the intent's producer request its mode on
-  its thread (authority is the producer's, as in ``rules.policy``);
+  its thread (authority is the producer's, as in ``tillerman.rules.policy``);
 * a steer, queue add or interrupt is sent only while the ledger shows the intent
   ``dispatch_unknown`` under the very ``attempt`` the command carries (the durable
   dispatch record exists, and a second, stale machine cannot send a second copy); a
@@ -23,7 +23,7 @@ can, nothing runs and the machine fails the check (``cwd_unknown``).
 A failed check raises a ``BoundaryRefusal`` subclass and sends nothing. Every request
 runs under a timeout; its outcome comes back as a delivery fact (``Replied``,
 ``Refused`` for a recognized refusal, ``NoAnswer`` for a timeout, a dropped
-connection or an unrecognized error — see ``controller.rpc_errors``).
+connection or an unrecognized error — see ``tillerman.controller.rpc_errors``).
 
 Request shapes are those of the real app-server 0.163.0
 (reference/codex-app-server.md §2–§4, A3).
@@ -38,21 +38,37 @@ from typing import Any, ClassVar, Protocol
 
 import anyio
 
-from controller.delivery import (
-    DISPATCH_COMMANDS, READBACK_PAGE, Command, Delivery, Fact, Interrupt, ListTerminals, NoAnswer, QueueAdd,
-    QueueList, ReadBack, Refused, Replied, ResumeQueue, RunVerify, Steer, Terminate, Verified,
+from tillerman.controller.delivery import (
+    DISPATCH_COMMANDS,
+    READBACK_PAGE,
+    Command,
+    Delivery,
+    Fact,
+    Interrupt,
+    ListTerminals,
+    NoAnswer,
+    QueueAdd,
+    QueueList,
+    ReadBack,
+    Refused,
+    Replied,
+    ResumeQueue,
+    RunVerify,
+    Steer,
+    Terminate,
+    Verified,
 )
-from controller.intents import evidence_envelope, intent_view
-from controller.rpc_errors import Refusal, classify
-from ledger import projections
-from ledger.intent_states import State
-from ledger.projections import IntentView
-from ledger.recorder import Recorder
-from ledger.snapshot import ThreadSnapshot
-from monitor.appserver_client import AppServerDisconnected
-from monitor.digest import digest
-from monitor.jsonrpc import RpcError
-from rules.ruleset import INTERRUPT_CRITICAL, RuleSet
+from tillerman.controller.intents import evidence_envelope, intent_view
+from tillerman.controller.rpc_errors import Refusal, classify
+from tillerman.ledger import projections
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.projections import IntentView
+from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.monitor.appserver_client import AppServerDisconnected
+from tillerman.monitor.digest import digest
+from tillerman.monitor.jsonrpc import RpcError
+from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_VERIFY_TIMEOUT = 60.0

@@ -13,8 +13,9 @@ import anyio
 import click
 import msgspec
 
-from controller import intents as intent_lib
-from controller.output import (
+from tillerman.controller import intents as intent_lib
+from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
+from tillerman.controller.output import (
     EXIT_ANCHOR_STALE,
     EXIT_CHECK_FAILED,
     Fail,
@@ -25,19 +26,18 @@ from controller.output import (
     print_table,
     warn_undecodable,
 )
-from controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
-from controller.overdue import overdue as find_overdue
-from controller.replay import FORMATS, Replayer, ReplayError, collect_files
-from controller.render import intent_json, overdue_json
-from controller.timefmt import format_duration, parse_duration, parse_time, shorten
-from ledger import projections
-from ledger.intent_states import State
-from ledger.memory import MemoryRecorder
-from ledger.sqlite import SQLiteRecorder
-from monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
-from rules.config import Effective, config_file, load_effective
-from rules.files import RuleSetError
-from rules.owner import local_login
+from tillerman.controller.overdue import overdue as find_overdue
+from tillerman.controller.render import intent_json, overdue_json
+from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
+from tillerman.controller.timefmt import format_duration, parse_duration, parse_time, shorten
+from tillerman.ledger import projections
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
+from tillerman.rules.config import Effective, config_file, load_effective
+from tillerman.rules.files import RuleSetError
+from tillerman.rules.owner import local_login
 
 SEQ_MAX = 2**63 - 1  # SQLite's largest integer
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
@@ -321,7 +321,7 @@ class _Progress:
 
 
 def load_rules_or_fail(rules_path: str | None, config_path: str | None, *, refuse_unsafe: bool = False) -> Effective:
-    """Rules, grants and command patterns (rules.config), from ``--rules`` and
+    """Rules, grants and command patterns (tillerman.rules.config), from ``--rules`` and
     ``--config`` as given (no ``--config``: the default config file, if any). A file
     someone else could have written is refused with ``refuse_unsafe`` (``run``: the
     daemon acts on it), and otherwise only warned about."""
@@ -409,8 +409,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         url = server.url
         click.echo(f"app-server listening: {url}  (point the harness at it: tillerman shim {server.socket_path})")
         target = _target(url, client_name, allow_remote)
-    from controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
-    from monitor.appserver_client import JsonlTrace, TraceFileError
+    from tillerman.controller.daemon import DaemonOptions, run_daemon  # the daemon's imports only when it runs
+    from tillerman.monitor.appserver_client import JsonlTrace, TraceFileError
 
     if trace_path:
         try:  # refused here in one line, not later inside the daemon's connection task
@@ -474,7 +474,7 @@ def status_cmd(as_json, ledger_path):
     """
     path = ledger_file(ledger_path)
     with open_intact_ledger(str(path)) as recorder:
-        from controller.status import ledger_status
+        from tillerman.controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
     warn_undecodable({int(seq): why for seq, why in data["undecodable"].items()})
@@ -491,7 +491,7 @@ def status_cmd(as_json, ledger_path):
 
 
 def _daemon_lines(daemon: dict) -> list[str]:
-    from controller.status import version_warning
+    from tillerman.controller.status import version_warning
 
     if not daemon["running"]:
         return ["daemon: not running"]
@@ -525,7 +525,7 @@ def shim_cmd(socket_path, ignored):
     Example: tillerman shim ~/.codex/app-server-control/tillerman.sock
     """
     try:
-        from controller.shim import run_shim
+        from tillerman.controller.shim import run_shim
 
         anyio.run(run_shim, socket_path)
     except OSError as exc:
@@ -637,4 +637,4 @@ def ledger_accept_tail(by, ledger_path):
 
 
 
-import controller.rules_cli  # noqa: E402,F401  (registers `tillerman rules …` on main)
+import tillerman.controller.rules_cli  # noqa: E402,F401  (registers `tillerman rules …` on main)

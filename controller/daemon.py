@@ -7,7 +7,7 @@ the connection saw, folds it, runs the rules and the policy, and hands each
 decision to the intent's delivery machine), one **delivery** task per intent at a
 time (the machine's commands go through the guarded adapter; a slow request never
 stalls the brain), the **file followers** (``--watch``: session files tailed
-through ``monitor.watch``; each batch carries the file offsets the brain records in
+through ``tillerman.monitor.watch``; each batch carries the file offsets the brain records in
 the same transaction as its events), and the **overdue** notifier. The connection
 is optional: with ``--watch`` alone the daemon observes files only. SIGINT/SIGTERM cancel the group:
 every append is one transaction, so nothing is half-written.
@@ -35,43 +35,43 @@ import msgspec
 import watchfiles
 from anyio.abc import TaskStatus
 
-from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
-from controller.intents import intent_view
-from controller.notify import OverdueNotifier
-from controller.reload import POLL_EVERY, RuleReloader
-from controller.supervisor import Step, next_round_due
-from ledger import events as ev
-from ledger import projections
-from ledger.errors import IllegalTransition, OperationalError
-from ledger.events import Envelope
-from ledger.file_offsets import FileOffset
-from ledger.intent_states import State
-from ledger.lock import LedgerLock
-from ledger.projections import IntentView, Projection
-from ledger.snapshot import ENDED_TURN_STATES
-from ledger.recorder import Recorder
-from controller.link import HEARTBEAT, Link
-from monitor.appserver_client import (
+from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
+from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
+from tillerman.controller.intents import intent_view
+from tillerman.controller.notify import OverdueNotifier
+from tillerman.controller.reload import POLL_EVERY, RuleReloader
+from tillerman.controller.supervisor import Step, next_round_due
+from tillerman.ledger import events as ev
+from tillerman.ledger import projections
+from tillerman.ledger.errors import IllegalTransition, OperationalError
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.file_offsets import FileOffset
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.lock import LedgerLock
+from tillerman.ledger.projections import IntentView, Projection
+from tillerman.ledger.snapshot import ENDED_TURN_STATES
+from tillerman.ledger.recorder import Recorder
+from tillerman.controller.link import HEARTBEAT, Link
+from tillerman.monitor.appserver_client import (
     AppServerClient,
     AppServerDisconnected,
     JsonlTrace,
     backoff_delays,
     open_app_server,
 )
-from monitor.appserver_info import describe_failure
-from monitor.codex_home import OWN_CLIENT_NAME
-from monitor.appserver_tap import AppServerTap
-from monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from monitor.commands import CommandPatterns
-from monitor.jsonrpc import RpcError
-from monitor.tailer import FileBatch, Tailer
-from monitor.watch import RUST_TIMEOUT_MS, Watch
-from monitor.redact import redact_message
-from rules.config import Effective, patterns_digest
-from rules.decision import DISPATCH_ACTIONS, Action, Decision
-from rules.detect import next_due
-from rules.ruleset import RuleSet
+from tillerman.monitor.appserver_info import describe_failure
+from tillerman.monitor.codex_home import OWN_CLIENT_NAME
+from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.monitor.commands import CommandPatterns
+from tillerman.monitor.jsonrpc import RpcError
+from tillerman.monitor.tailer import FileBatch, Tailer
+from tillerman.monitor.watch import RUST_TIMEOUT_MS, Watch
+from tillerman.monitor.redact import redact_message
+from tillerman.rules.config import Effective, patterns_digest
+from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
+from tillerman.rules.detect import next_due
+from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
 
@@ -91,13 +91,13 @@ _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnSt
 class DaemonOptions:
     url: str | None = None  # None: no app-server, files only (--watch)
     client_name: str = OWN_CLIENT_NAME
-    default_socket: bool = False  # Codex's own shared server (monitor.codex_home)
+    default_socket: bool = False  # Codex's own shared server (tillerman.monitor.codex_home)
     trace: str | None = None
     retain_payloads: bool = False
     dry_run: bool = False
     on_overdue: str | None = None
     request_timeout: float = 10.0
-    watch: tuple[str, ...] = ()  # directories whose session files are followed (monitor.watch)
+    watch: tuple[str, ...] = ()  # directories whose session files are followed (tillerman.monitor.watch)
     rules_path: str | None = None  # watched: a valid change is applied, an invalid one recorded and refused
     config_path: str | None = None  # --config as given; None: the default file, watched even while absent
     patterns: CommandPatterns = DEFAULT_PATTERNS
@@ -179,7 +179,7 @@ class Daemon:
 
     async def _watch_rules(self, poll_every: float = POLL_EVERY) -> None:
         """Record the rule set at start; reload the rule and config files when they
-        change (polled) or on SIGHUP (see ``controller.reload``)."""
+        change (polled) or on SIGHUP (see ``tillerman.controller.reload``)."""
         reloader = RuleReloader(self.options.rules_path, self.options.config_path, Effective(
             ruleset=self.step.ruleset, patterns=self.options.patterns,
             patterns_digest=patterns_digest(self.options.patterns)))
@@ -559,7 +559,7 @@ class Daemon:
 
     @staticmethod
     def _checkpoint(point: str) -> None:
-        """Fault injection: ``TILLERMAN_KILL_AT=<point>`` (one of ``controller.adapter.CHECKPOINTS``)
+        """Fault injection: ``TILLERMAN_KILL_AT=<point>`` (one of ``tillerman.controller.adapter.CHECKPOINTS``)
         makes the daemon SIGKILL itself there, as a crash would."""
         if os.environ.get(KILL_AT_ENV) == point:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -2,7 +2,7 @@
 
 One ``Delivery`` per intent. It owns no socket and no clock: the driver hands it a
 fact (``handle(fact)``) and gets an ``Output`` back — ledger envelopes to append
-(intent transitions and evidence, built with ``controller.intents``) and adapter
+(intent transitions and evidence, built with ``tillerman.controller.intents``) and adapter
 commands to execute, in that order. The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
@@ -16,7 +16,7 @@ Theory of operation (DESIGN.md "Intents: the delivery protocol"):
   record carries an ``attempt`` token the adapter checks at its boundary: a second,
   stale machine cannot send a second copy.
 * Nothing is ever resent. A timeout, a dropped connection or an unrecognized error
-  (``controller.rpc_errors``) is recorded as evidence and the intent stays
+  (``tillerman.controller.rpc_errors``) is recorded as evidence and the intent stays
   dispatch_unknown: an accepted steer may be pending inside the server, invisible
   to any readback, until its turn ends. A second ``Dispatch`` does nothing.
 * Steer: ``{"turnId"}`` → queued (accepted, not delivered). The ``userMessage``
@@ -58,15 +58,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.intents import SOURCE, evidence_envelope, transition_envelope
-from controller.rpc_errors import EvidenceValue, Refusal
-from ledger.events import (
+from tillerman.controller.intents import SOURCE, evidence_envelope, transition_envelope
+from tillerman.controller.rpc_errors import EvidenceValue, Refusal
+from tillerman.ledger.events import (
     AgentMessage, Envelope, Event, ItemCompleted, ItemStarted, Report, TurnCompleted, UserMessage,
 )
-from ledger.intent_states import State, check_transition, is_terminal
-from ledger.intents import Intent
-from ledger.projections import IntentView
-from ledger.snapshot import ENDED_TURN_STATES
+from tillerman.ledger.intent_states import State, check_transition, is_terminal
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.projections import IntentView
+from tillerman.ledger.snapshot import ENDED_TURN_STATES
 
 S = State
 #: The machine's own findings for a person carry this reporter in place of a rule.

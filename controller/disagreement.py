@@ -1,7 +1,7 @@
 """The disagreement set: where a candidate rule set would have acted differently from
 the active one, over the same recorded sessions or ledger.
 
-Each input file is replayed twice through ``controller.replay.Replayer`` (same
+Each input file is replayed twice through ``tillerman.controller.replay.Replayer`` (same
 normalizer, same Step, same policy, same virtual clock, an in-memory ledger each),
 once per rule set, and what each run's rules did is collected as **acts**:
 
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import msgspec
 
-from controller.replay import Replayer, collect_files
-from controller.timefmt import iso
-from ledger import events as ev
-from ledger.intents import intent_id_from
-from ledger.sqlite import SQLiteRecorder
-from rules.config import Effective
+from tillerman.controller.replay import Replayer, collect_files
+from tillerman.controller.timefmt import iso
+from tillerman.ledger import events as ev
+from tillerman.ledger.intents import intent_id_from
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.config import Effective
 
 
 class Act(msgspec.Struct, frozen=True, kw_only=True):

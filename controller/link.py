@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.codex_home import START_HINT
-from monitor.appserver_info import server_identity
+from tillerman.monitor.appserver_info import server_identity
+from tillerman.monitor.codex_home import START_HINT
 
 
 #: Snapshot name of the daemon's heartbeat record, which carries ``Link.as_dict()`` and

@@ -13,10 +13,10 @@ import subprocess
 
 import anyio
 
-from controller.overdue import overdue
-from controller.render import overdue_json
-from ledger.intent_states import State, is_terminal
-from ledger.projections import Projection
+from tillerman.controller.overdue import overdue
+from tillerman.controller.render import overdue_json
+from tillerman.ledger.intent_states import State, is_terminal
+from tillerman.ledger.projections import Projection
 
 log = logging.getLogger("tillerman")
 COMMAND_TIMEOUT = 30.0

@@ -15,7 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 import click
 import msgspec
 
-from ledger.errors import AnchorMismatch, IntegrityError, LedgerError, OperationalError, SchemaError, UnknownIntent
+from tillerman.ledger.errors import (
+    AnchorMismatch,
+    IntegrityError,
+    LedgerError,
+    OperationalError,
+    SchemaError,
+    UnknownIntent,
+)
 
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.intent_states import State
-from ledger.projections import IntentView, Projection
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.projections import IntentView, Projection
 
 #: States waiting for the recipient to acknowledge, and those waiting for an effect.
 _AWAITING_ACK = frozenset({State.PROPOSED, State.DISPATCH_UNKNOWN, State.QUEUED})

@@ -12,9 +12,9 @@ them again and returns what to record and whether the running set changes:
   that keeps deciding; the running set stays. The same broken content is rejected
   once, not on every poll. Every kind of bad file is one: invalid, too deep, too
   large, not a regular file (a FIFO, ``/dev/zero``), or one someone else could have
-  written (``rules.files.read_file``: the daemon runs a rule's ``verify`` as you).
+  written (``tillerman.rules.files.read_file``: the daemon runs a rule's ``verify`` as you).
 
-Without ``--config`` the default config file (``rules.config.config_file``) is the
+Without ``--config`` the default config file (``tillerman.rules.config.config_file``) is the
 one watched, whether it exists or not: creating it applies it, removing it goes
 back to running with no config file (the owner's built-in grant, built-in patterns).
 
@@ -22,7 +22,7 @@ Polling (``POLL_EVERY`` seconds) rather than inotify: two stats a second cost
 nothing, work on every filesystem, and see an editor's rename-over-save the same as
 an in-place write.
 
-Each poll also reports rules past ``review_by`` or ``expires`` (``rules.lifecycle.
+Each poll also reports rules past ``review_by`` or ``expires`` (``tillerman.rules.lifecycle.
 reviews``): a ``report`` event per rule, with a deterministic id and time (the due
 date), so a restart or a reload offers the same fact again and the ledger keeps one.
 """
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import msgspec
 
-from controller.intents import SOURCE
-from ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
-from rules.config import Effective, config_file, default_config_path, load_effective
-from rules.files import RuleSetError
-from rules.lifecycle import reviews
+from tillerman.controller.intents import SOURCE
+from tillerman.ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
+from tillerman.rules.config import Effective, config_file, default_config_path, load_effective
+from tillerman.rules.files import RuleSetError
+from tillerman.rules.lifecycle import reviews
 
 log = logging.getLogger("tillerman")
 

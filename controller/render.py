@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.overdue import Overdue
-from controller.timefmt import iso
-from ledger.projections import IntentView
+from tillerman.controller.overdue import Overdue
+from tillerman.controller.timefmt import iso
+from tillerman.ledger.projections import IntentView
 
 
 def intent_json(view: IntentView, *, history: bool) -> dict:

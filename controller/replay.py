@@ -23,25 +23,25 @@ from pathlib import Path
 
 import msgspec
 
-from controller.overdue import overdue
-from controller.render import overdue_json
-from controller.supervisor import Step, next_round_due
-from ledger import events as ev
-from ledger.events import Entry, Envelope
-from ledger.projections import IntentView, Projection, is_open
-from ledger.errors import LedgerError
-from ledger.recorder import Recorder
-from monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from monitor.commands import CommandPatterns
-from monitor.counts import Counts, EventCounter
-from monitor.formats import PARSERS, detect_format
-from monitor.identity import file_identity, read_first_line
-from monitor.parser import Parsed
-from monitor.tailer import file_envelope, file_source
-from ledger.snapshot import ThreadSnapshot
-from ledger.sqlite import SQLiteRecorder
-from rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
-from rules.ruleset import RuleSet
+from tillerman.controller.overdue import overdue
+from tillerman.controller.render import overdue_json
+from tillerman.controller.supervisor import Step, next_round_due
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.projections import IntentView, Projection, is_open
+from tillerman.ledger.errors import LedgerError
+from tillerman.ledger.recorder import Recorder
+from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.monitor.commands import CommandPatterns
+from tillerman.monitor.counts import Counts, EventCounter
+from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.identity import file_identity, read_first_line
+from tillerman.monitor.parser import Parsed
+from tillerman.monitor.tailer import file_envelope, file_source
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
+from tillerman.rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
 HEAD = 64 * 1024
@@ -65,7 +65,7 @@ class DamagedLedger(ReplayError):
 
 
 class FileSummary(Counts, frozen=True, kw_only=True):
-    """One file's counts (defined once, in ``monitor.counts``) and where they came from."""
+    """One file's counts (defined once, in ``tillerman.monitor.counts``) and where they came from."""
 
     path: str
     format: str
@@ -123,7 +123,7 @@ def _not_a_file(path: Path) -> str:
 class _CachingProjection(Projection, dict=True):
     """The fold, keeping each thread's snapshot (and its timer dues) until an entry
     about that thread is folded. Every change to a thread's state goes through an
-    event carrying its ``thread_id`` (``ledger.projections``), so a kept snapshot is
+    event carrying its ``thread_id`` (``tillerman.ledger.projections``), so a kept snapshot is
     always the one ``Projection.snapshot`` would build now. Replay asks for the same
     thread's snapshot several times per event (timers, detection, the policy)."""
 
@@ -255,7 +255,7 @@ class Replayer:
                 at = parsed.at
                 if at is None and parser.untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
-                # The same envelope the live tailer (monitor.tailer) builds for this record.
+                # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
                 self._observe(file_envelope(identity, source, parsed), at, batched=batched)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from monitor.jsonrpc import RpcError
+from tillerman.monitor.jsonrpc import RpcError
 
 EvidenceValue = str | int | float | bool | None
 

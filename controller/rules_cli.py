@@ -1,6 +1,6 @@
 """``tillerman rules …``: validate, show, diff, propose, promote, proposals.
 
-Registered on the main group by ``controller.cli`` importing this module. Exit codes
+Registered on the main group by ``tillerman.controller.cli`` importing this module. Exit codes
 follow the CLI convention: 0 done, 1 a refused check (a promotion the lifecycle does
 not allow), 2 usage, unreadable input or an invalid rule or config file.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 import click
 import msgspec
 
-from controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, report_anchor, warn_unsafe
-from controller.disagreement import DiffReport, diff
-from controller.intents import SOURCE
-from controller.output import (
+from tillerman.controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, report_anchor, warn_unsafe
+from tillerman.controller.disagreement import DiffReport, diff
+from tillerman.controller.intents import SOURCE
+from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,
     Fail,
@@ -28,16 +28,16 @@ from controller.output import (
     print_json,
     print_table,
 )
-from controller.replay import ReplayError
-from controller.timefmt import iso
-from ledger.events import Envelope, RulePromoted, RuleProposed
-from monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from rules import lifecycle
-from rules.config import Effective, config_file, default_config_path, load_patterns
-from rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file
-from rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
-from rules.owner import local_login
-from rules.ruleset import build_ruleset
+from tillerman.controller.replay import ReplayError
+from tillerman.controller.timefmt import iso
+from tillerman.ledger.events import Envelope, RulePromoted, RuleProposed
+from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.rules import lifecycle
+from tillerman.rules.config import Effective, config_file, default_config_path, load_patterns
+from tillerman.rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file
+from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
+from tillerman.rules.owner import local_login
+from tillerman.rules.ruleset import build_ruleset
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 

@@ -12,7 +12,7 @@ import sys
 import anyio
 from websockets.exceptions import ConnectionClosed
 
-from monitor.appserver_client import open_websocket
+from tillerman.monitor.appserver_client import open_websocket
 
 
 async def run_shim(socket_path: str) -> None:

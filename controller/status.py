@@ -8,12 +8,12 @@ from pathlib import Path
 
 import msgspec
 
-from controller.link import HEARTBEAT
-from controller.overdue import overdue
-from controller.rpc_errors import CHECKED_CODEX_VERSIONS
-from controller.timefmt import iso
-from ledger import projections
-from ledger.recorder import Recorder
+from tillerman.controller.link import HEARTBEAT
+from tillerman.controller.overdue import overdue
+from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
+from tillerman.controller.timefmt import iso
+from tillerman.ledger import projections
+from tillerman.ledger.recorder import Recorder
 
 
 def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
@@ -67,7 +67,7 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
 
 
 def _codex(link: dict | None) -> dict | None:
-    """The daemon's app-server connection (``controller.link``), times as ISO-8601, and
+    """The daemon's app-server connection (``tillerman.controller.link``), times as ISO-8601, and
     whether its server is a release the error classification was checked against."""
     if not isinstance(link, dict):
         return None

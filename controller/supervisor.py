@@ -15,17 +15,17 @@ from collections.abc import Iterable
 
 import msgspec
 
-from controller.intents import SOURCE, IntentError, build_intent, proposal_envelopes, transition_envelope
-from ledger.events import DecisionRecorded, Envelope, Report
-from ledger.intent_states import TRANSITIONS as _MOVES
-from ledger.intent_states import State
-from ledger.intents import Intent, intent_id_from
-from ledger.projections import IntentView, Projection
-from ledger.snapshot import ThreadSnapshot
-from rules.decision import DISPATCH_ACTIONS, Action, Decision
-from rules.detect import Finding, detect
-from rules.policy import decide
-from rules.ruleset import RuleSet
+from tillerman.controller.intents import SOURCE, IntentError, build_intent, proposal_envelopes, transition_envelope
+from tillerman.ledger.events import DecisionRecorded, Envelope, Report
+from tillerman.ledger.intent_states import TRANSITIONS as _MOVES
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, intent_id_from
+from tillerman.ledger.projections import IntentView, Projection
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
+from tillerman.rules.detect import Finding, detect
+from tillerman.rules.policy import decide
+from tillerman.rules.ruleset import RuleSet
 
 
 #: Decisions the controller settles itself, with no transport involved: the policy's

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from ledger import events
-from ledger.errors import IllegalTransition
-from ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
-from ledger.intent_states import State, check_transition
-from ledger.recorder import content_digest, encode_payload, row_hash
+from tillerman.ledger import events
+from tillerman.ledger.errors import IllegalTransition
+from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
+from tillerman.ledger.intent_states import State, check_transition
+from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
 
 DigestLookup = Callable[[Iterable[str]], dict[str, str]]  # event ids -> stored content digests
 StateLookup = Callable[[str], State | None]  # intent id -> its state in the store, None if absent
@@ -130,7 +130,7 @@ def conflict_envelope(env: Envelope, existing: str, offered: str, observed: floa
 
 
 def row_columns(row: Row) -> tuple:
-    """A row in the stored column order (``ledger.sqlite._COLUMNS``; ``verify_rows`` reads it)."""
+    """A row in the stored column order (``tillerman.ledger.sqlite._COLUMNS``; ``verify_rows`` reads it)."""
     env, ev = row.envelope, row.envelope.event
     return (row.seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id, ev.turn_id,
             events.kind_of(ev), row.intent_id, env.offset, env.length, row.payload, row.digest,

@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.intents import Intent
+from tillerman.ledger.intents import Intent
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -225,7 +225,7 @@ class RuleProposed(Event, tag="rule_proposed"):
 
     rule_id: str = ""
     rule_version: int = 0
-    rule_digest: str = ""  # rules.lifecycle.rule_digest: the rule without its status
+    rule_digest: str = ""  # tillerman.rules.lifecycle.rule_digest: the rule without its status
     action: str = ""
     rule: str = ""  # the rule as TOML (status "proposed"), what a promotion installs
     evidence: tuple[str, ...] = ()

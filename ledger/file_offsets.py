@@ -20,7 +20,7 @@ OffsetState = Literal["following", "deleted", "replaced"]
 
 
 class FileOffset(msgspec.Struct, frozen=True, kw_only=True):
-    identity: str  # device:inode:first-line digest (monitor.identity)
+    identity: str  # device:inode:first-line digest (tillerman.monitor.identity)
     path: str  # where the file was last seen
     source: str  # the source its events carry (file:<path where it was first seen>)
     format: str  # the parser that reads it

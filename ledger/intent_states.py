@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from ledger.errors import IllegalTransition
-from ledger.intents import Intent
+from tillerman.ledger.errors import IllegalTransition
+from tillerman.ledger.intents import Intent
 
 
 class State(StrEnum):

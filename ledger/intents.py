@@ -3,7 +3,7 @@
 An intent never changes its target: thread, expected turn, mode and text are fixed at
 creation. A different target needs a new intent (optionally ``supersedes`` the old).
 Its state is not stored here; it is the fold of its transition events
-(``ledger.intent_states``).
+(``tillerman.ledger.intent_states``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from ledger.errors import LedgerLocked
+from tillerman.ledger.errors import LedgerLocked
 
 
 class LedgerLock:

@@ -1,9 +1,9 @@
-"""A ledger held in the process's memory: the recorder contract (``ledger.recorder``)
+"""A ledger held in the process's memory: the recorder contract (``tillerman.ledger.recorder``)
 without SQLite, for runs whose ledger is thrown away at exit (``tillerman replay``
 without ``--ledger``).
 
-The same rows as ``ledger.sqlite`` — payload, content digest, hash chain — so
-``verify`` walks them with the same code (``ledger.verify.verify_ledger``) and a
+The same rows as ``tillerman.ledger.sqlite`` — payload, content digest, hash chain — so
+``verify`` walks them with the same code (``tillerman.ledger.verify.verify_ledger``) and a
 replay records the same entries whichever backend it uses. One process, one writer:
 nothing here is shared or durable (``durable`` is accepted and means nothing), and
 there is no head anchor to keep.
@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 
-from ledger.batch import Row, prepare, row_columns
-from ledger.events import Entry, Envelope
-from ledger.intent_states import State
-from ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
-from ledger.verify import verify_ledger
+from tillerman.ledger.batch import Row, prepare, row_columns
+from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
+from tillerman.ledger.verify import verify_ledger
 
 
 class MemoryRecorder(Recorder):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ledger.errors import SchemaError
+from tillerman.ledger.errors import SchemaError
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 1: the event table, its lookups, and fold snapshots
@@ -36,7 +36,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX events_kind ON events (kind, seq)",
         "CREATE TABLE snapshots (name TEXT PRIMARY KEY, seq INTEGER NOT NULL, state BLOB NOT NULL)",
     ),
-    # 2: where the file tailer read each followed file up to (ledger.file_offsets);
+    # 2: where the file tailer read each followed file up to (tillerman.ledger.file_offsets);
     # written in the same transaction as the events read from that span
     (
         """CREATE TABLE file_offsets (
@@ -50,7 +50,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX file_offsets_path ON file_offsets (path)",
     ),
-    # 3: facts about the ledger itself (ledger.sqlite META_*): the chain formula its rows
+    # 3: facts about the ledger itself (tillerman.ledger.sqlite META_*): the chain formula its rows
     # are hashed with, and whether a head anchor was ever written for it
     (
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger import events as ev
-from ledger.events import Entry, QueueEntry
-from ledger.intent_states import ALWAYS_TERMINAL, State
-from ledger.intents import Intent
-from ledger.recorder import Recorder
-from ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Entry, QueueEntry
+from tillerman.ledger.intent_states import ALWAYS_TERMINAL, State
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 
 SNAPSHOT_NAME = "projection-v2"  # bump when Projection changes shape
 

@@ -2,7 +2,7 @@
 
 A backend stores ``Envelope``s in one total order (``seq``), chains them with SHA-256,
 refuses illegal intent transitions inside the same transaction that would write them,
-and translates its driver's errors into ``ledger.errors`` in exactly one place.
+and translates its driver's errors into ``tillerman.ledger.errors`` in exactly one place.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from ledger import events
-from ledger.events import Entry, Envelope
+from tillerman.ledger import events
+from tillerman.ledger.events import Entry, Envelope
 
 GENESIS = "0" * 64
 #: The ``row_hash`` formula. A ledger records the version its rows were hashed with

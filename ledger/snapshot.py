@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.events import QueueEntry
+from tillerman.ledger.events import QueueEntry
 
 #: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
 #: "failed"), or "unclosed" (the next turn started, or the source ended, first).

@@ -29,14 +29,14 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from ledger import events
-from ledger.batch import prepare, row_columns
-from ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
-from ledger.events import Entry, Envelope, TailAccepted
-from ledger.file_offsets import FileOffset
-from ledger.intent_states import State
-from ledger.migrations import SCHEMA_VERSION, migrate
-from ledger.recorder import (
+from tillerman.ledger import events
+from tillerman.ledger.batch import prepare, row_columns
+from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
+from tillerman.ledger.events import Entry, Envelope, TailAccepted
+from tillerman.ledger.file_offsets import FileOffset
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
+from tillerman.ledger.recorder import (
     CHAIN_VERSION,
     GENESIS,
     AppendResult,
@@ -330,7 +330,7 @@ class SQLiteRecorder(Recorder):
     # -- verification -----------------------------------------------------------
 
     def verify(self) -> VerifyReport:
-        from ledger.verify import verify_ledger  # the walk is backend-independent
+        from tillerman.ledger.verify import verify_ledger  # the walk is backend-independent
 
         unreadable: list[str] = []
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-
-from ledger import events, projections
-from ledger.batch import intent_id_of
-from ledger.events import Entry, Envelope, TailAccepted
-from ledger.recorder import CHAIN_VERSION, GENESIS, VerifyReport, content_digest, row_hash
+from tillerman.ledger import events, projections
+from tillerman.ledger.batch import intent_id_of
+from tillerman.ledger.events import Entry, Envelope, TailAccepted
+from tillerman.ledger.recorder import CHAIN_VERSION, GENESIS, VerifyReport, content_digest, row_hash
 
 
 def verify_rows(rows: Iterator[tuple], integrity: list[str], anchor: tuple[int, str] | None,

@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from monitor.jsonrpc import (
+from tillerman.monitor.jsonrpc import (
     BadMessage,
     ErrorResponse,
     Notification,

@@ -17,13 +17,25 @@ from typing import Any
 
 import msgspec
 
-from ledger.events import (
-    AgentMessage, ApprovalRequested, ApprovalResolved, Error, Event, ItemCompleted, ItemStarted, QueueChanged,
-    StatusChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage, kind_of,
+from tillerman.ledger.events import (
+    AgentMessage,
+    ApprovalRequested,
+    ApprovalResolved,
+    Error,
+    Event,
+    ItemCompleted,
+    ItemStarted,
+    QueueChanged,
+    StatusChanged,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+    kind_of,
 )
-from monitor.commands import DEFAULT, CommandPatterns
-from monitor.digest import digest, payload, size
-from monitor.parser import ack_tokens, integer, items, obj, text, workdir
+from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.monitor.digest import digest, payload, size
+from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
 
 # Server→client requests that make the turn wait for a person, and what they wait for.
 APPROVAL_METHODS = {

@@ -21,11 +21,11 @@ import hashlib
 
 import msgspec
 
-from ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
-from monitor.appserver_events import AppServerEvents, natural_key
-from monitor.commands import DEFAULT, CommandPatterns
-from monitor.jsonrpc import BadMessage, Notification, ServerRequest
-from monitor.parser import EARLIEST, LATEST, WrongType
+from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
+from tillerman.monitor.appserver_events import AppServerEvents, natural_key
+from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.monitor.jsonrpc import BadMessage, Notification, ServerRequest
+from tillerman.monitor.parser import EARLIEST, LATEST, WrongType
 
 _MALFORMED = (WrongType, TypeError, AttributeError, KeyError, ValueError)
 

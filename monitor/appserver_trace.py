@@ -2,7 +2,7 @@
 
 One object per line: ``{"ts": <epoch seconds>, "dir": "in"|"out", "msg": {…}}``;
 ``in`` is from the server. Messages from the server go through the same mapping
-as the live connection (``monitor.appserver_events``); what the client sent
+as the live connection (``tillerman.monitor.appserver_events``); what the client sent
 (steers, interrupts, approval answers) has no event of its own: its effects come
 back from the server (the ``userMessage`` echo, ``turn/completed``,
 ``serverRequest/resolved``).
@@ -10,10 +10,10 @@ back from the server (the ``userMessage`` echo, ``turn/completed``,
 
 from __future__ import annotations
 
-from ledger.events import Event
-from monitor.appserver_events import AppServerEvents
-from monitor.commands import CommandPatterns
-from monitor.parser import Parser, WrongType, obj, text
+from tillerman.ledger.events import Event
+from tillerman.monitor.appserver_events import AppServerEvents
+from tillerman.monitor.commands import CommandPatterns
+from tillerman.monitor.parser import Parser, WrongType, obj, text
 
 
 class AppServerTraceParser(Parser):

@@ -26,9 +26,20 @@ import re
 from collections.abc import Callable
 from typing import ClassVar
 
-from ledger.events import Error, Event, QueueChanged, QueueEntry, ThreadStarted, TurnCompleted, TurnStarted
-from monitor.digest import digest
-from monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, obj, text, workdir
+from tillerman.ledger.events import Error, Event, QueueChanged, QueueEntry, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.monitor.digest import digest
+from tillerman.monitor.parser import (
+    Call,
+    OpenCalls,
+    Parser,
+    WrongType,
+    command_text,
+    integer,
+    iso_time,
+    obj,
+    text,
+    workdir,
+)
 
 _SUBAGENT_FILE = re.compile(r"(?:^|[/\\])([^/\\]+)[/\\]subagents[/\\]agent-([^/\\]+)\.jsonl$")
 INTERRUPT_MARKER = "[Request interrupted by user"

@@ -10,9 +10,9 @@ mid-turn (the process died): that turn stays open and is counted as unclosed.
 
 from __future__ import annotations
 
-from ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
-from monitor.digest import digest
-from monitor.parser import Parser, integer, obj, text
+from tillerman.ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.monitor.digest import digest
+from tillerman.monitor.parser import Parser, integer, obj, text
 
 # Item types of the stream → the app-server's item_type vocabulary.
 _ITEM_TYPES = {

@@ -21,10 +21,10 @@ from collections import Counter
 
 import msgspec
 
-from ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
-from monitor.digest import digest
-from monitor.lines import decode_json
-from monitor.parser import Call, OpenCalls, Parser, command_text, integer, items, iso_time, obj, text, workdir
+from tillerman.ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.monitor.digest import digest
+from tillerman.monitor.lines import decode_json
+from tillerman.monitor.parser import Call, OpenCalls, Parser, command_text, integer, iso_time, items, obj, text, workdir
 
 _THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")

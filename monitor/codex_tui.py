@@ -12,9 +12,17 @@ Screen bookkeeping (redraws, key presses, log lines) carries no session facts.
 
 from __future__ import annotations
 
-from ledger.events import ApprovalRequested, ApprovalResolved, Error, Event, ThreadStarted, TurnCompleted, TurnStarted
-from monitor.digest import digest
-from monitor.parser import Call, OpenCalls, Parser, command_text, integer, iso_time, obj, text
+from tillerman.ledger.events import (
+    ApprovalRequested,
+    ApprovalResolved,
+    Error,
+    Event,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+)
+from tillerman.monitor.digest import digest
+from tillerman.monitor.parser import Call, OpenCalls, Parser, command_text, integer, iso_time, obj, text
 
 _QUIET_KINDS = frozenset({"app_event", "key_event", "log_line", "insert_history", "session_start",
                           "session_end", "paste_event", "resize_event"})

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ledger.events import Event, Quarantined, TurnCompleted, TurnStarted
+from tillerman.ledger.events import Event, Quarantined, TurnCompleted, TurnStarted
 
 
 class Counts(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,13 +10,13 @@ import re
 
 import msgspec
 
-from monitor.appserver_trace import AppServerTraceParser
-from monitor.claude_transcript import ClaudeTranscriptParser
-from monitor.codex_exec import CodexExecParser
-from monitor.codex_rollout import CodexRolloutParser
-from monitor.codex_tui import CodexTuiParser
-from monitor.lines import decode_json
-from monitor.parser import Parser
+from tillerman.monitor.appserver_trace import AppServerTraceParser
+from tillerman.monitor.claude_transcript import ClaudeTranscriptParser
+from tillerman.monitor.codex_exec import CodexExecParser
+from tillerman.monitor.codex_rollout import CodexRolloutParser
+from tillerman.monitor.codex_tui import CodexTuiParser
+from tillerman.monitor.lines import decode_json
+from tillerman.monitor.parser import Parser
 
 PARSERS: dict[str, type[Parser]] = {
     parser.format: parser

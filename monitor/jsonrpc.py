@@ -12,7 +12,7 @@ The app-server speaks JSON-RPC 2.0 without the ``"jsonrpc"`` field:
 
 `RpcSession` allocates ids, encodes outgoing messages, and turns each incoming frame
 into exactly one typed value. It never raises on input: a frame that is not JSON (or
-nests deeper than ``monitor.lines.MAX_DEPTH``), not an object, has an id of the wrong
+nests deeper than ``tillerman.monitor.lines.MAX_DEPTH``), not an object, has an id of the wrong
 type or an unknown shape becomes a `BadMessage`, so the caller can quarantine it and
 carry on.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from monitor.lines import TOO_DEEP, TooDeep, decode_json
+from tillerman.monitor.lines import TOO_DEEP, TooDeep, decode_json
 
 RequestId = str | int
 

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, NamedTuple
 
 import msgspec
 
-from ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
-from monitor.commands import DEFAULT, CommandPatterns
-from monitor.digest import digest, payload, size
-from monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, decode_object
+from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
+from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.monitor.digest import digest, payload, size
+from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, decode_object
 
 
 class Parsed(msgspec.Struct, frozen=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from monitor.digest import digest, size
+from tillerman.monitor.digest import digest, size
 
 #: Keys whose strings (or lists of strings) are kept: enumerations and names of the
 #: protocol's own, never someone's words or paths.

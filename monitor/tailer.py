@@ -7,10 +7,10 @@ offline replay (``file_envelope``), so a file followed live and the same file re
 give the same envelopes. Each ``FileBatch`` it yields carries the events of a span and
 the ``FileOffset`` just past it; the ledger writes both in one transaction, so a
 restart resumes exactly there. Nothing here talks to a watcher or to the ledger: the
-driver (``monitor.watch``) and the daemon do.
+driver (``tillerman.monitor.watch``) and the daemon do.
 
 Generations. A file is its identity — device, inode and a digest of its first line
-(``monitor.identity``) — and event ids are that identity plus the record's offset, so
+(``tillerman.monitor.identity``) — and event ids are that identity plus the record's offset, so
 re-reading a span can never append a fact twice. The identity is taken only once the
 first line is complete (or longer than the digest's limit), because replay sees the
 whole first line. A file that shrinks below what was read, or whose first line
@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ledger.events import Envelope, Quarantined
-from ledger.file_offsets import FileOffset
-from monitor.commands import DEFAULT, CommandPatterns
-from monitor.formats import PARSERS, detect_format
-from monitor.identity import FIRST_LINE_LIMIT, file_event_id, stat_identity
-from monitor.lines import MAX_LINE
-from monitor.parser import Parsed, Parser
+from tillerman.ledger.events import Envelope, Quarantined
+from tillerman.ledger.file_offsets import FileOffset
+from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.identity import FIRST_LINE_LIMIT, file_event_id, stat_identity
+from tillerman.monitor.lines import MAX_LINE
+from tillerman.monitor.parser import Parsed, Parser
 
 log = logging.getLogger("tillerman.tailer")
 

@@ -25,7 +25,7 @@ import anyio.lowlevel
 from anyio.abc import TaskStatus
 from watchfiles import Change, awatch
 
-from monitor.tailer import FileBatch, Tailer, followed, scan
+from tillerman.monitor.tailer import FileBatch, Tailer, followed, scan
 
 log = logging.getLogger("tillerman.watch")
 

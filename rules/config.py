@@ -5,8 +5,8 @@
     external = ['\\bgit\\s+push\\b', '\\bcurl\\b.*-X\\s*POST\\b']
 
 Each entry is a regular expression, searched case-insensitively anywhere in a command
-line (``monitor.commands``). A list given replaces the built-in one (see
-``monitor.commands.DEFAULT``, printed by ``tillerman rules show``); a list left out
+line (``tillerman.monitor.commands``). A list given replaces the built-in one (see
+``tillerman.monitor.commands.DEFAULT``, printed by ``tillerman rules show``); a list left out
 keeps it; an empty list classifies nothing as critical (or external). Every entry
 must compile; an unknown key under ``[patterns]`` is an error, with the file, line
 and a fix, like every other rule-file error.
@@ -16,7 +16,7 @@ for = "10m" }``): one place for a threshold, not two that can disagree.
 
 The file itself is ``--config`` when given, else ``$XDG_CONFIG_HOME/tillerman/
 config.toml`` (``~/.config/tillerman/config.toml``) when that exists (``config_file``).
-With no file at all the local owner may steer and queue (``rules.owner``), nothing
+With no file at all the local owner may steer and queue (``tillerman.rules.owner``), nothing
 else is granted, and the patterns are the built-in ones.
 
 ``load_effective`` is what the daemon, replay and ``tillerman rules …`` use: the rule
@@ -35,9 +35,9 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from monitor.commands import CommandPatterns
-from rules.files import (
+from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.monitor.commands import CommandPatterns
+from tillerman.rules.files import (
     NO_CONFIG,
     RuleSetError,
     _default_rules,
@@ -49,7 +49,7 @@ from rules.files import (
     read_file,
     validation_report,
 )
-from rules.ruleset import RuleSet, build_ruleset
+from tillerman.rules.ruleset import RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
 

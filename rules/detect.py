@@ -24,9 +24,9 @@ from typing import Any
 
 import msgspec
 
-from ledger.snapshot import ThreadSnapshot
-from rules.decision import Action
-from rules.ruleset import (
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.rules.decision import Action
+from tillerman.rules.ruleset import (
     AnyCondition,
     ApprovalWaiting,
     CriticalToolRunning,

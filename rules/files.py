@@ -1,7 +1,7 @@
 """Human-edited rule and config files (TOML) → a frozen ``RuleSet``.
 
 pydantic validates the files (``extra="forbid"``: a typo is an error, not a silently
-ignored key); the result becomes ``rules.ruleset`` structs, so nothing downstream sees
+ignored key); the result becomes ``tillerman.rules.ruleset`` structs, so nothing downstream sees
 a pydantic object. Every problem raises ``RuleSetError`` with one line per error:
 
     rules.toml:14: rule "stall" field condition.kind: unknown kind "turn_slow"; expected one of turn_quiet, …
@@ -29,10 +29,10 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rules.decision import Action
-from rules.detect import TEMPLATE_FIELDS
-from rules.owner import owner_grant
-from rules.ruleset import (
+from tillerman.rules.decision import Action
+from tillerman.rules.detect import TEMPLATE_FIELDS
+from tillerman.rules.owner import owner_grant
+from tillerman.rules.ruleset import (
     ANY,
     CONDITION_KINDS,
     ApprovalWaiting,
@@ -49,7 +49,6 @@ from rules.ruleset import (
     TurnQuiet,
     build_ruleset,
 )
-
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -255,7 +254,7 @@ def _check_placeholders(text: str, kind: str) -> None:
 
 def default_ruleset() -> RuleSet:
     """The built-in rules (``rules/defaults.toml``) with no grants at all, not even the
-    owner's built-in one (``rules.config.load_effective`` gives what a daemon runs)."""
+    owner's built-in one (``tillerman.rules.config.load_effective`` gives what a daemon runs)."""
     return build_ruleset(_default_rules(), ())
 
 
@@ -277,7 +276,8 @@ def load_grants(text: str, source: str) -> tuple[Grant, ...]:
 
 
 def _default_rules() -> tuple[Rule, ...]:
-    resource = importlib.resources.files("rules") / "defaults.toml"
+    # This package's own file: another distribution may install a top-level "rules".
+    resource = importlib.resources.files(__package__) / "defaults.toml"
     return load_rules(resource.read_text(encoding="utf-8"), "rules/defaults.toml")
 
 

@@ -1,6 +1,6 @@
 """A rule's life: proposed → shadow → active (and back to shadow), and its review.
 
-Pure functions over rules and ledger events; the CLI (``controller.rules_cli``) does
+Pure functions over rules and ledger events; the CLI (``tillerman.controller.rules_cli``) does
 the I/O.
 
 * ``rule_digest`` binds a proposal and every promotion to the exact rule: the
@@ -14,7 +14,7 @@ the I/O.
 * How a promoted rule reaches the running set: the promotion writes the rule, with its
   new status, into the rules file the daemon runs with (``install``: the block with
   the same id is replaced, or the rule is appended; the whole file is validated
-  before it is written). The daemon's reload (``controller.reload``) picks the file
+  before it is written). The daemon's reload (``tillerman.controller.reload``) picks the file
   up and records the new digest; a file that does not validate is never written.
   The ledger never becomes a second source of rules.
 * ``reviews`` lists rules in force past ``review_by`` or past ``expires``: a
@@ -32,9 +32,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from ledger.events import Entry, RulePromoted, RuleProposed
-from rules.files import _sections
-from rules.ruleset import Rule, RuleSet
+from tillerman.ledger.events import Entry, RulePromoted, RuleProposed
+from tillerman.rules.files import _sections
+from tillerman.rules.ruleset import Rule, RuleSet
 
 #: (from, to) moves a promotion may make.
 PROMOTIONS = frozenset({("proposed", "shadow"), ("shadow", "active"), ("active", "shadow")})
@@ -184,7 +184,7 @@ def condition_text(rule: Rule) -> str:
 
 
 def rule_toml(rule: Rule, *, status: str | None = None) -> str:
-    """One ``[[rule]]`` table that ``rules.files.load_rules`` reads back as ``rule``
+    """One ``[[rule]]`` table that ``tillerman.rules.files.load_rules`` reads back as ``rule``
     (with ``status`` replaced when given)."""
     lines = [
         "[[rule]]",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 
-from rules.ruleset import ANY, Grant
+from tillerman.rules.ruleset import ANY, Grant
 
 OWNER_PREFIX = "owner:"
 #: What the local owner may do on every thread without any configuration. Interrupts

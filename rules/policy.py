@@ -61,11 +61,11 @@ Safety choices:
 
 from __future__ import annotations
 
-from ledger.intent_states import State, is_terminal
-from ledger.intents import Intent
-from ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
-from rules.decision import Action, Decision
-from rules.ruleset import INTERRUPT_CRITICAL, RuleSet
+from tillerman.ledger.intent_states import State, is_terminal
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
+from tillerman.rules.decision import Action, Decision
+from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 
 #: Turn states after which a turn can no longer receive a steer or an interrupt.
 #: "unclosed" counts: the next turn started (or the source ended) first.

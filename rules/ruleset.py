@@ -1,6 +1,6 @@
 """The rule set the policy and the detection rules see: frozen msgspec values.
 
-Rule and config files are validated by pydantic in ``rules.files``; what comes out
+Rule and config files are validated by pydantic in ``tillerman.rules.files``; what comes out
 is a ``RuleSet`` of these structs, so ``decide()`` and ``detect()`` never touch a
 pydantic object and a rule set can be hashed, compared and recorded as is.
 
@@ -19,7 +19,7 @@ from typing import Literal, get_args
 
 import msgspec
 
-from rules.decision import Action
+from tillerman.rules.decision import Action
 
 RuleStatus = Literal["proposed", "shadow", "active", "retired"]
 RULE_STATUSES: tuple[str, ...] = get_args(RuleStatus)
@@ -47,7 +47,7 @@ class Grant(msgspec.Struct, frozen=True, kw_only=True):
     """``subject`` may request ``actions`` on ``threads``.
 
     subject: ``owner:NAME``, ``rule:ID``, ``reviewer:NAME`` or ``*`` (anyone).
-    builtin: the local owner's default grant (``rules.owner``), not one from a file;
+    builtin: the local owner's default grant (``tillerman.rules.owner``), not one from a file;
     it allows the same as any grant, and ``rules show`` says where it came from.
     """
 
@@ -114,7 +114,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     action: Action
     owner: str
     review_by: datetime.date
-    text: str | None = None  # template: "{count}", "{tool}", … (see rules.detect)
+    text: str | None = None  # template: "{count}", "{tool}", … (see tillerman.rules.detect)
     ack_deadline: float | None = None  # seconds after the finding
     verify: str | None = None  # readback command proving the steer's effect (intent --verify)
     expires: datetime.date | None = None  # from 00:00 UTC that day the rule is out of force

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,3 +22,27 @@ def _isolated_state(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.delenv("TILLERMAN_LEDGER", raising=False)
     os.umask(0o022)
+
+
+def fresh_venv(root: Path, *requirements: str | Path) -> Path:
+    """A new virtual environment in ``root`` with ``requirements`` pip-installed; its bin folder."""
+    subprocess.run([sys.executable, "-m", "venv", root], check=True)
+    pip = [root / "bin" / "python", "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", *requirements], check=True, timeout=600)
+    return root / "bin"
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this tree, built as a user's ``pip install`` builds it, once per run."""
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check", "wheel", "--no-deps",
+                    "--wheel-dir", dist, ROOT], check=True, timeout=600)
+    (built,) = dist.glob("tillerman-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """The wheel in a fresh virtual environment, without the dev extra; its bin folder."""
+    return fresh_venv(tmp_path_factory.mktemp("installed") / "venv", wheel)

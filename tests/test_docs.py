@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 import pytest
 
-from controller.cli import main
+from tillerman.controller.cli import main
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -10,24 +10,42 @@ from typing import Any
 import anyio
 import pytest
 
-from controller.adapter import (
-    CommandMismatch, GuardedAdapter, InterruptHazard, NoDispatchRecord, ReplayedIntent, StaleDelivery, Unauthorized,
-    carry_out, request_for,
+from tillerman.controller.adapter import (
+    CommandMismatch,
+    GuardedAdapter,
+    InterruptHazard,
+    NoDispatchRecord,
+    ReplayedIntent,
+    StaleDelivery,
+    Unauthorized,
+    carry_out,
+    request_for,
 )
-from controller.delivery import (
-    Delivery, Dispatch, Interrupt, NoAnswer, Observed, QueueList, Refused, Replied, ResumeQueue, RunVerify, Steer,
-    Terminate, Verified,
+from tillerman.controller.delivery import (
+    Delivery,
+    Dispatch,
+    Interrupt,
+    NoAnswer,
+    Observed,
+    QueueList,
+    Refused,
+    Replied,
+    ResumeQueue,
+    RunVerify,
+    Steer,
+    Terminate,
+    Verified,
 )
-from controller.intents import intent_view, proposal_envelopes, transition_envelope
-from ledger.events import ApprovalRequested, Envelope, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted
-from ledger.intent_states import State
-from ledger.intents import Intent, intent_id_from, text_digest
-from ledger.projections import Projection
-from ledger.sqlite import SQLiteRecorder
-from monitor.appserver_client import AppServerDisconnected
-from monitor.digest import digest
-from monitor.jsonrpc import RpcError
-from rules.ruleset import Grant, build_ruleset
+from tillerman.controller.intents import intent_view, proposal_envelopes, transition_envelope
+from tillerman.ledger.events import ApprovalRequested, Envelope, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, intent_id_from, text_digest
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.appserver_client import AppServerDisconnected
+from tillerman.monitor.digest import digest
+from tillerman.monitor.jsonrpc import RpcError
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 pytestmark = pytest.mark.anyio
 

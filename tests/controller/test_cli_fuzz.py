@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller import intents
-from controller.cli import main
-from ledger.events import Envelope, TurnStarted
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller import intents
+from tillerman.controller.cli import main
+from tillerman.ledger.events import Envelope, TurnStarted
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 NUMBERS = ["0", "-1", "-0", "1e400", "-1e400", "nan", "inf", "-inf", "9" * 400, str(2**64), "0x10", "1_000", "١٢"]
 DURATIONS = ["0s", "-5m", "infs", "nans", "1e400s", "9" * 400 + "s", "99999999d", "367d", "0.0000001ms", "5 m", "1h30m"]
@@ -113,8 +113,8 @@ def place(tmp_path_factory, monkeypatch):
     (root / "sessions" / "s.jsonl").write_text("")
     (root / "dir").mkdir()
     os.mkfifo(root / "fifo")
-    monkeypatch.setattr("controller.daemon.run_daemon", lambda *args: None)
-    monkeypatch.setattr("controller.shim.run_shim", _no_shim)
+    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)
+    monkeypatch.setattr("tillerman.controller.shim.run_shim", _no_shim)
     return root, intent.id
 
 

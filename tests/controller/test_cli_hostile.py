@@ -9,11 +9,11 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from controller import intents as lib
-from controller.cli import main
-from ledger.events import Envelope, IntentProposed, TurnStarted
-from ledger.intents import Intent, text_digest
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller import intents as lib
+from tillerman.controller.cli import main
+from tillerman.ledger.events import Envelope, IntentProposed, TurnStarted
+from tillerman.ledger.intents import Intent, text_digest
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 NINES = "9" * 400
 
@@ -32,7 +32,7 @@ def ledger(tmp_path, monkeypatch):
 def started(monkeypatch):
     """``run`` never starts a daemon here: the options it would have started with."""
     options = []
-    monkeypatch.setattr("controller.daemon.run_daemon",
+    monkeypatch.setattr("tillerman.controller.daemon.run_daemon",
                         lambda recorder, path, ruleset, opts: options.append(opts))
     return options
 

@@ -5,12 +5,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from controller import intents as lib
-from controller.cli import main
-from ledger.events import Envelope, TurnStarted
-from ledger.intent_states import State
-from ledger.sqlite import SQLiteRecorder
-from rules.owner import local_login
+from tillerman.controller import intents as lib
+from tillerman.controller.cli import main
+from tillerman.ledger.events import Envelope, TurnStarted
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.owner import local_login
 
 
 @pytest.fixture

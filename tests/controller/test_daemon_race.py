@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import anyio
 
-from controller import intents
-from controller.daemon import Daemon, DaemonOptions
-from ledger.events import Envelope, IntentProposed, IntentTransition, ThreadStarted
-from ledger.intent_states import State
-from ledger.intents import Intent, text_digest
-from ledger.sqlite import SQLiteRecorder
-from rules.files import default_ruleset
+from tillerman.controller import intents
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.ledger.events import Envelope, IntentProposed, IntentTransition, ThreadStarted
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, text_digest
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.files import default_ruleset
 
 
 class CancelledMeanwhile(SQLiteRecorder):

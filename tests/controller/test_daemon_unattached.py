@@ -8,10 +8,10 @@ import time
 
 import anyio
 
-from controller import intents
-from controller.daemon import Daemon, DaemonOptions
-from ledger.sqlite import SQLiteRecorder
-from rules.ruleset import Grant, build_ruleset
+from tillerman.controller import intents
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 ANN_MAY_QUEUE = build_ruleset((), (Grant(subject="owner:ann", actions=frozenset({"queue"})),))
 
@@ -64,8 +64,8 @@ def test_a_cut_tail_holds_every_decision_until_a_person_accepts_it(tmp_path, cap
     accept-tail` puts the shorter history on record."""
     from click.testing import CliRunner
 
-    from controller.cli import main
     from tests.ledger.test_ledger_faults import cut_tail
+    from tillerman.controller.cli import main
 
     ledger = tmp_path / "ledger.sqlite3"
     (tmp_path / "sessions").mkdir()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-import controller.daemon as daemon_module
-from controller import intents
-from controller.daemon import Daemon, DaemonOptions
-from ledger import events as ev
-from ledger.events import Envelope
-from ledger.sqlite import SQLiteRecorder
-from rules.files import default_ruleset
+import tillerman.controller.daemon as daemon_module
+from tillerman.controller import intents
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.files import default_ruleset
 
 
 @pytest.mark.parametrize("relative", [True, False])

@@ -10,20 +10,45 @@ from itertools import count
 
 import pytest
 
-from controller.delivery import (
-    Delivery, Dispatch, Interrupt, ListTerminals, NoAnswer, Observed, Output, QueueAdd, QueueList, ReadBack,
-    Reconcile, Refused, Replied, ResumeQueue, RunVerify, Steer, Terminate, Tick, Verified, VerifyDue,
+from tillerman.controller.delivery import (
+    Delivery,
+    Dispatch,
+    Interrupt,
+    ListTerminals,
+    NoAnswer,
+    Observed,
+    Output,
+    QueueAdd,
+    QueueList,
+    ReadBack,
+    Reconcile,
+    Refused,
+    Replied,
+    ResumeQueue,
+    RunVerify,
+    Steer,
+    Terminate,
+    Tick,
+    Verified,
+    VerifyDue,
     expect_matches,
 )
-from controller.intents import intent_view, proposal_envelopes
-from controller.rpc_errors import Refusal
-from ledger.events import (
-    AgentMessage, IntentEvidence, IntentTransition, ItemCompleted, ItemStarted, Report, TurnCompleted, UserMessage,
+from tillerman.controller.intents import intent_view, proposal_envelopes
+from tillerman.controller.rpc_errors import Refusal
+from tillerman.ledger.events import (
+    AgentMessage,
+    IntentEvidence,
+    IntentTransition,
+    ItemCompleted,
+    ItemStarted,
+    Report,
+    TurnCompleted,
+    UserMessage,
 )
-from ledger.intent_states import State
-from ledger.intents import Intent, intent_id_from, text_digest
-from ledger.projections import Projection
-from ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, intent_id_from, text_digest
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 THREAD, TURN, NEXT_TURN = "thread-1", "turn-1", "turn-2"
 NOW = 1_000.0
@@ -581,7 +606,7 @@ def test_a_queued_queue_intent_is_read_back_after_a_restart():
 
 def test_the_machine_refuses_a_move_outside_the_table_itself():
     """No ledger involved: an illegal move is the machine's own error, not the store's."""
-    from ledger.errors import IllegalTransition
+    from tillerman.ledger.errors import IllegalTransition
 
     machine = Delivery(make_intent())
     with pytest.raises(IllegalTransition, match="cannot move from proposed to acknowledged"):

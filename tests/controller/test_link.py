@@ -1,10 +1,10 @@
-"""What ``status`` says about the daemon's connection (controller.link)."""
+"""What ``status`` says about the daemon's connection (tillerman.controller.link)."""
 
 from __future__ import annotations
 
 import pytest
 
-from controller.link import Link
+from tillerman.controller.link import Link
 
 AGENT = "codex-tui/0.163.0 (Debian 12.0.0; x86_64) xterm-256color (tillerman; 0.1.0)"
 

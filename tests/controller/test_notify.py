@@ -7,12 +7,12 @@ import logging
 import anyio
 import pytest
 
-from controller import intents
-from controller import notify as notify_module
-from controller.notify import OverdueNotifier
-from ledger import projections
-from ledger.intent_states import State
-from ledger.memory import MemoryRecorder
+from tillerman.controller import intents
+from tillerman.controller import notify as notify_module
+from tillerman.controller.notify import OverdueNotifier
+from tillerman.ledger import projections
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.memory import MemoryRecorder
 
 pytestmark = pytest.mark.anyio
 

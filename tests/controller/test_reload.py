@@ -10,13 +10,13 @@ import textwrap
 
 import anyio
 
-from controller.daemon import Daemon, DaemonOptions
-from controller.reload import RuleReloader
-from ledger import events as ev
-from ledger.events import Envelope
-from ledger.projections import Projection
-from ledger.sqlite import SQLiteRecorder
-from rules.config import load_effective
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.reload import RuleReloader
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.config import load_effective
 
 RULE = """\
 [[rule]]
@@ -300,7 +300,7 @@ def test_a_loader_fault_is_recorded_as_a_rejection_not_a_dead_daemon(tmp_path, m
     def broken(*args, **kwargs):
         raise KeyError("kind")
 
-    monkeypatch.setattr("controller.reload.load_effective", broken)
+    monkeypatch.setattr("tillerman.controller.reload.load_effective", broken)
     rules.write_text(RULE.format(version=2, count=3))
     outcome = reloader.poll(1.0)
     (rejected,) = [e.event for e in outcome.envelopes]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from controller.timefmt import parse_time
-from ledger.sqlite import SQLiteRecorder
 from tests.monitor.test_quarantine import GOOD as QUARANTINE_GOOD
+from tillerman.controller.cli import main
+from tillerman.controller.timefmt import parse_time
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 EXPECTED = tomllib.loads((SESSIONS / "expected.toml").read_text())

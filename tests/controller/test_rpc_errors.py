@@ -6,8 +6,8 @@ A4) and from probes of thread/turns/list and thread/queue/start.
 
 import pytest
 
-from controller.rpc_errors import Refusal, classify
-from monitor.jsonrpc import RpcError
+from tillerman.controller.rpc_errors import Refusal, classify
+from tillerman.monitor.jsonrpc import RpcError
 
 ACTIVE = "01a229c4-3730-7c10-9d2e-5b7f0c9e1a01"
 OLD = "01a229c4-1111-7c10-9d2e-5b7f0c9e1a01"

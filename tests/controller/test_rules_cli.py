@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from ledger import events as ev
-from ledger.sqlite import SQLiteRecorder
-from rules.config import load_effective
-from rules.files import load_rules
-from rules.owner import local_login
+from tillerman.controller.cli import main
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.config import load_effective
+from tillerman.rules.files import load_rules
+from tillerman.rules.owner import local_login
 
 ROOT = Path(__file__).resolve().parents[2]
 DIS = ROOT / "fixtures" / "disagreement"
@@ -340,7 +340,7 @@ def tillerman(*args, cwd, timeout=60):
     """The real command in its own process, bounded: what hangs or eats memory fails the
     test instead of the machine."""
     limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # noqa: E731
-    return subprocess.run([sys.executable, "-m", "controller", *map(str, args)], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tillerman.controller", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, preexec_fn=limit,
                           env={**os.environ, "XDG_CONFIG_HOME": str(cwd), "PYTHONPATH": str(ROOT)})
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.replay import Replayer
-from controller.supervisor import Step
-from ledger import events as ev
-from ledger.events import Envelope
-from ledger.projections import Projection
-from ledger.sqlite import SQLiteRecorder
-from rules.files import load_grants, load_rules
-from rules.ruleset import build_ruleset
+from tillerman.controller.replay import Replayer
+from tillerman.controller.supervisor import Step
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.files import load_grants, load_rules
+from tillerman.rules.ruleset import build_ruleset
 
 ROOT = Path(__file__).resolve().parents[2]
 STUCK = ROOT / "fixtures" / "disagreement" / "stuck"

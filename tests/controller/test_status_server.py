@@ -9,12 +9,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from controller.link import HEARTBEAT
-from controller.rpc_errors import CHECKED_CODEX_VERSIONS
-from controller.status import version_warning
-from ledger.lock import LedgerLock
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller.cli import main
+from tillerman.controller.link import HEARTBEAT
+from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
+from tillerman.controller.status import version_warning
+from tillerman.ledger.lock import LedgerLock
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ ledger (read by an unprivileged user), a deleted head anchor, a tail cut and the
 appended to. ``ledger_faults`` is the torture run's ledger stage; the helpers serve the
 tests in ``tests/ledger/test_ledger_faults.py`` too.
 
-Every command runs as ``python -m controller``; the stage fails on any traceback and on
+Every command runs as ``python -m tillerman.controller``; the stage fails on any traceback and on
 any committed row (an intent whose propose exited 0, or 3: committed, anchor not moved)
 missing afterwards.
 """
@@ -32,7 +32,7 @@ def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess:
     group = "nogroup" if user == "nobody" else user
     prefix = ["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups"] if user else []
     env = dict(os.environ, HOME="/tmp", PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([*prefix, sys.executable, "-m", "controller", *args], cwd=ROOT, env=env,
+    return subprocess.run([*prefix, sys.executable, "-m", "tillerman.controller", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -115,8 +115,8 @@ def disk_full(stage: Stage) -> str:
             stage.failures.append("disk full: cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
             return "disk full: not run"
         path = _seeded(where, stage)
-        from ledger.events import Envelope, TurnStarted
-        from ledger.sqlite import SQLiteRecorder
+        from tillerman.ledger.events import Envelope, TurnStarted
+        from tillerman.ledger.sqlite import SQLiteRecorder
 
         keeper = SQLiteRecorder(path)  # holds a grown -wal open, so a commit reuses its frames
         keeper.append([Envelope(event_id=f"fill{i}", event=TurnStarted(thread_id="t", turn_id=f"u{i}"), source="torture")

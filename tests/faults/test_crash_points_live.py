@@ -1,6 +1,6 @@
 """Crash at every step of the dispatch protocol: for each named checkpoint
-(``controller.adapter.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
-— a real ``python -m controller run`` process — SIGKILLs itself there
+(``tillerman.controller.adapter.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
+— a real ``python -m tillerman.controller run`` process — SIGKILLs itself there
 (``TILLERMAN_KILL_AT``), is restarted, and must settle the intent without resending it.
 
 Checked after each crash, against the REAL app-server and the scripted model:
@@ -24,9 +24,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller.adapter import CHECKPOINTS
 from fixtures.codex_server import AppServer, HarnessClient, watched_connection
 from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health
+from tillerman.controller.adapter import CHECKPOINTS
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -107,8 +107,8 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
 
 
 def _client_id(ledger: Path, intent_id: str) -> str:
-    from controller.intents import intent_view
-    from ledger.sqlite import SQLiteRecorder
+    from tillerman.controller.intents import intent_view
+    from tillerman.ledger.sqlite import SQLiteRecorder
 
     with SQLiteRecorder(ledger) as rec:
         return intent_view(rec, intent_id).intent.client_user_message_id

@@ -5,15 +5,14 @@ message becomes a quarantine record with evidence, and good ones still count."""
 import json
 
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Quarantined
-from ledger.sqlite import SQLiteRecorder
-from monitor.appserver_tap import AppServerTap
-from monitor.jsonrpc import BadMessage, RpcSession
-from monitor.parser import EARLIEST, LATEST
+from tillerman.ledger.events import Quarantined
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor.jsonrpc import BadMessage, RpcSession
+from tillerman.monitor.parser import EARLIEST, LATEST
 
 METHODS = ["turn/started", "turn/completed", "item/started", "item/completed", "thread/status/changed",
            "thread/started", "serverRequest/resolved", "thread/queue/changed", "error",
@@ -136,8 +135,8 @@ def test_a_frame_nested_too_deep_is_a_bad_message_quarantined_as_too_deep():
 async def test_a_frame_nested_too_deep_does_not_end_the_connection(tmp_path):
     """The reader goes on to the next frame: the deep one reaches the consumer as a
     BadMessage (and the trace as a digest), the next notification after it."""
-    from monitor.appserver_client import AppServerClient, JsonlTrace
-    from monitor.redact import redact_message
+    from tillerman.monitor.appserver_client import AppServerClient, JsonlTrace
+    from tillerman.monitor.redact import redact_message
 
     class Frames:  # stands in for the WebSocket: its frames, then the end of the connection
         def __aiter__(self):

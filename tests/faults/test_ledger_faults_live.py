@@ -10,11 +10,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller.daemon import Daemon, DaemonOptions
-from controller.intents import intent_view, propose
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
-from ledger.sqlite import SQLiteRecorder
-from rules.ruleset import Grant, build_ruleset
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.intents import intent_view, propose
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from ledger.lock import LedgerLock
-from ledger.sqlite import SQLiteRecorder
-from monitor.appserver_client import JsonlTrace, TraceFileError
-from monitor.jsonrpc import RpcSession
-from monitor.redact import redact_message
+from tillerman.controller.cli import main
+from tillerman.ledger.lock import LedgerLock
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.appserver_client import JsonlTrace, TraceFileError
+from tillerman.monitor.jsonrpc import RpcSession
+from tillerman.monitor.redact import redact_message
 
 SESSION = Path(__file__).resolve().parents[2] / "fixtures" / "sessions" / "replay"
 PROMPT = "Fix the failing API tests."  # the user prompt inside that recording

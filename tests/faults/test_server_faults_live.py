@@ -13,15 +13,22 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller.daemon import Daemon, DaemonOptions
-from controller.intents import intent_view, propose
 from fixtures.codex_server import AppServer, HarnessClient, make_codex_home, watched_connection
 from fixtures.scripted_model import ScriptedModel
-from ledger.sqlite import SQLiteRecorder
-from rules.ruleset import Grant, build_ruleset
 from tests.faults.torture import (
-    QUEUE_ACK_DEADLINE, DaemonProcess, Harness, TraceReader, judge, ledger_health, rollout_copies, thread_turns,
+    QUEUE_ACK_DEADLINE,
+    DaemonProcess,
+    Harness,
+    TraceReader,
+    judge,
+    ledger_health,
+    rollout_copies,
+    thread_turns,
 )
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.intents import intent_view, propose
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -1,8 +1,8 @@
 """Fault injection against the REAL Codex app-server: shared helpers and the torture run.
 
-The daemon runs as a real ``python -m controller run`` process (``DaemonProcess``), so a
+The daemon runs as a real ``python -m tillerman.controller run`` process (``DaemonProcess``), so a
 SIGKILL is a real crash: from outside at a random moment, or from inside at a named
-point of the dispatch protocol (``TILLERMAN_KILL_AT``, ``controller.adapter.CHECKPOINTS``).
+point of the dispatch protocol (``TILLERMAN_KILL_AT``, ``tillerman.controller.adapter.CHECKPOINTS``).
 The harness (the test) owns the threads, proposes intents into the ledger as another
 process would, and judges every intent from three independent records:
 
@@ -41,18 +41,24 @@ from typing import Any
 
 import anyio
 
-from controller.adapter import CHECKPOINTS
-from controller.daemon import KILL_AT_ENV
-from controller.intents import intent_view, propose
-from controller.overdue import overdue
 from fixtures.codex_server import (
-    AppServer, EventLog, HarnessClient, is_item, is_notification, make_codex_home, watched_connection,
+    AppServer,
+    EventLog,
+    HarnessClient,
+    is_item,
+    is_notification,
+    make_codex_home,
+    watched_connection,
 )
 from fixtures.scripted_model import ScriptedModel
-from ledger import projections
-from ledger.events import Report
-from ledger.sqlite import SQLiteRecorder
 from tests.faults.ledger_faults import ledger_faults
+from tillerman.controller.adapter import CHECKPOINTS
+from tillerman.controller.daemon import KILL_AT_ENV
+from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.overdue import overdue
+from tillerman.ledger import projections
+from tillerman.ledger.events import Report
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "ann"
@@ -74,7 +80,7 @@ def text_input(text: str) -> list[dict[str, str]]:
 
 
 class DaemonProcess:
-    """``python -m controller run`` on one ledger; restartable; killable for real."""
+    """``python -m tillerman.controller run`` on one ledger; restartable; killable for real."""
 
     def __init__(self, url: str, workdir: Path) -> None:
         self.url = url
@@ -102,7 +108,7 @@ class DaemonProcess:
             env[KILL_AT_ENV] = kill_at
         with open(self.stderr, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller", "run", "--codex", self.url, "--ledger", str(self.ledger),
+                [sys.executable, "-m", "tillerman.controller", "run", "--codex", self.url, "--ledger", str(self.ledger),
                  "--config", str(self.config), "--trace", str(self.trace)],
                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         self.kill_at = kill_at

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import IllegalTransition
-from ledger.events import Conflict, Envelope, IntentProposed, IntentTransition, TurnStarted
-from ledger.intents import Intent
+from tillerman.ledger.errors import IllegalTransition
+from tillerman.ledger.events import Conflict, Envelope, IntentProposed, IntentTransition, TurnStarted
+from tillerman.ledger.intents import Intent
 
 
 def turn(i: int, *, thread: str = "t1", source: str = "test") -> Envelope:

@@ -4,10 +4,10 @@ import itertools
 
 import pytest
 
-from ledger.errors import IllegalTransition
-from ledger.intent_states import TRANSITIONS, State, check_transition, is_terminal
-from ledger.sqlite import SQLiteRecorder
 from tests.ledger.recorder_contract import make_intent, moved, proposed
+from tillerman.ledger.errors import IllegalTransition
+from tillerman.ledger.intent_states import TRANSITIONS, State, check_transition, is_terminal
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 # the shortest legal path from proposed to each state, used to set up a walk
 _PATH_TO = {

@@ -17,12 +17,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from ledger import projections
-from ledger.errors import AnchorMismatch, OperationalError
-from ledger.sqlite import SQLiteRecorder
 from tests.faults.ledger_faults import READERS, cut_tail, fill, ledger_faults, run_cli, tiny_filesystem
 from tests.ledger.recorder_contract import turn
+from tillerman.controller.cli import main
+from tillerman.ledger import projections
+from tillerman.ledger.errors import AnchorMismatch, OperationalError
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "chain-v1.sqlite3"
 

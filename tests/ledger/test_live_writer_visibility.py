@@ -14,14 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = """
 import sys, time
-from controller import intents
-from ledger.intent_states import State
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller import intents
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 recorder = SQLiteRecorder(sys.argv[1])
 intent = intents.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from ledger.errors import LedgerLocked
-from ledger.lock import LedgerLock
+from tillerman.ledger.errors import LedgerLocked
+from tillerman.ledger.lock import LedgerLock
 
 
 def _hold(path, ready, done):

@@ -1,11 +1,11 @@
 import msgspec
 
-from controller.replay import Replayer
-from ledger.memory import MemoryRecorder
-from ledger.batch import row_columns
-from ledger.sqlite import _COLUMNS, SQLiteRecorder
-from rules.config import load_effective
 from tests.ledger.recorder_contract import RecorderContract, turn
+from tillerman.controller.replay import Replayer
+from tillerman.ledger.batch import row_columns
+from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.sqlite import _COLUMNS, SQLiteRecorder
+from tillerman.rules.config import load_effective
 
 
 class TestMemoryRecorder(RecorderContract):

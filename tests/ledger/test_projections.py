@@ -3,11 +3,11 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import events as ev
-from ledger import projections
-from ledger.events import Envelope
-from ledger.projections import Projection
-from ledger.sqlite import SQLiteRecorder
+from tillerman.ledger import events as ev
+from tillerman.ledger import projections
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 def env(i, event, source="file:x", at=None):

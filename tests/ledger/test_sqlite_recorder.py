@@ -4,9 +4,9 @@ import stat
 
 import pytest
 
-from ledger.errors import OperationalError, SchemaError
-from ledger.sqlite import SQLiteRecorder
 from tests.ledger.recorder_contract import RecorderContract, turn
+from tillerman.ledger.errors import OperationalError, SchemaError
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 class TestSQLiteFile(RecorderContract):

@@ -2,8 +2,8 @@
 
 import multiprocessing
 
-from ledger.events import Envelope, TurnStarted
-from ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.events import Envelope, TurnStarted
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 BATCHES, PER_BATCH = 40, 25
 

@@ -5,9 +5,9 @@ import sqlite3
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from ledger.sqlite import SQLiteRecorder
 from tests.ledger.recorder_contract import turn
+from tillerman.controller.cli import main
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 @pytest.fixture

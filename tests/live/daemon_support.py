@@ -1,7 +1,7 @@
 """Helpers for running the whole daemon in-process beside a harness on the REAL app-server.
 
 ``Session`` holds the harness connection (it answers approvals, like an IDE would) and,
-once ``start_daemon`` is called, a ``controller.daemon.Daemon`` with its own SQLite
+once ``start_daemon`` is called, a ``tillerman.controller.daemon.Daemon`` with its own SQLite
 ledger and a ``--trace`` file, so a test can see every request the daemon sent.
 """
 
@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 
 import anyio
 
-from controller.daemon import Daemon, DaemonOptions
 from fixtures.codex_server import AppServer, EventLog, HarnessClient, is_notification, watched_connection
-from ledger import projections
-from ledger.events import Entry
-from ledger.projections import IntentView, Projection
-from ledger.sqlite import SQLiteRecorder
-from rules.config import load_effective
-from rules.ruleset import RuleSet
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.ledger import projections
+from tillerman.ledger.events import Entry
+from tillerman.ledger.projections import IntentView, Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.config import load_effective
+from tillerman.rules.ruleset import RuleSet
 
 T = TypeVar("T")
 #: The owner the live tests propose as, and a config granting them every dispatch mode.

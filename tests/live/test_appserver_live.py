@@ -25,8 +25,8 @@ from fixtures.codex_server import (
 )
 from fixtures.record_sessions import record
 from fixtures.scripted_model import ScriptedModel
-from monitor.appserver_client import AppServerClient
-from monitor.jsonrpc import RpcError, ServerRequest
+from tillerman.monitor.appserver_client import AppServerClient
+from tillerman.monitor.jsonrpc import RpcError, ServerRequest
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -27,12 +27,13 @@ from typing import TypeVar
 
 import anyio
 import pytest
-from controller.codex_process import CODEX_BIN_ENV, find_codex_binary
+
 from fixtures.codex_server import is_item, is_notification, make_codex_home, watched_connection
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, default_socket
-from ledger.sqlite import SQLiteRecorder
 from tests.monitor.tailer_support import append, facts, rollout_name, session_meta
+from tillerman.controller.codex_process import CODEX_BIN_ENV, find_codex_binary
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = pytest.mark.live
 
@@ -62,23 +63,11 @@ class Tillerman:
         return self.json("status", "--ledger", str(ledger)) or {"daemon": {}, "threads": []}
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel of this tree in a fresh virtual environment, without the dev extra."""
-    root = tmp_path_factory.mktemp("installed")
-    subprocess.run([sys.executable, "-m", "venv", root / "venv"], check=True)
-    pip = [root / "venv" / "bin" / "python", "-m", "pip", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", root / "dist", ROOT], check=True, timeout=600)
-    (wheel,) = (root / "dist").glob("tillerman-*.whl")
-    subprocess.run([*pip, "install", wheel], check=True, timeout=600)
-    return root / "venv" / "bin"
-
-
 @pytest.fixture(params=["source", "wheel"])
 def tillerman(request: pytest.FixtureRequest, tmp_path: Path) -> Tillerman:
     env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))  # no config file anywhere
     if request.param == "source":
-        return Tillerman([sys.executable, "-m", "controller"], ROOT, env)
+        return Tillerman([sys.executable, "-m", "tillerman.controller"], ROOT, env)
     bin_dir = request.getfixturevalue("installed")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -2,7 +2,7 @@
 steer is settled by readback and delivered at most once (against the real app-server).
 
 The daemon runs as a real ``tillerman run`` process; ``TILLERMAN_KILL_AT`` makes it kill
-itself at a named point of the protocol (``controller.adapter.CHECKPOINTS``):
+itself at a named point of the protocol (``tillerman.controller.adapter.CHECKPOINTS``):
 ``dispatch_recorded`` — the durable ``dispatch_unknown`` record is written, nothing
 sent yet; ``dispatch_answered`` — the server accepted the steer, the answer is not yet
 recorded.
@@ -20,10 +20,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller.intents import intent_view, propose
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
 from fixtures.scripted_model import ScriptedModel
-from ledger.sqlite import SQLiteRecorder
+from tillerman.controller.intents import intent_view, propose
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -36,7 +36,7 @@ def start_daemon(server: AppServer, ledger: Path, config: Path, kill_at: str | N
     if kill_at:
         env["TILLERMAN_KILL_AT"] = kill_at
     return subprocess.Popen(
-        [sys.executable, "-m", "controller", "run", "--codex", server.url, "--ledger", str(ledger),
+        [sys.executable, "-m", "tillerman.controller", "run", "--codex", server.url, "--ledger", str(ledger),
          "--config", str(config)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

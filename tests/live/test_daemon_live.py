@@ -1,6 +1,6 @@
 """The whole daemon, in-process, beside a harness on the REAL Codex app-server (0.163.0).
 
-Each test runs ``controller.daemon.Daemon`` (connection + brain + delivery tasks) with its
+Each test runs ``tillerman.controller.daemon.Daemon`` (connection + brain + delivery tasks) with its
 own SQLite ledger and a trace of every request it sends, next to a harness connection
 that owns the threads. What reached the model is read from the scripted model's request
 log; what landed in a turn, from the harness's own copy of the notifications.
@@ -15,18 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller import intents
-from controller.adapter import GuardedAdapter, Unauthorized, carry_out
-from controller.delivery import Delivery, Dispatch, Steer
 from fixtures.codex_server import AppServer, is_item, watched_connection
 from fixtures.scripted_model import ScriptedModel
-from ledger.events import (
-    ApprovalRequested, Conflict, ItemCompleted, ItemStarted, Report, TurnCompleted, TurnStarted, UserMessage,
-)
-from ledger.intent_states import State
-from ledger.sqlite import SQLiteRecorder
-from monitor.jsonrpc import Notification, ServerRequest
-from rules.ruleset import Grant, build_ruleset
 from tests.live.daemon_support import (
     OWNER,
     OWNER_GRANT,
@@ -37,6 +27,23 @@ from tests.live.daemon_support import (
     text_input,
     wait_until,
 )
+from tillerman.controller import intents
+from tillerman.controller.adapter import GuardedAdapter, Unauthorized, carry_out
+from tillerman.controller.delivery import Delivery, Dispatch, Steer
+from tillerman.ledger.events import (
+    ApprovalRequested,
+    Conflict,
+    ItemCompleted,
+    ItemStarted,
+    Report,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+)
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.jsonrpc import Notification, ServerRequest
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

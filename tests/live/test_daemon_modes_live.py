@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller import intents
-from controller.cli import main
 from fixtures.codex_server import AppServer
 from tests.live.daemon_support import ruleset_from, session, wait_until
+from tillerman.controller import intents
+from tillerman.controller.cli import main
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -46,7 +46,7 @@ def test_shim_carries_a_stdio_harness_to_the_shared_server(app_server: AppServer
         {"method": "initialized"},
         {"id": 2, "method": "thread/start", "params": {"cwd": str(workspace)}},
     ]
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "shim", str(app_server.socket_path),
+    proc = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "shim", str(app_server.socket_path),
                              "app-server", "-c", "ignored=1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -14,22 +14,22 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from controller.delivery import Delivery, Dispatch, Observed, Reconcile
-from controller.intents import intent_view, propose
 from fixtures.codex_server import AppServer, EventLog, is_item
 from fixtures.scripted_model import ScriptedModel
-from controller.overdue import overdue
-from ledger import projections
-from ledger.events import Envelope, Report
-from ledger.intent_states import State
-from ledger.intents import Intent
-from ledger.sqlite import SQLiteRecorder
-from monitor.appserver_client import AppServerClient
-from monitor.appserver_events import AppServerEvents, natural_key
-from monitor.jsonrpc import Notification, ServerRequest
-from rules.ruleset import Grant, build_ruleset
 from tests.live.test_appserver_live import _harness_and_supervisor, _start_turn, _subscribe, _turn_completed
+from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
+from tillerman.controller.delivery import Delivery, Dispatch, Observed, Reconcile
+from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.overdue import overdue
+from tillerman.ledger import projections
+from tillerman.ledger.events import Envelope, Report
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.appserver_client import AppServerClient
+from tillerman.monitor.appserver_events import AppServerEvents, natural_key
+from tillerman.monitor.jsonrpc import Notification, ServerRequest
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -11,13 +11,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
 from fixtures.codex_server import AppServer, is_item
 from fixtures.scripted_model import ScriptedModel
-from ledger.events import Report
-from ledger.projections import IntentView
-from monitor.digest import digest
-from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, Session, ruleset_from, session, text_input, wait_until
+from tests.live.daemon_support import (
+    OWNER,
+    OWNER_GRANT,
+    SETTLED,
+    Session,
+    ruleset_from,
+    session,
+    text_input,
+    wait_until,
+)
+from tillerman.controller.cli import main
+from tillerman.ledger.events import Report
+from tillerman.ledger.projections import IntentView
+from tillerman.monitor.digest import digest
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

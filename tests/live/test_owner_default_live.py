@@ -12,13 +12,13 @@ import anyio
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import load_rules_or_fail, main
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
-from ledger.events import RulesetLoaded
-from rules.config import default_config_path
-from rules.owner import local_login
 from tests.live.daemon_support import SETTLED, reached_model, session, wait_until
+from tillerman.controller.cli import load_rules_or_fail, main
+from tillerman.ledger.events import RulesetLoaded
+from tillerman.rules.config import default_config_path
+from tillerman.rules.owner import local_login
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -23,9 +23,9 @@ import pytest
 
 from fixtures.codex_server import AppServer, is_item
 from fixtures.scripted_model import ScriptedModel
-from ledger.events import DecisionRecorded, IntentProposed
 from tests.live.daemon_support import SETTLED, ruleset_from, session, wait_until
 from tests.live.test_daemon_live import NO_RULES, OWNER, OWNER_GRANT, our_echoes
+from tillerman.ledger.events import DecisionRecorded, IntentProposed
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PICKUP_BOUND = 3.0  # seconds from a proposal to the first decision recorded about it
 #: A proposer imports the CLI, then waits for its thread and turn on stdin: all of them
 #: get theirs at the same moment, so they commit together.
-PROPOSER = ("import sys\nfrom controller.cli import main\nthread, turn = sys.stdin.readline().split()\n"
+PROPOSER = ("import sys\nfrom tillerman.controller.cli import main\nthread, turn = sys.stdin.readline().split()\n"
             "main(['intent', 'propose', '--thread', thread, '--expected-turn', turn, *sys.argv[1:]])\n")
 
 

@@ -1,4 +1,4 @@
-"""Every refusal ``controller.rpc_errors`` knows, provoked on the real server under test
+"""Every refusal ``tillerman.controller.rpc_errors`` knows, provoked on the real server under test
 (the pinned release, or ``$TILLERMAN_CODEX_BIN``; ``make compat`` runs this against the
 oldest and the newest supported release) and read back as the refusal it is meant to be.
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.rpc_errors import _PATTERNS, Refusal, classify
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
-from monitor.appserver_client import AppServerClient
-from monitor.jsonrpc import RpcError
+from tillerman.controller.rpc_errors import _PATTERNS, Refusal, classify
+from tillerman.monitor.appserver_client import AppServerClient
+from tillerman.monitor.jsonrpc import RpcError
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

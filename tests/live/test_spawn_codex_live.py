@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from controller.codex_process import CODEX_BIN_ENV, find_codex_binary
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
+from tillerman.controller.cli import main
+from tillerman.controller.codex_process import CODEX_BIN_ENV, find_codex_binary
 
 pytestmark = pytest.mark.live
 
@@ -51,8 +51,8 @@ def test_spawn_codex_runs_the_codex_on_path_and_status_shows_its_version(
     (bin_dir / "codex").symlink_to(binary)
     home = make_codex_home(scripted_model.base_url)
     ledger = tmp_path / "ledger.sqlite3"
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", "--spawn-codex", "--ledger", str(ledger)],
-                            cwd=ROOT, env=_env(f"{bin_dir}{os.pathsep}{SYSTEM_PATH}", home),
+    proc = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "run", "--spawn-codex",
+                             "--ledger", str(ledger)], cwd=ROOT, env=_env(f"{bin_dir}{os.pathsep}{SYSTEM_PATH}", home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -74,11 +74,11 @@ def test_spawn_codex_runs_the_codex_on_path_and_status_shows_its_version(
 
 
 # Importing the package fails as it does where tillerman was installed without the dev extra.
-WITHOUT_PACKAGE = "import sys; sys.modules['codex_cli_bin'] = None; from controller.cli import main; main()"
+WITHOUT_PACKAGE = "import sys; sys.modules['codex_cli_bin'] = None; from tillerman.controller.cli import main; main()"
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["-m", "controller", "run", "--spawn-codex", "--codex-bin", "/nonexistent/codex"],
+    (["-m", "tillerman.controller", "run", "--spawn-codex", "--codex-bin", "/nonexistent/codex"],
      "--codex-bin /nonexistent/codex: no executable file there"),
     (["-c", WITHOUT_PACKAGE, "run", "--spawn-codex"], "no codex binary on PATH or from the openai-codex-cli-bin"),
 ])

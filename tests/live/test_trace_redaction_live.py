@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from controller import intents
+from tillerman.controller import intents
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
-from monitor.redact import is_redacted, kept
+from tillerman.monitor.redact import is_redacted, kept
 from tests.live.daemon_support import OWNER, OWNER_GRANT, ruleset_from, session, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]

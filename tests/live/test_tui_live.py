@@ -19,12 +19,21 @@ from pathlib import Path
 import anyio
 import pytest
 
-from controller import intents
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
-from fixtures.tui import DefaultSocketServer, ManagedDaemon, TmuxUnavailable, Tui, default_socket, ensure_tmux, git_workspace
-from controller.cli import load_rules_or_fail
-from ledger.events import (
+from fixtures.tui import (
+    DefaultSocketServer,
+    ManagedDaemon,
+    TmuxUnavailable,
+    Tui,
+    default_socket,
+    ensure_tmux,
+    git_workspace,
+)
+from tests.live.daemon_support import SETTLED, Session, daemon_first, wait_until
+from tillerman.controller import intents
+from tillerman.controller.cli import load_rules_or_fail
+from tillerman.ledger.events import (
     ApprovalRequested,
     ApprovalResolved,
     DecisionRecorded,
@@ -33,9 +42,8 @@ from ledger.events import (
     ThreadStarted,
     TurnCompleted,
 )
-from monitor.codex_home import resolve_target
-from rules.owner import local_login
-from tests.live.daemon_support import SETTLED, Session, daemon_first, wait_until
+from tillerman.monitor.codex_home import resolve_target
+from tillerman.rules.owner import local_login
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.events import Event, Quarantined, kind_of
-from monitor.formats import PARSERS
-from monitor.parser import Parsed
+from tillerman.ledger.events import Event, Quarantined, kind_of
+from tillerman.monitor.formats import PARSERS
+from tillerman.monitor.parser import Parsed
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import msgspec
 
-from controller.replay import Replayer
-from ledger import events as ev
-from ledger.sqlite import SQLiteRecorder
-from monitor.tailer import Tailer
-from rules.files import default_ruleset
+from tillerman.controller.replay import Replayer
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.tailer import Tailer
+from tillerman.rules.files import default_ruleset
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 THREAD = "01a229c4-3717-7c10-9d2e-5b7f0c9e1a01"

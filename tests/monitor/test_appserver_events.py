@@ -2,13 +2,23 @@ import json
 
 import pytest
 
-from ledger.events import (
-    AgentMessage, ApprovalRequested, ApprovalResolved, Error, ItemCompleted, ItemStarted, QueueChanged,
-    StatusChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage,
-)
-from monitor.appserver_events import AppServerEvents, natural_key
-from monitor.digest import digest
 from tests.monitor.support import jsonl, kinds, parse
+from tillerman.ledger.events import (
+    AgentMessage,
+    ApprovalRequested,
+    ApprovalResolved,
+    Error,
+    ItemCompleted,
+    ItemStarted,
+    QueueChanged,
+    StatusChanged,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+)
+from tillerman.monitor.appserver_events import AppServerEvents, natural_key
+from tillerman.monitor.digest import digest
 
 T, U = "thread-1", "turn-1"
 

@@ -8,7 +8,7 @@ from websockets.exceptions import ConnectionClosedError, InvalidMessage, Invalid
 from websockets.frames import Close
 from websockets.http11 import Response
 
-from monitor.appserver_info import ServerIdentity, describe_failure, server_identity
+from tillerman.monitor.appserver_info import ServerIdentity, describe_failure, server_identity
 
 # As the real servers send them (tests/live/test_spawn_codex_live.py reads the live one).
 AGENT_0163 = "harness-x/0.163.0 (Debian 12.0.0; x86_64) xterm (tillerman; 0.1.0)"

@@ -4,12 +4,12 @@ never subscribed to, and no rule ever looks at them."""
 
 from __future__ import annotations
 
-from ledger.events import Entry
-from ledger.projections import Projection
-from monitor.appserver_tap import AppServerTap
-from monitor.jsonrpc import Notification
-from rules.detect import detect, next_due
-from rules.files import default_ruleset
+from tillerman.ledger.events import Entry
+from tillerman.ledger.projections import Projection
+from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor.jsonrpc import Notification
+from tillerman.rules.detect import detect, next_due
+from tillerman.rules.files import default_ruleset
 
 TITLE = {"id": "t-title", "ephemeral": True, "threadSource": "thread_title", "path": None}
 USER = {"id": "t-user", "ephemeral": False, "threadSource": "user"}

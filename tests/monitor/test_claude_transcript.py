@@ -1,9 +1,9 @@
 import json
 
-from ledger.events import ItemCompleted, QueueChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
-from monitor.counts import count
-from monitor.digest import digest
 from tests.monitor.support import jsonl, kinds, parse, reasons
+from tillerman.ledger.events import ItemCompleted, QueueChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
+from tillerman.monitor.counts import count
+from tillerman.monitor.digest import digest
 
 SID = "7f3c2a10-5b4e-4d21-9c8a-1e2f3a4b5c6d"
 

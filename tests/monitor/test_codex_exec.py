@@ -1,8 +1,8 @@
 import json
 
-from ledger.events import AgentMessage, Error, ItemCompleted, ItemStarted, TurnCompleted
-from monitor.counts import count
 from tests.monitor.support import jsonl, kinds, parse
+from tillerman.ledger.events import AgentMessage, Error, ItemCompleted, ItemStarted, TurnCompleted
+from tillerman.monitor.counts import count
 
 
 def run(*records: dict):

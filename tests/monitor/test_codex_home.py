@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.codex_home import resolve_target
+from tillerman.monitor.codex_home import resolve_target
 
 HOME = {"CODEX_HOME": "/h/codex"}
 DEFAULT = "unix:///h/codex/app-server-control/app-server-control.sock"

@@ -1,9 +1,18 @@
 import json
 
-from ledger.events import AgentMessage, ItemCompleted, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted, UserMessage, encode
-from monitor.counts import count
-from monitor.digest import digest
 from tests.monitor.support import events, jsonl, kinds, parse, reasons
+from tillerman.ledger.events import (
+    AgentMessage,
+    ItemCompleted,
+    ItemStarted,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+    encode,
+)
+from tillerman.monitor.counts import count
+from tillerman.monitor.digest import digest
 
 THREAD = "0199a1b2-0000-7000-8000-00000000aa01"
 

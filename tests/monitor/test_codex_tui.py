@@ -1,7 +1,7 @@
 import json
 
-from ledger.events import ApprovalRequested, ApprovalResolved, ItemCompleted, TurnCompleted
 from tests.monitor.support import jsonl, kinds, parse
+from tillerman.ledger.events import ApprovalRequested, ApprovalResolved, ItemCompleted, TurnCompleted
 
 
 def event(msg: dict, sub: str = "1", ts: str = "2025-09-14T08:30:00.000Z") -> str:

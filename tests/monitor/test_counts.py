@@ -1,5 +1,5 @@
-from ledger.events import Quarantined, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
-from monitor.counts import Counts, EventCounter, count
+from tillerman.ledger.events import Quarantined, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
+from tillerman.monitor.counts import Counts, EventCounter, count
 
 
 def test_counts_turns_interruptions_and_unclosed_turns_per_thread():

@@ -1,6 +1,6 @@
 import hashlib
 
-from monitor.digest import Payload, digest, payload, size
+from tillerman.monitor.digest import Payload, digest, payload, size
 
 
 def test_digest_of_text_and_bytes():

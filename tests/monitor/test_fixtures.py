@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.counts import count
-from monitor.formats import detect_format
-from monitor.lines import Line, decode_object
 from tests.monitor.support import SESSIONS, parse
+from tillerman.monitor.counts import count
+from tillerman.monitor.formats import detect_format
+from tillerman.monitor.lines import Line, decode_object
 
 EXPECTED = tomllib.loads((SESSIONS / "expected.toml").read_text())
 FIXTURES = sorted(EXPECTED)

@@ -1,6 +1,6 @@
 import pytest
 
-from monitor.formats import PARSERS, detect_format, parser_for
+from tillerman.monitor.formats import PARSERS, detect_format, parser_for
 
 
 @pytest.mark.parametrize(("head", "path", "expected"), [

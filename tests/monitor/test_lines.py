@@ -5,9 +5,21 @@ import tracemalloc
 import msgspec
 import pytest
 
-from monitor.lines import (
-    INVALID_JSON, INVALID_UTF8, LINE_TOO_LONG, NOT_AN_OBJECT, NUL_BYTES, NUMBER_OUT_OF_RANGE, TOO_DEEP, TRUNCATED,
-    Line, LineFramer, Skipped, TooDeep, decode_json, decode_object,
+from tillerman.monitor.lines import (
+    INVALID_JSON,
+    INVALID_UTF8,
+    LINE_TOO_LONG,
+    NOT_AN_OBJECT,
+    NUL_BYTES,
+    NUMBER_OUT_OF_RANGE,
+    TOO_DEEP,
+    TRUNCATED,
+    Line,
+    LineFramer,
+    Skipped,
+    TooDeep,
+    decode_json,
+    decode_object,
 )
 
 

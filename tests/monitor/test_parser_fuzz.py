@@ -15,13 +15,13 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Quarantined
-from ledger.sqlite import SQLiteRecorder
-from monitor.formats import PARSERS
-from monitor.identity import file_identity
-from monitor.parser import EARLIEST, LATEST
-from monitor.tailer import file_envelope
 from tests.monitor.support import SESSIONS
+from tillerman.ledger.events import Quarantined
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.formats import PARSERS
+from tillerman.monitor.identity import file_identity
+from tillerman.monitor.parser import EARLIEST, LATEST
+from tillerman.monitor.tailer import file_envelope
 
 FILES = {fmt: sorted((SESSIONS / fmt).rglob("*.jsonl")) for fmt in PARSERS}
 

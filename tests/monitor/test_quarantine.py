@@ -2,8 +2,8 @@
 
 import pytest
 
-from monitor.formats import PARSERS
 from tests.monitor.support import parse
+from tillerman.monitor.formats import PARSERS
 
 # A well-formed record of each format, and one whose nested field has the wrong type.
 GOOD = {

@@ -1,4 +1,4 @@
-"""The file tailer (monitor.tailer) driven by hand into a SQLite ledger: partial lines,
+"""The file tailer (tillerman.monitor.tailer) driven by hand into a SQLite ledger: partial lines,
 resumable offsets, generations (truncation, replacement, rotation, deletion), hostile
 input, and live == replay."""
 
@@ -12,11 +12,6 @@ import shutil
 
 import pytest
 
-from ledger import events as ev
-from ledger.sqlite import SQLiteRecorder
-from monitor import tailer as tailer_module
-from monitor.commands import CommandPatterns
-from monitor.tailer import FILE_DELETED, FILE_TRUNCATED, SYMLINK_LOOP, UNKNOWN_FORMAT, UNREADABLE, Tailer
 from tests.monitor.tailer_support import (
     SESSIONS,
     THREAD,
@@ -33,6 +28,11 @@ from tests.monitor.tailer_support import (
     rollout_name,
     session_meta,
 )
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor import tailer as tailer_module
+from tillerman.monitor.commands import CommandPatterns
+from tillerman.monitor.tailer import FILE_DELETED, FILE_TRUNCATED, SYMLINK_LOOP, UNKNOWN_FORMAT, UNREADABLE, Tailer
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.sqlite import SQLiteRecorder
-from monitor.formats import PARSERS
-from monitor.identity import file_identity, read_first_line
-from monitor.tailer import Tailer, file_envelope, file_source
 from tests.monitor.tailer_support import drive, rollout_line, rollout_name, session_meta
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.formats import PARSERS
+from tillerman.monitor.identity import file_identity, read_first_line
+from tillerman.monitor.tailer import Tailer, file_envelope, file_source
 
 MAX_LINE = 512
 _json = msgspec.json.Decoder()

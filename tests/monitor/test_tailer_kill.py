@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from ledger import events as ev
-from ledger.sqlite import SQLiteRecorder
 from tests.monitor.tailer_support import rollout_line, rollout_name, session_meta
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = 3
@@ -25,8 +25,8 @@ KILLS = 5
 
 def _start(root: Path, ledger: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", "from controller.cli import main; main()", "run", "--no-codex", "--watch", str(root),
-         "--ledger", str(ledger)],
+        [sys.executable, "-c", "from tillerman.controller.cli import main; main()", "run", "--no-codex",
+         "--watch", str(root), "--ledger", str(ledger)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
 

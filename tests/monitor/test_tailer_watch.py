@@ -1,4 +1,4 @@
-"""The watchfiles driver (monitor.watch) and ``tillerman run --watch``: files and
+"""The watchfiles driver (tillerman.monitor.watch) and ``tillerman run --watch``: files and
 directories that appear after start, deletion and rotation seen by the watcher, a
 files-only daemon (no app-server) whose threads are not steerable, and live == replay
 through the whole daemon."""
@@ -12,13 +12,6 @@ import time
 import anyio
 from click.testing import CliRunner
 
-from controller.cli import main
-from controller.daemon import Daemon, DaemonOptions
-from controller.status import ledger_status
-from ledger.sqlite import SQLiteRecorder
-from monitor.tailer import FILE_DELETED, Tailer
-from monitor.watch import Watch
-from rules.files import default_ruleset
 from tests.monitor.tailer_support import (
     SESSIONS,
     append,
@@ -29,6 +22,13 @@ from tests.monitor.tailer_support import (
     rollout_name,
     session_meta,
 )
+from tillerman.controller.cli import main
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.status import ledger_status
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.tailer import FILE_DELETED, Tailer
+from tillerman.monitor.watch import Watch
+from tillerman.rules.files import default_ruleset
 
 TIMEOUT = 10.0
 

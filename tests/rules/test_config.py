@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from controller.cli import main
-from ledger import events as ev
-from ledger.sqlite import SQLiteRecorder
-from monitor.commands import DEFAULT
-from rules.config import load_effective
-from rules.files import RuleSetError
+from tillerman.controller.cli import main
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.commands import DEFAULT
+from tillerman.rules.config import load_effective
+from tillerman.rules.files import RuleSetError
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = ROOT / "fixtures" / "disagreement" / "healthy"

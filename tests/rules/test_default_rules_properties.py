@@ -7,16 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from ledger.intent_states import State
-from ledger.intents import Intent, text_digest
-from ledger.snapshot import ThreadSnapshot
-from rules.config import load_effective
-from rules.decision import DISPATCH_ACTIONS, Action
-from rules.detect import detect
-from rules.files import default_ruleset
-from rules.owner import owner_grant
-from rules.policy import decide
-from rules.ruleset import Grant, build_ruleset
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, text_digest
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.rules.config import load_effective
+from tillerman.rules.decision import DISPATCH_ACTIONS, Action
+from tillerman.rules.detect import detect
+from tillerman.rules.files import default_ruleset
+from tillerman.rules.owner import owner_grant
+from tillerman.rules.policy import decide
+from tillerman.rules.ruleset import Grant, build_ruleset
 
 DEFAULTS = default_ruleset()
 # every default rule may steer, queue and interrupt, even through a critical tool;

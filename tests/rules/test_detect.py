@@ -7,11 +7,11 @@ import datetime
 import pytest
 from msgspec.structs import replace
 
-from ledger.snapshot import ThreadSnapshot
-from rules.decision import Action
-from rules.detect import Finding, detect, human_duration, next_due, render
-from rules.files import default_ruleset
-from rules.ruleset import (
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.rules.decision import Action
+from tillerman.rules.detect import Finding, detect, human_duration, next_due, render
+from tillerman.rules.files import default_ruleset
+from tillerman.rules.ruleset import (
     AnyCondition,
     ApprovalWaiting,
     CriticalToolRunning,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rules.decision import Action
-from rules.config import load_effective
-from rules.files import RuleSetError, default_ruleset, load_rules, parse_duration
-from rules.owner import owner_grant
-from rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQuiet, build_ruleset
+from tillerman.rules.config import load_effective
+from tillerman.rules.decision import Action
+from tillerman.rules.files import RuleSetError, default_ruleset, load_rules, parse_duration
+from tillerman.rules.owner import owner_grant
+from tillerman.rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQuiet, build_ruleset
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,7 +148,7 @@ def test_builtin_approval_rule_only_reports() -> None:
 
 def test_builtin_defaults_ship_as_package_data() -> None:
     assert (ROOT / "rules" / "defaults.toml").is_file()
-    assert 'rules = ["*.toml"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"tillerman.rules" = ["*.toml"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 
 
 def test_an_empty_rules_file_without_the_owner_grant_is_an_empty_rule_set(tmp_path: Path) -> None:
@@ -521,7 +521,7 @@ def test_digest_is_the_same_in_another_process(tmp_path: Path) -> None:
     """Grant action sets are frozensets, whose order changes with the hash seed."""
     rules, config = write(tmp_path, "rules.toml", STALL), write(tmp_path, "config.toml", GRANTS)
     program = (
-        "import sys; from pathlib import Path; from rules.config import load_effective; "
+        "import sys; from pathlib import Path; from tillerman.rules.config import load_effective; "
         "print(load_effective(Path(sys.argv[1]), Path(sys.argv[2])).ruleset.digest)"
     )
     digests = {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rules.config import load_effective
-from rules.files import MAX_FILE_BYTES, RuleSetError, parse_duration
+from tillerman.rules.config import load_effective
+from tillerman.rules.files import MAX_FILE_BYTES, RuleSetError, parse_duration
 
 RULE = """\
 [[rule]]

@@ -10,10 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.events import Entry, Envelope, RulePromoted, RuleProposed
-from rules import lifecycle
-from rules.files import default_ruleset, load_rules
-from rules.ruleset import build_ruleset
+from tillerman.ledger.events import Entry, Envelope, RulePromoted, RuleProposed
+from tillerman.rules import lifecycle
+from tillerman.rules.files import default_ruleset, load_rules
+from tillerman.rules.ruleset import build_ruleset
 
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "fixtures" / "disagreement" / "candidate.toml"

@@ -13,10 +13,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rules.config import load_effective, load_patterns
-from rules.files import MAX_FILE_BYTES, RuleSetError, load_config, load_rules
-from rules.lifecycle import rule_toml
-from rules.ruleset import build_ruleset
+from tillerman.rules.config import load_effective, load_patterns
+from tillerman.rules.files import MAX_FILE_BYTES, RuleSetError, load_config, load_rules
+from tillerman.rules.lifecycle import rule_toml
+from tillerman.rules.ruleset import build_ruleset
 
 VALID_RULE = {
     "id": "stall", "version": 1, "status": "active", "owner": "platform-team",

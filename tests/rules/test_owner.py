@@ -7,8 +7,8 @@ import pwd
 
 import pytest
 
-from rules import owner
-from rules.owner import local_login, owner_grant
+from tillerman.rules import owner
+from tillerman.rules.owner import local_login, owner_grant
 
 
 def test_the_owner_is_the_login_name_of_the_effective_uid_not_user(monkeypatch: pytest.MonkeyPatch) -> None:

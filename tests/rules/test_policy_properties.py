@@ -1,4 +1,4 @@
-"""Invariants of ``rules.policy.decide`` over arbitrary inputs (hypothesis).
+"""Invariants of ``tillerman.rules.policy.decide`` over arbitrary inputs (hypothesis).
 
 Each invariant is a plain function of a ``decide`` and its inputs, so it can be run
 against the real policy and, to show that it can fail, against a deliberately broken
@@ -18,17 +18,17 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from ledger.intent_states import State
-from ledger.intents import MODES, Intent
-from ledger.snapshot import TURN_STATES, ThreadSnapshot
-from rules import policy
-from rules.decision import DISPATCH_ACTIONS, Action, Decision
-from ledger.snapshot import ENDED_TURN_STATES
-from rules.policy import decide, producing_rule
-from rules.files import NO_CONFIG, load_config
-from rules.owner import owner_grant
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import MODES, Intent
+from tillerman.ledger.snapshot import TURN_STATES, ThreadSnapshot
+from tillerman.rules import policy
+from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
+from tillerman.ledger.snapshot import ENDED_TURN_STATES
+from tillerman.rules.policy import decide, producing_rule
+from tillerman.rules.files import NO_CONFIG, load_config
+from tillerman.rules.owner import owner_grant
 from tests.rules.test_policy_table import CASES, case_inputs
-from rules.ruleset import (
+from tillerman.rules.ruleset import (
     ANY,
     GRANTABLE_ACTIONS,
     INTERRUPT_CRITICAL,

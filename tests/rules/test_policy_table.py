@@ -11,12 +11,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger.intent_states import State
-from ledger.intents import Intent
-from ledger.snapshot import ThreadSnapshot
-from rules.decision import Action, Decision
-from rules.policy import decide
-from rules.ruleset import Grant, RepeatedFailure, Rule, RuleSet, build_ruleset
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.rules.decision import Action, Decision
+from tillerman.rules.policy import decide
+from tillerman.rules.ruleset import Grant, RepeatedFailure, Rule, RuleSet, build_ruleset
 
 TABLE = Path(__file__).resolve().parents[2] / "fixtures" / "policy" / "cases.toml"
 DOCUMENT = tomllib.loads(TABLE.read_text(encoding="utf-8"))

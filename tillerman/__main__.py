@@ -1,0 +1,5 @@
+"""``python -m tillerman``: the ``tillerman`` command."""
+
+from tillerman.controller.cli import main
+
+main()
