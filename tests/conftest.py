@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,9 +36,18 @@ def fresh_venv(root: Path, *requirements: str | Path) -> Path:
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel of this tree, built as a user's ``pip install`` builds it, once per run."""
-    dist = tmp_path_factory.mktemp("dist")
+    # From a copy of the files git would ship (tracked, or new and not ignored): setuptools
+    # packs whatever a local build/ folder still holds, so a stale build of an older layout
+    # would slip into a wheel of the working tree.
+    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check", "wheel", "--no-deps",
-                    "--wheel-dir", dist, ROOT], check=True, timeout=600)
+                    "--wheel-dir", dist, source], check=True, timeout=600)
     (built,) = dist.glob("tillerman-*.whl")
     return built
 
