@@ -41,7 +41,8 @@ async def test_each_overdue_intent_is_announced_once_then_resolved(tmp_path, cap
         intents.transition(rec, intent.id, State.EXPIRED, "cancelled")
         notifier.update(projections.load(rec), now=31.0)
         with anyio.fail_after(10):
-            while len(out.read_text().split()) < 2 if out.exists() else True:
+            # two complete notices: a JSON line each (the command adds its own newline)
+            while not out.exists() or len([line for line in out.read_text().splitlines() if line.strip()]) < 2:
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
     first, second = [json.loads(line) for line in out.read_text().split("\n") if line.strip()]
