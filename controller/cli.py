@@ -16,7 +16,6 @@ import msgspec
 from tillerman.controller import intents as intent_lib
 from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
-    EXIT_ANCHOR_STALE,
     EXIT_CHECK_FAILED,
     Fail,
     PathType,
@@ -26,86 +25,28 @@ from tillerman.controller.output import (
     print_table,
     warn_undecodable,
 )
+from tillerman.controller.cli_shared import (
+    CONFIG_HELP,
+    ledger_file,
+    ledger_option,
+    load_rules_or_fail,
+    open_intact_ledger,
+    open_ledger,
+    parse_now,
+    report_anchor,
+)
 from tillerman.controller.overdue import overdue as find_overdue
 from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
-from tillerman.controller.timefmt import format_duration, parse_duration, parse_time, shorten
+from tillerman.controller.rules_cli import rules
+from tillerman.controller.timefmt import format_duration, parse_duration, shorten
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
-from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
-from tillerman.rules.config import Effective, config_file, load_effective
-from tillerman.rules.files import RuleSetError
 from tillerman.rules.owner import local_login
 
 SEQ_MAX = 2**63 - 1  # SQLite's largest integer
-LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
-CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
-
-
-def default_ledger_path() -> Path:
-    if env := os.environ.get("TILLERMAN_LEDGER"):
-        return Path(env)
-    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(state) / "tillerman" / "ledger.sqlite3"
-
-
-def ledger_file(path: str | None) -> Path:
-    """The ledger's absolute path: resolved here, at the edge, because the daemon matches
-    it against the absolute paths the kernel reports for its WAL file. A URL (a
-    ``postgresql://`` DSN) is refused, not taken for a folder named ``postgresql:``."""
-    given = path if path is not None else os.environ.get("TILLERMAN_LEDGER")
-    if given is not None and "://" in given:
-        scheme = given.split("://", 1)[0]
-        raise Fail(f"ledger {scheme}:// is not supported yet; give --ledger the path of a SQLite file")
-    if path is not None and not path.strip():
-        raise Fail("--ledger is empty; give the path of the ledger file")
-    return (Path(path) if path else default_ledger_path()).absolute()
-
-
-def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> SQLiteRecorder:
-    """``must_exist``: a reading command, which never creates a ledger (or its folders) where
-    none is; a writing command creates one. ``readonly``: for the commands that only read;
-    they never write (no migration, no anchor, no snapshot), so they work on a read-only
-    file or a full disk."""
-    target = ledger_file(path)
-    if (must_exist or readonly) and not target.exists():
-        raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
-    if target.exists() and not target.is_file():  # a FIFO or a device: SQLite would block or write beside it
-        raise Fail(f"{target} is not a regular file; give --ledger the path of the ledger file")
-    return SQLiteRecorder(target, readonly=readonly)
-
-
-def open_intact_ledger(path: str | None) -> SQLiteRecorder:
-    """For a reading command that shows what the ledger holds: a file cut mid-page is
-    damage (exit 1), not a partial answer."""
-    recorder = open_ledger(path, readonly=True)
-    if recorder.damage:
-        recorder.close()
-        raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",
-                   EXIT_CHECK_FAILED)
-    return recorder
-
-
-def report_anchor(ledger: SQLiteRecorder) -> None:
-    """After a writing command printed what it committed: a head anchor the file system
-    would not move (a full disk) is one line and exit 3; the next write catches it up."""
-    if ledger.anchor_error:
-        click.echo(f"Warning: committed, but {ledger.anchor_error}; the next write catches it up"
-                   " once the disk has room", err=True)
-        sys.exit(EXIT_ANCHOR_STALE)
-
-
-def parse_now(now_text: str | None) -> float:
-    """``--now``: absent means the clock; given, it must be a time (an empty one is an error)."""
-    return time.time() if now_text is None else parse_time(now_text)
-
-
-def ledger_option(fn):
-    return click.option("--ledger", "ledger_path", type=PathType(dir_okay=False), help=LEDGER_HELP)(fn)
-
-
 def _duration(ctx, param, value):
     if value is None:
         return None
@@ -318,23 +259,6 @@ class _Progress:
 
     def done(self) -> None:
         click.echo("\r\033[K", err=True, nl=False)
-
-
-def load_rules_or_fail(rules_path: str | None, config_path: str | None, *, refuse_unsafe: bool = False) -> Effective:
-    """Rules, grants and command patterns (tillerman.rules.config), from ``--rules`` and
-    ``--config`` as given (no ``--config``: the default config file, if any). A file
-    someone else could have written is refused with ``refuse_unsafe`` (``run``: the
-    daemon acts on it), and otherwise only warned about."""
-    try:
-        return load_effective(Path(rules_path) if rules_path else None, config_file(config_path),
-                              on_unsafe=None if refuse_unsafe else warn_unsafe)
-    except RuleSetError as exc:
-        raise Fail(str(exc)) from exc
-
-
-def warn_unsafe(problem: str) -> None:
-    """A command that only reads a rule or config file says what ``run`` would refuse."""
-    click.echo(f"warning: {problem}", err=True)
 
 
 # -- the daemon ------------------------------------------------------------------------
@@ -637,4 +561,4 @@ def ledger_accept_tail(by, ledger_path):
 
 
 
-import tillerman.controller.rules_cli  # noqa: E402,F401  (registers `tillerman rules …` on main)
+main.add_command(rules)

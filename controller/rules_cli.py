@@ -1,6 +1,6 @@
 """``tillerman rules …``: validate, show, diff, propose, promote, proposals.
 
-Registered on the main group by ``tillerman.controller.cli`` importing this module. Exit codes
+Added to the main group by ``tillerman.controller.cli``. Exit codes
 follow the CLI convention: 0 done, 1 a refused check (a promotion the lifecycle does
 not allow), 2 usage, unreadable input or an invalid rule or config file.
 """
@@ -15,7 +15,15 @@ from pathlib import Path
 import click
 import msgspec
 
-from tillerman.controller.cli import CONFIG_HELP, load_rules_or_fail, main, open_ledger, parse_now, report_anchor, warn_unsafe
+from tillerman.controller.cli_shared import (
+    CONFIG_HELP,
+    ledger_option,
+    load_rules_or_fail,
+    open_ledger,
+    parse_now,
+    report_anchor,
+    warn_unsafe,
+)
 from tillerman.controller.disagreement import DiffReport, diff
 from tillerman.controller.intents import SOURCE
 from tillerman.controller.output import (
@@ -39,20 +47,13 @@ from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, duratio
 from tillerman.rules.owner import local_login
 from tillerman.rules.ruleset import build_ruleset
 
-LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
-
-
-def _ledger_option(fn):
-    return click.option("--ledger", "ledger_path", type=PathType(dir_okay=False), help=LEDGER_HELP)(fn)
-
-
 def _rules_options(fn):
     fn = click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)(fn)
     return click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True),
                         help="Rule file (TOML; default: the built-in rules).")(fn)
 
 
-@main.group()
+@click.group()
 def rules() -> None:
     """Validate, show and compare rule sets; propose and promote rules."""
 
@@ -262,7 +263,7 @@ def _lifecycles(ledger) -> dict[str, lifecycle.Lifecycle]:
 @click.option("--signature", help="The failure signature the rule predicts (what it should catch).")
 @click.option("--by", "by", default=local_login,
               help="Who proposes it (default: the login name of the user running tillerman).")
-@_ledger_option
+@ledger_option
 @json_option
 @errors_to_exit_codes
 def rules_propose(file, evidence, signature, by, ledger_path, as_json):
@@ -312,7 +313,7 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
 @click.option("--rollback-trigger", "rollback", required=True, help="What observation sends it back to shadow.")
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False),
               help="Install the rule, with its new status, in this rule file (the daemon reloads it).")
-@_ledger_option
+@ledger_option
 @json_option
 @errors_to_exit_codes
 def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path, as_json):
@@ -408,7 +409,7 @@ def _life_json(life: lifecycle.Lifecycle) -> dict:
 
 
 @rules.command("proposals")
-@_ledger_option
+@ledger_option
 @json_option
 @errors_to_exit_codes
 def rules_proposals(ledger_path, as_json):

@@ -416,3 +416,13 @@ def test_promote_into_a_hostile_rule_file_is_one_line_and_writes_nothing(here, c
     assert (code, out) == (2, "") and err.startswith(f"Error: rules.toml: {says}") and len(err.splitlines()) == 1
     assert (here / "rules.toml").read_text() == content
     assert json.loads(run("proposals", "--json")[1])[0]["status"] == "proposed"
+
+
+def test_the_rules_commands_do_not_import_the_main_command_module():
+    """No import circle: both command modules build on ``cli_shared``; ``cli`` adds ``rules``."""
+    import subprocess
+    import sys
+
+    probe = "import sys, tillerman.controller.rules_cli; print('tillerman.controller.cli' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
