@@ -144,7 +144,7 @@ class Daemon:
             self._refold(tg, self.clock())
             self._due = self.clock()  # decide every open intent once: no new entry may touch them
             tg.start_soon(self._brain, tg)
-            ledger_path = getattr(self.recorder, "path", ":memory:")
+            ledger_path = self.recorder.path
             if ledger_path != ":memory:":
                 tg.start_soon(self._watch_ledger, Path(ledger_path))
             if self.options.watch:
@@ -269,7 +269,7 @@ class Daemon:
     async def _follow_files(self) -> None:
         """Follow the session files under ``--watch`` (observe-only: file threads are not
         steerable). Each batch goes through the brain like the connection's."""
-        known = self.recorder.file_offsets() if hasattr(self.recorder, "file_offsets") else []
+        known = self.recorder.file_offsets()
         self.tailer = Tailer(known=known, patterns=self.options.patterns, retain_payloads=self.options.retain_payloads)
         await Watch(self.options.watch, self.tailer, self._inbox_send.send).run()
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 
+import msgspec
+
 from tillerman.ledger.batch import Row, prepare, row_columns
 from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
 from tillerman.ledger.verify import verify_ledger
@@ -28,11 +31,13 @@ class MemoryRecorder(Recorder):
         self._intent_rows: dict[str, list[int]] = {}  # intent id -> seqs, in order
         self._intent_states: dict[str, State] = {}
         self._snapshots: dict[str, tuple[int, bytes]] = {}
+        self._offsets: dict[str, FileOffset] = {}  # file identity -> where it was read up to
 
     # -- append -----------------------------------------------------------------
 
-    def append(self, batch: Sequence[Envelope], *, durable: bool = False) -> AppendResult:
-        if not batch:
+    def append(self, batch: Sequence[Envelope], *, durable: bool = False,
+               offsets: Sequence[FileOffset] = ()) -> AppendResult:
+        if not batch and not offsets:
             return AppendResult()
         head_hash = self._rows[-1].hash if self._rows else GENESIS
         prepared = prepare(  # raises before anything is kept: the batch is atomic
@@ -46,6 +51,9 @@ class MemoryRecorder(Recorder):
             if row.intent_id is not None:
                 self._intent_rows.setdefault(row.intent_id, []).append(row.seq)
         self._intent_states.update(prepared.intent_states)
+        now = time.time()
+        self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
+                             for o in offsets)
         return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     # -- read -------------------------------------------------------------------
@@ -56,6 +64,9 @@ class MemoryRecorder(Recorder):
         for index in range(start, stop):
             row = self._rows[index]
             yield Entry(seq=row.seq, envelope=row.envelope, prev_hash=row.prev_hash, hash=row.hash)
+
+    def file_offsets(self) -> list[FileOffset]:
+        return sorted(self._offsets.values(), key=lambda o: (o.path, o.identity))
 
     def max_seq(self) -> int:
         return len(self._rows)

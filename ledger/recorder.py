@@ -15,6 +15,7 @@ import msgspec
 
 from tillerman.ledger import events
 from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.file_offsets import FileOffset
 
 GENESIS = "0" * 64
 #: The ``row_hash`` formula. A ledger records the version its rows were hashed with
@@ -63,10 +64,20 @@ class Recorder(abc.ABC):
     #: None when it succeeded, or for a backend with no anchor file.
     anchor_error: str | None = None
 
+    #: The file the ledger lives in (the daemon watches it for other writers), or ":memory:".
+    path: str = ":memory:"
+
     @abc.abstractmethod
-    def append(self, batch: Sequence[Envelope], *, durable: bool = False) -> AppendResult:
+    def append(self, batch: Sequence[Envelope], *, durable: bool = False,
+               offsets: Sequence[FileOffset] = ()) -> AppendResult:
         """Write the batch atomically, in order. ``durable`` forces a full fsync
-        (dispatch records must be on disk before the transport is called)."""
+        (dispatch records must be on disk before the transport is called).
+        ``offsets``: file tailer positions, stored in the same transaction as the events
+        read from those spans (the last one per file identity wins)."""
+
+    @abc.abstractmethod
+    def file_offsets(self) -> list[FileOffset]:
+        """Every followed file generation and where it was read up to."""
 
     @abc.abstractmethod
     def read(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Entry]:

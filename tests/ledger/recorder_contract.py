@@ -7,6 +7,7 @@ import pytest
 
 from tillerman.ledger.errors import IllegalTransition
 from tillerman.ledger.events import Conflict, Envelope, IntentProposed, IntentTransition, TurnStarted
+from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intents import Intent
 
 
@@ -103,3 +104,19 @@ class RecorderContract:
         recorder.save_snapshot("p", 5, b"five")
         recorder.save_snapshot("p", 3, b"older")  # a slower writer never moves it back
         assert recorder.load_snapshot("p") == (5, b"five")
+
+    def test_file_offsets_go_with_their_events_and_the_last_per_file_wins(self, recorder):
+        def at(offset: int, identity: str = "d:1:abc") -> FileOffset:
+            return FileOffset(identity=identity, path="/s/a.jsonl", source="file:/s/a.jsonl",
+                              format="codex-rollout", offset=offset)
+
+        assert recorder.file_offsets() == []
+        recorder.append([turn(1)], offsets=[at(10), at(20)])
+        recorder.append([], offsets=[at(5, "d:2:def")])  # a span that held only a partial line
+        assert [(o.identity, o.offset) for o in recorder.file_offsets()] == [("d:1:abc", 20), ("d:2:def", 5)]
+        assert all(o.updated_at > 0 for o in recorder.file_offsets())
+        intent = make_intent()
+        recorder.append([proposed(intent)])
+        with pytest.raises(IllegalTransition):  # a refused batch keeps no offset either
+            recorder.append([moved(intent, "proposed", "acknowledged", "echo")], offsets=[at(99)])
+        assert [o.offset for o in recorder.file_offsets() if o.identity == "d:1:abc"] == [20]
