@@ -31,6 +31,22 @@ def _start(root: Path, ledger: Path) -> subprocess.Popen:
     )
 
 
+def _max_seq(ledger: Path) -> int:
+    if not ledger.exists():
+        return 0
+    with SQLiteRecorder(ledger) as rec:
+        return rec.max_seq()
+
+
+def _until_reading(ledger: Path, before: int, writer_done: threading.Event, timeout: float = 15.0) -> None:
+    """Until the started daemon has recorded something new (on a loaded machine its start
+    alone can outlast a random kill delay, and a kill then lands on no reading at all);
+    once the writer is done there may be nothing new to record: then a short grace."""
+    deadline = time.monotonic() + (1.0 if writer_done.is_set() else timeout)
+    while _max_seq(ledger) <= before and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _writer(paths: list[Path], lines: dict[Path, list[bytes]], rng: random.Random, done: threading.Event) -> None:
     for i in range(LINES):
         for path in paths:
@@ -65,7 +81,8 @@ def test_sigkill_at_random_moments_loses_and_repeats_no_line(tmp_path):
     try:
         while not done.is_set() or kills < KILLS:
             proc = _start(root, ledger)
-            time.sleep(rng.uniform(0.4, 1.2))
+            _until_reading(ledger, progress[-1] if progress else 0, done)  # not killed while still importing
+            time.sleep(rng.uniform(0.0, 0.6))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
