@@ -65,6 +65,10 @@ def prepare(
     for env in pending:  # conflict records appended below are prepared in turn
         if env.observed_at is None:
             env = msgspec.structs.replace(env, observed_at=observed)
+        if env.at == 0.0 or env.observed_at == 0.0:
+            # SQLite stores -0.0 as 0: digest and hash must be of the times as they read back
+            env = msgspec.structs.replace(env, at=None if env.at is None else env.at + 0.0,
+                                          observed_at=env.observed_at + 0.0)
         payload = encode_payload(env)
         digest = content_digest(env, payload)
         existing = known.get(env.event_id)

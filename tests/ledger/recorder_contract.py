@@ -120,3 +120,12 @@ class RecorderContract:
         with pytest.raises(IllegalTransition):  # a refused batch keeps no offset either
             recorder.append([moved(intent, "proposed", "acknowledged", "echo")], offsets=[at(99)])
         assert [o.offset for o in recorder.file_offsets() if o.identity == "d:1:abc"] == [20]
+
+    def test_a_negative_zero_time_verifies_and_stays_the_same_fact(self, recorder):
+        """SQLite reads -0.0 back as 0: the chain is of the time as it reads back."""
+        first = Envelope(event_id="e-zero", event=TurnStarted(thread_id="t1", turn_id="u1"), source="test",
+                         at=-0.0, observed_at=-0.0)
+        recorder.append([first])
+        assert recorder.verify().ok
+        assert recorder.append([first]).seqs == ()  # offered again: the same fact, not a conflict
+        assert recorder.verify().ok
