@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -37,9 +38,10 @@ from tillerman.controller.cli_shared import (
 )
 from tillerman.controller.overdue import overdue as find_overdue
 from tillerman.controller.render import intent_json, overdue_json
+from tillerman.controller.recheck import CannotCheck, check_ledger
 from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
 from tillerman.controller.rules_cli import rules
-from tillerman.controller.timefmt import format_duration, parse_duration, shorten
+from tillerman.controller.timefmt import format_duration, iso, parse_duration, shorten
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
@@ -203,15 +205,31 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
+@click.option("--check", is_flag=True,
+              help="Decide again every decision the ledger PATH records, with the rule set then in force;"
+                   " exit 1 at the first that differs.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
 @errors_to_exit_codes
-def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_json, paths):
+def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, check, as_json, paths):
     """Run recorded sessions through the normalizer, rules and policy on a virtual
     clock. Dispatches nothing; never touches a configured ledger.
 
+    With --check LEDGER: decide every recorded decision again, at its seq and time,
+    with this version's policy and the rule set the ledger recorded; exit 0 when all
+    agree, 1 at the first that differs, 2 when the ledger cannot be checked.
+
     Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
     """
+    if check:
+        given = [name for name, value in (("--format", fmt != "auto"), ("--ledger", ledger_path),
+                                          ("--rules", rules_path), ("--config", config_path),
+                                          ("--retain-payloads", retain_payloads)) if value]
+        if given or len(paths) != 1:
+            raise Fail("--check takes one ledger and uses the rule sets it recorded: give only"
+                       f" --check [--json] LEDGER{' (drop ' + ', '.join(given) + ')' if given else ''}")
+        _check(paths[0], as_json)
+        return
     effective = load_rules_or_fail(rules_path, config_path)
     try:
         found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
@@ -244,18 +262,47 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, as_js
         click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
 
 
+def _check(path: str, as_json: bool) -> None:
+    progress = _Progress(unit=lambda seq: f"seq {seq}") if sys.stderr.isatty() and not as_json else None
+    try:
+        result = check_ledger(path, progress=(lambda seq, last: progress(path, seq, last)) if progress else None)
+    except CannotCheck as exc:
+        raise Fail(str(exc), exc.exit_code) from exc
+    finally:
+        if progress:
+            progress.done()
+    if as_json:
+        print_json(result)
+    else:
+        for note in result.notes:
+            click.echo(f"note: {note}")
+        skipped = f"; {result.shadow_decisions} shadow decisions not decided again" if result.shadow_decisions else ""
+        diff = result.first_difference
+        if diff is None:
+            click.echo(f"ok: {result.decisions} decisions decided again, all agree ({result.entries} entries,"
+                       f" {result.rulesets} rule sets{skipped})")
+        else:
+            click.echo(f"DIFFERS at seq {diff.seq}: intent {diff.intent} on thread {diff.thread} at {iso(diff.at)}:"
+                       f" recorded {diff.recorded.action} ({diff.recorded.reason}), decided again"
+                       f" {diff.redecided.action} ({diff.redecided.reason}) under rule set {diff.ruleset_digest};"
+                       f" the {result.decisions - 1} decisions before it agree")
+    if not result.ok:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
 class _Progress:
     """A one-line progress meter on stderr for long replays on a terminal."""
 
-    def __init__(self) -> None:
+    def __init__(self, unit: Callable[[int], str] = lambda done: f"{done >> 20} MiB") -> None:
         self.last = 0.0
+        self.unit = unit
 
     def __call__(self, path: str, done: int, total: int) -> None:
         now = time.monotonic()
         if now - self.last >= 0.2 or done >= total:
             self.last = now
             pct = 100 * done // total if total else 100
-            click.echo(f"\r{pct:3d}% {done >> 20} MiB  {path[-60:]}", err=True, nl=False)
+            click.echo(f"\r{pct:3d}% {self.unit(done)}  {path[-60:]}", err=True, nl=False)
 
     def done(self) -> None:
         click.echo("\r\033[K", err=True, nl=False)

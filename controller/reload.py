@@ -4,7 +4,8 @@ Sans-IO except for reading the two files: ``RuleReloader.poll`` looks at the fil
 (mtime, size, inode), and when either changed (or when asked to, on SIGHUP) loads
 them again and returns what to record and whether the running set changes:
 
-* valid: a ``ruleset_loaded`` event with the new digest (and the one it replaces);
+* valid: a ``ruleset_loaded`` event with the new digest (and the one it replaces) and
+  the set itself (``ruleset_text``: ``tillerman replay --check`` rebuilds it from there);
   the daemon swaps the set into its Step and its adapter, and the patterns into its
   tap. A change that leaves the digests as they were (a comment, a reordering)
   records nothing.
@@ -41,6 +42,7 @@ from tillerman.ledger.events import Envelope, Report, RulesetLoaded, RulesetReje
 from tillerman.rules.config import Effective, config_file, default_config_path, load_effective
 from tillerman.rules.files import RuleSetError
 from tillerman.rules.lifecycle import reviews
+from tillerman.rules.ruleset import ruleset_text
 
 log = logging.getLogger("tillerman")
 
@@ -105,6 +107,7 @@ class RuleReloader:
             rules_path=str(self.rules_path) if self.rules_path else None,
             config_path=str(self.config_path) if self.config_path else None,
             rules=len(effective.ruleset.rules), patterns_digest=effective.patterns_digest,
+            ruleset_text=ruleset_text(effective.ruleset),
         )
         return Envelope(event_id=f"ruleset_loaded:{uuid.uuid4().hex}", event=event, source=SOURCE, at=now)
 

@@ -207,6 +207,11 @@ class RulesetLoaded(Event, tag="ruleset_loaded"):
     config_path: str | None = None
     rules: int = 0
     patterns_digest: str | None = None
+    # The rule set itself (rules and grants, as ``tillerman.rules.ruleset.ruleset_text``
+    # writes it): configuration, not payload, so it is kept whatever ``--retain-payloads``
+    # says. ``replay --check`` rebuilds the set from it to re-decide what it decided.
+    # None in ledgers written before it was recorded.
+    ruleset_text: str | None = None
 
 
 class RulesetRejected(Event, tag="ruleset_rejected"):

@@ -166,5 +166,25 @@ def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant]) -> RuleSet:
     return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants))
 
 
+class _Recorded(msgspec.Struct, frozen=True, kw_only=True):
+    rules: tuple[Rule, ...]
+    grants: tuple[Grant, ...]
+
+
+def ruleset_text(ruleset: RuleSet) -> str:
+    """The rule set as a ledger records it (``ruleset_loaded``): JSON of its rules and
+    grants, the validated values rather than the files they came from, so rebuilding it
+    needs neither the files, nor the login the owner's built-in grant names, nor the
+    built-in rules of the tillerman that reads it (``ruleset_from_text``)."""
+    return msgspec.json.encode(_Recorded(rules=ruleset.rules, grants=ruleset.grants), order="deterministic").decode()
+
+
+def ruleset_from_text(text: str) -> RuleSet:
+    """The rule set ``ruleset_text`` wrote, its digest computed again. Raises
+    ``msgspec.DecodeError`` (``ValidationError`` included) for text this version cannot read."""
+    recorded = msgspec.json.decode(text, type=_Recorded)
+    return build_ruleset(recorded.rules, recorded.grants)
+
+
 #: No rules, no grants: nothing is detected and nothing may be dispatched.
 EMPTY = build_ruleset((), ())

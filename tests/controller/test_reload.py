@@ -17,6 +17,7 @@ from tillerman.ledger.events import Envelope
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
+from tillerman.rules.ruleset import ruleset_from_text
 
 RULE = """\
 [[rule]]
@@ -196,6 +197,27 @@ def test_without_config_the_default_file_is_watched_even_before_it_exists(tmp_pa
         assert outcome.effective is not None and outcome.effective.ruleset == start.ruleset
         recorder.append(outcome.envelopes)
         assert kinds(recorder, "ruleset_loaded")[-1].config_path is None
+
+
+def test_each_recorded_rule_set_carries_its_text_and_rebuilds_to_its_digest(tmp_path):
+    """``replay --check`` decides again with the set a ``ruleset_loaded`` recorded: at a
+    start and after a reload, the text rebuilds exactly the set that decides."""
+    rules, config = tmp_path / "rules.toml", tmp_path / "config.toml"
+    rules.write_text(RULE.format(version=1, count=3))
+    config.write_text('[[grant]]\nsubject = "rule:repeated-failure"\nactions = ["steer"]\n')
+    first = load_effective(rules, config)
+    reloader = RuleReloader(rules, config, first)
+    recorded = reloader.poll(1.0).envelopes
+    rules.write_text(RULE.format(version=2, count=3))
+    os.utime(rules, ns=(1, 1))  # a new mtime even on a coarse clock
+    outcome = reloader.poll(2.0)
+    recorded += outcome.envelopes
+    start, reload = [e.event for e in recorded if isinstance(e.event, ev.RulesetLoaded)]
+    assert ruleset_from_text(start.ruleset_text) == first.ruleset
+    for event in (start, reload):
+        assert ruleset_from_text(event.ruleset_text).digest == event.digest
+    assert ruleset_from_text(reload.ruleset_text) == outcome.effective.ruleset
+    assert ruleset_from_text(reload.ruleset_text).rules[0].version == 2
 
 
 def test_an_explicit_config_is_the_one_watched_not_the_default(tmp_path):
