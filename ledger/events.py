@@ -7,7 +7,8 @@ so that old ledgers keep decoding (msgspec schema evolution).
 
 Privacy: observations carry digests and sizes of prompts, tool arguments and
 outputs, never their text. ``text`` fields exist only for payloads the user asked
-to retain (``--retain-payloads``) and for tillerman's own intent texts.
+to retain (``--retain-payloads``) and for tillerman's own intent texts; the rule set a
+``ruleset_loaded`` records is configuration, not payload, and is always kept.
 """
 
 from __future__ import annotations
