@@ -62,8 +62,8 @@ from tillerman.monitor.appserver_client import (
 from tillerman.monitor.appserver_info import describe_failure
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.appserver_tap import AppServerTap
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.jsonrpc import RpcError
 from tillerman.monitor.tailer import FileBatch, Tailer
 from tillerman.monitor.watch import RUST_TIMEOUT_MS, Watch

@@ -39,7 +39,7 @@ from tillerman.controller.output import (
 from tillerman.controller.replay import ReplayError
 from tillerman.controller.timefmt import iso
 from tillerman.ledger.events import Envelope, RulePromoted, RuleProposed
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.rules import lifecycle
 from tillerman.rules.config import Effective, config_file, default_config_path, load_patterns
 from tillerman.rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file

@@ -5,8 +5,8 @@
     external = ['\\bgit\\s+push\\b', '\\bcurl\\b.*-X\\s*POST\\b']
 
 Each entry is a regular expression, searched case-insensitively anywhere in a command
-line (``tillerman.monitor.commands``). A list given replaces the built-in one (see
-``tillerman.monitor.commands.DEFAULT``, printed by ``tillerman rules show``); a list left out
+line (``tillerman.ledger.command_patterns``). A list given replaces the built-in one (see
+``tillerman.ledger.command_patterns.DEFAULT``, printed by ``tillerman rules show``); a list left out
 keeps it; an empty list classifies nothing as critical (or external). Every entry
 must compile; an unknown key under ``[patterns]`` is an error, with the file, line
 and a fix, like every other rule-file error.
@@ -35,8 +35,8 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.rules.files import (
     NO_CONFIG,
     RuleSetError,

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.monitor.commands import DEFAULT
+from tillerman.ledger.command_patterns import DEFAULT
 from tillerman.rules.config import load_effective
 from tillerman.rules.files import RuleSetError
 
