@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from tillerman.controller.timefmt import check_duration, check_time
+from tillerman.controller.timefmt import check_time
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
 from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
@@ -20,6 +20,7 @@ from tillerman.ledger.intent_states import State, check_transition
 from tillerman.ledger.intents import MODES, Intent, intent_id_from, text_digest
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
+from tillerman.rules.durations import check_duration
 
 DEFAULT_ACK_DEADLINE = 120.0
 DEFAULT_EFFECT_DEADLINE = 600.0

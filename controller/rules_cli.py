@@ -42,8 +42,12 @@ from tillerman.ledger.events import Envelope, RulePromoted, RuleProposed
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.rules import lifecycle
 from tillerman.rules.config import Effective, config_file, default_config_path, load_patterns
-from tillerman.rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file
-from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
+from tillerman.rules.errors import RuleSetError
+from tillerman.rules.file_safety import read_file
+from tillerman.rules.files import load_config, load_rules
+from tillerman.rules.toml_source import parse_toml
+from tillerman.rules.durations import format_duration
+from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, rule_digest, rule_toml
 from tillerman.rules.owner import local_login
 from tillerman.rules.ruleset import build_ruleset
 
@@ -73,7 +77,7 @@ def rules_validate(file, as_json):
     """
     try:
         text = read_file(Path(file), on_unsafe=warn_unsafe)
-        data = _parse_toml(text, file)
+        data = parse_toml(text, file)
         if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
             config, patterns = load_config(text, file), load_patterns(text, file)
             owner_grant = config.defaults.owner_grant
@@ -111,7 +115,7 @@ def rule_json(rule, now: float) -> dict:
         "condition": condition_text(rule), "owner": rule.owner, "review_by": rule.review_by.isoformat(),
         "expires": rule.expires.isoformat() if rule.expires else None,
         "threads": rule.threads if isinstance(rule.threads, str) else list(rule.threads),
-        "text": rule.text, "ack_deadline": duration_text(rule.ack_deadline) if rule.ack_deadline else None,
+        "text": rule.text, "ack_deadline": format_duration(rule.ack_deadline) if rule.ack_deadline else None,
         "verify": rule.verify, "digest": rule_digest(rule), "warning": lifecycle.warning(rule, now),
     }
 
