@@ -13,7 +13,7 @@ import anyio
 import click
 import msgspec
 
-from tillerman.controller import intents as intent_lib
+from tillerman.controller import intent_requests as intent_lib
 from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,

@@ -37,7 +37,7 @@ from anyio.abc import TaskStatus
 
 from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
-from tillerman.controller.intents import intent_view
+from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.notify import OverdueNotifier
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.supervisor import Step, next_round_due

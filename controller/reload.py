@@ -36,7 +36,7 @@ from pathlib import Path
 
 import msgspec
 
-from tillerman.controller.intents import SOURCE
+from tillerman.controller.intent_requests import SOURCE
 from tillerman.ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
 from tillerman.rules.config import Effective, config_file, default_config_path, load_effective
 from tillerman.rules.errors import RuleSetError

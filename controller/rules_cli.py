@@ -25,7 +25,7 @@ from tillerman.controller.cli_shared import (
     warn_unsafe,
 )
 from tillerman.controller.disagreement import DiffReport, diff
-from tillerman.controller.intents import SOURCE
+from tillerman.controller.intent_requests import SOURCE
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import intents as lib
+from tillerman.controller import intent_requests as lib
 from tillerman.controller.cli import main
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.intent_states import State

@@ -1,4 +1,6 @@
-"""Creating intents and moving them through the ledger's state table.
+"""Intents on request: building, proposing, cancelling and moving them through the
+ledger's state table (the intent record and its table are ``tillerman.ledger.intents``
+and ``tillerman.ledger.intent_states``).
 
 These functions are the library behind ``tillerman intent …``; the daemon's delivery
 machine drives the same ``transition``. Every change is one ledger append; the ledger
