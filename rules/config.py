@@ -39,7 +39,7 @@ from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.file_safety import read_file
-from tillerman.rules.files import default_rules, load_grants, load_rules
+from tillerman.rules.files import default_rules, load_config, load_grants, load_rules
 from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.toml_source import locate, parse_toml
 from tillerman.rules.validation import validation_report
@@ -98,6 +98,21 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
         raise RuleSetError(f"{source}:{line}: patterns: the expressions are too many or too complex to combine;"
                            " shorten the lists") from None
     return patterns
+
+
+def check_file(text: str, source: str) -> dict[str, Any]:
+    """What ``tillerman rules validate`` reports of a valid file: its kind and what it
+    holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``
+    and ``[defaults]``, is a rule file; anything else a config file. Raises
+    ``RuleSetError`` for an invalid one."""
+    data = parse_toml(text, source)
+    if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
+        config, patterns = load_config(text, source), load_patterns(text, source)
+        return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
+                "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
+    found = load_rules(text, source)
+    statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
+    return {"kind": "rules", "rules": len(found), "statuses": statuses, "digest": build_ruleset(found, ()).digest}
 
 
 def default_config_path() -> Path:

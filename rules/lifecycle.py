@@ -1,7 +1,7 @@
 """A rule's life: proposed → shadow → active (and back to shadow), and its review.
 
-Pure functions over rules and ledger events; the CLI (``tillerman.controller.rules_cli``) does
-the I/O.
+Pure functions over rules and ledger events; ``tillerman.controller.rule_proposals``
+does the I/O (recording proposals and promotions, installing a promoted rule).
 
 * ``rule_digest`` binds a proposal and every promotion to the exact rule: the
   canonical encoding of the rule without its ``status`` (which is what promotion
