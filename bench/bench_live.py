@@ -14,7 +14,7 @@
 2. **Intent proposed by another process → picked up** (budget p99 ≤ 100 ms). The
    real daemon (``Daemon.run``, dry run) attached to the real Codex app-server
    (``fixtures.codex_server`` + ``fixtures.scripted_model``); a harness starts a thread;
-   a separate process proposes intents for it (``tillerman.controller.intents.propose``, a
+   a separate process proposes intents for it (``tillerman.controller.intent_requests.propose``, a
    durable append) at random intervals. Latency: the daemon's decision record for the
    intent minus the moment the proposer's commit returned (one clock: the same machine).
 """
@@ -90,7 +90,7 @@ def _notifications(n: int, seed: int = 7):
 
 
 async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]]:
-    from tillerman.controller import intents
+    from tillerman.controller import intent_requests
     from tillerman.controller.daemon import Daemon, DaemonOptions
     from tillerman.ledger import projections
     from tillerman.ledger.sqlite import SQLiteRecorder
@@ -105,7 +105,7 @@ async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]
             if i % 500 == 0:  # the daemon's heartbeat saves the fold, so a proposer folds only the tail
                 projections.save(recorder, daemon.projection)
             if propose is not None:
-                intents.propose(other, thread_id=propose[0], expected_turn=propose[1], mode="steer",
+                intent_requests.propose(other, thread_id=propose[0], expected_turn=propose[1], mode="steer",
                                 text="Stop re-running the tests; read the failure first.", owner=OWNER)
             before = daemon.projection.seq
             start = time.perf_counter()
@@ -125,14 +125,14 @@ async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]
 
 _PROPOSER = """
 import random, sys, time
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.ledger.sqlite import SQLiteRecorder
 ledger, thread, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rnd = random.Random(11)
 with SQLiteRecorder(ledger) as rec:
     for i in range(n):
         time.sleep(rnd.uniform(0.02, 0.15))
-        intent = intents.propose(rec, thread_id=thread, mode="queue", text=f"bench note {i}: summarize progress",
+        intent = intent_requests.propose(rec, thread_id=thread, mode="queue", text=f"bench note {i}: summarize progress",
                                  owner="%s")
         print(intent.id, time.time(), flush=True)  # committed (and fsynced): visible to the daemon from now
 """ % OWNER

@@ -23,7 +23,7 @@ import time
 import anyio
 
 from fixtures.fake_appserver import next_turn_id
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.appserver_client import open_app_server
 from tillerman.rules.owner import local_login
@@ -47,7 +47,7 @@ async def propose(ledger: str, socket: str, seconds: float, seed: int) -> None:
                 latest = (await client.request("thread/turns/list", {"threadId": thread, "limit": 1}))["data"][0]
                 kind = "next" if count % 2 or latest["status"] != "inProgress" else "active"
                 turn = next_turn_id(latest["id"]) if kind == "next" else latest["id"]
-                intent = intents.propose(recorder, thread_id=thread, expected_turn=turn, mode="steer", text=TEXT,
+                intent = intent_requests.propose(recorder, thread_id=thread, expected_turn=turn, mode="steer", text=TEXT,
                                          owner=local_login())
                 print(json.dumps({"intent": intent.id, "at": time.time(), "kind": kind, "turn": turn,
                                   "client_id": intent.client_user_message_id}), flush=True)

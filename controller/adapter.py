@@ -58,7 +58,7 @@ from tillerman.controller.delivery import (
     Terminate,
     Verified,
 )
-from tillerman.controller.intents import evidence_envelope, intent_view
+from tillerman.controller.intent_requests import evidence_envelope, intent_view
 from tillerman.controller.rpc_errors import Refusal, classify
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State

@@ -14,7 +14,7 @@ import anyio
 import click
 import msgspec
 
-from tillerman.controller import intents as intent_lib
+from tillerman.controller import intent_requests as intent_lib
 from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
@@ -41,11 +41,12 @@ from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.recheck import CannotCheck, check_ledger
 from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
 from tillerman.controller.rules_cli import rules
-from tillerman.controller.timefmt import format_duration, iso, parse_duration, shorten
+from tillerman.controller.timefmt import iso, shorten
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
+from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
 
 SEQ_MAX = 2**63 - 1  # SQLite's largest integer
@@ -53,9 +54,9 @@ def _duration(ctx, param, value):
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        return parse_duration(value, name=param.opts[0])
     except ValueError as exc:
-        raise Fail(f"{param.opts[0]}: {exc}") from exc
+        raise Fail(str(exc)) from exc
 
 
 def _seq(ctx, param, value: str) -> int:
@@ -528,7 +529,8 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
         print_json(rows)
     else:
         print_table(
-            [dict(r, age=format_duration(r["age_seconds"]), late=format_duration(r["overdue_seconds"])) for r in rows],
+            [dict(r, age=format_duration(r["age_seconds"], parts=2),
+                  late=format_duration(r["overdue_seconds"], parts=2)) for r in rows],
             ("intent", "thread", "expected_turn", "state", "deadline", "late", "age", "owner", "why"),
             "nothing overdue",
         )

@@ -15,7 +15,7 @@ from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fa
 from tillerman.controller.timefmt import parse_time
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import Effective, config_file, load_effective
-from tillerman.rules.files import RuleSetError
+from tillerman.rules.errors import RuleSetError
 
 LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
 CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."

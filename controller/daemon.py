@@ -37,7 +37,7 @@ from anyio.abc import TaskStatus
 
 from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
-from tillerman.controller.intents import intent_view
+from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.notify import OverdueNotifier
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.supervisor import Step, next_round_due
@@ -62,8 +62,8 @@ from tillerman.monitor.appserver_client import (
 from tillerman.monitor.appserver_info import describe_failure
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.appserver_tap import AppServerTap
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.jsonrpc import RpcError
 from tillerman.monitor.tailer import FileBatch, Tailer
 from tillerman.monitor.watch import RUST_TIMEOUT_MS, Watch

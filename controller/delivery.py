@@ -2,7 +2,7 @@
 
 One ``Delivery`` per intent. It owns no socket and no clock: the driver hands it a
 fact (``handle(fact)``) and gets an ``Output`` back — ledger envelopes to append
-(intent transitions and evidence, built with ``tillerman.controller.intents``) and adapter
+(intent transitions and evidence, built with ``tillerman.controller.intent_requests``) and adapter
 commands to execute, in that order. The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tillerman.controller.intents import SOURCE, evidence_envelope, transition_envelope
+from tillerman.controller.intent_requests import SOURCE, evidence_envelope, transition_envelope
 from tillerman.controller.rpc_errors import EvidenceValue, Refusal
 from tillerman.ledger.events import (
     AgentMessage, Envelope, Event, ItemCompleted, ItemStarted, Report, TurnCompleted, UserMessage,

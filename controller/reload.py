@@ -13,7 +13,7 @@ them again and returns what to record and whether the running set changes:
   that keeps deciding; the running set stays. The same broken content is rejected
   once, not on every poll. Every kind of bad file is one: invalid, too deep, too
   large, not a regular file (a FIFO, ``/dev/zero``), or one someone else could have
-  written (``tillerman.rules.files.read_file``: the daemon runs a rule's ``verify`` as you).
+  written (``tillerman.rules.file_safety.read_file``: the daemon runs a rule's ``verify`` as you).
 
 Without ``--config`` the default config file (``tillerman.rules.config.config_file``) is the
 one watched, whether it exists or not: creating it applies it, removing it goes
@@ -37,10 +37,10 @@ from pathlib import Path
 
 import msgspec
 
-from tillerman.controller.intents import SOURCE
+from tillerman.controller.intent_requests import SOURCE
 from tillerman.ledger.events import Envelope, Report, RulesetLoaded, RulesetRejected
 from tillerman.rules.config import Effective, config_file, default_config_path, load_effective
-from tillerman.rules.files import RuleSetError
+from tillerman.rules.errors import RuleSetError
 from tillerman.rules.lifecycle import reviews
 from tillerman.rules.ruleset import ruleset_text
 

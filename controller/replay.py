@@ -31,8 +31,8 @@ from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.recorder import Recorder
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.counts import Counts, EventCounter
 from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line

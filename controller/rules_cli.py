@@ -8,8 +8,6 @@ not allow), 2 usage, unreadable input or an invalid rule or config file.
 from __future__ import annotations
 
 import os
-import stat
-import time
 from pathlib import Path
 
 import click
@@ -25,7 +23,6 @@ from tillerman.controller.cli_shared import (
     warn_unsafe,
 )
 from tillerman.controller.disagreement import DiffReport, diff
-from tillerman.controller.intents import SOURCE
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
     EXIT_USAGE,
@@ -37,15 +34,26 @@ from tillerman.controller.output import (
     print_table,
 )
 from tillerman.controller.replay import ReplayError
+from tillerman.controller.rule_proposals import (
+    PromotionRefused,
+    check_promotion_request,
+    lifecycles,
+    promote,
+    propose,
+    read_proposal,
+)
 from tillerman.controller.timefmt import iso
-from tillerman.ledger.events import Envelope, RulePromoted, RuleProposed
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.rules import lifecycle
-from tillerman.rules.config import Effective, config_file, default_config_path, load_patterns
-from tillerman.rules.files import RuleSetError, _parse_toml, load_config, load_rules, read_file
-from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, duration_text, rule_digest, rule_toml
+from tillerman.rules.config import Effective, check_file, config_file, default_config_path
+from tillerman.rules.durations import format_duration
+from tillerman.rules.errors import RuleSetError
+from tillerman.rules.file_safety import read_file
+from tillerman.rules.files import load_rules
+from tillerman.rules.lifecycle import PROMOTION_TARGETS, condition_text, rule_digest
 from tillerman.rules.owner import local_login
 from tillerman.rules.ruleset import build_ruleset
+
 
 def _rules_options(fn):
     fn = click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)(fn)
@@ -72,25 +80,7 @@ def rules_validate(file, as_json):
     Example: tillerman rules validate ~/.config/tillerman/rules.toml
     """
     try:
-        text = read_file(Path(file), on_unsafe=warn_unsafe)
-        data = _parse_toml(text, file)
-        if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
-            config, patterns = load_config(text, file), load_patterns(text, file)
-            owner_grant = config.defaults.owner_grant
-            result = {"file": file, "valid": True, "kind": "config", "grants": len(config.grant),
-                      "owner_grant": owner_grant,
-                      "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
-            line = (f"{file}: valid config file: {len(config.grant)} grants, built-in owner grant"
-                    f" {'on' if owner_grant else 'off'}, patterns {len(patterns.critical)} critical,"
-                    f" {len(patterns.external)} external")
-        else:
-            found = load_rules(text, file)
-            statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
-            digest = build_ruleset(found, ()).digest
-            result = {"file": file, "valid": True, "kind": "rules", "rules": len(found), "statuses": statuses,
-                      "digest": digest}
-            shown = ", ".join(f"{n} {s}" for s, n in statuses.items()) or "none in force"
-            line = f"{file}: valid rule file: {len(found)} rules ({shown}), digest {digest}"
+        result = {"file": file, "valid": True} | check_file(read_file(Path(file), on_unsafe=warn_unsafe), file)
     except RuleSetError as exc:
         if as_json:
             print_json({"file": file, "valid": False, "errors": str(exc).splitlines()})
@@ -98,8 +88,14 @@ def rules_validate(file, as_json):
         raise Fail(str(exc)) from exc
     if as_json:
         print_json(result)
+    elif result["kind"] == "config":
+        patterns = result["patterns"]
+        click.echo(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
+                   f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
+                   f" {patterns['external']} external")
     else:
-        click.echo(line)
+        shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
+        click.echo(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")
 
 
 # -- show ----------------------------------------------------------------------------
@@ -111,7 +107,7 @@ def rule_json(rule, now: float) -> dict:
         "condition": condition_text(rule), "owner": rule.owner, "review_by": rule.review_by.isoformat(),
         "expires": rule.expires.isoformat() if rule.expires else None,
         "threads": rule.threads if isinstance(rule.threads, str) else list(rule.threads),
-        "text": rule.text, "ack_deadline": duration_text(rule.ack_deadline) if rule.ack_deadline else None,
+        "text": rule.text, "ack_deadline": format_duration(rule.ack_deadline) if rule.ack_deadline else None,
         "verify": rule.verify, "digest": rule_digest(rule), "warning": lifecycle.warning(rule, now),
     }
 
@@ -253,10 +249,6 @@ def _print_diff(report: DiffReport, rules_path: str | None, against: str) -> Non
 # -- propose, promote, proposals ------------------------------------------------------
 
 
-def _lifecycles(ledger) -> dict[str, lifecycle.Lifecycle]:
-    return lifecycle.fold(ledger.read())
-
-
 @rules.command("propose")
 @click.argument("file", type=PathType(dir_okay=False))
 @click.option("--evidence", multiple=True, help="Pointer to the evidence (ledger seq, session file:offset, issue …).")
@@ -274,31 +266,18 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
     Example: tillerman rules propose quiet-steer.toml --evidence ledger:seq:1042 --signature "same pytest failure 3x"
     """
     try:
-        found = load_rules(read_file(Path(file), on_unsafe=warn_unsafe), file)
+        rule = read_proposal(file, on_unsafe=warn_unsafe)
     except RuleSetError as exc:
         raise Fail(str(exc)) from exc
-    if len(found) != 1:
-        raise Fail(f"{file}: a proposal is one rule; found {len(found)} [[rule]] tables")
-    (rule,) = found
-    if rule.status != "proposed":
-        raise Fail(f'{file}: rule "{rule.id}" field status: a proposal must say status = "proposed" (got '
-                   f'"{rule.status}"); promotion to shadow or active is tillerman rules promote')
-    digest = rule_digest(rule)
     with open_ledger(ledger_path) as ledger:
-        current = _lifecycles(ledger).get(rule.id)
-        if current is not None and current.rule_digest == digest:
-            click.echo(f"rule {rule.id} v{rule.version} is already proposed ({current.status}, {digest})")
-            return
-        event = RuleProposed(rule_id=rule.id, rule_version=rule.version, rule_digest=digest,
-                             action=rule.action.value, rule=rule_toml(rule), evidence=tuple(evidence),
-                             signature=signature, proposed_by=by, source_path=str(Path(file).resolve()))
-        ledger.append([Envelope(event_id=f"rule_proposed:{rule.id}:{digest}", event=event, source=SOURCE,
-                                at=time.time())], durable=True)
-        life = _lifecycles(ledger)[rule.id]
+        life, recorded = propose(ledger, rule, evidence=tuple(evidence), signature=signature, by=by, source_path=file)
+    if not recorded:
+        click.echo(f"rule {rule.id} v{rule.version} is already proposed ({life.status}, {life.rule_digest})")
+        return
     if as_json:
         print_json(_life_json(life))
     else:
-        click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {digest}")
+        click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {life.rule_digest}")
         click.echo(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
         click.echo(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id}"
                    " --to shadow")
@@ -323,81 +302,26 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
 
     Example: tillerman rules promote quiet-steer --to shadow --by ann --evaluation "rules diff 2026-11-30: 1 catch, 1 false" --rollback-trigger "any steer on a healthy build" --rules rules.toml
     """
-    for name, value in (("--by", by), ("--evaluation", evaluation), ("--rollback-trigger", rollback)):
-        if not value.strip():
-            raise Fail(f"{name} is empty; say who, which evaluation, and what sends the rule back")
-    if rules_path is not None and not Path(rules_path).absolute().parent.is_dir():
-        raise Fail(f"cannot install the rule in {rules_path}: the folder {Path(rules_path).absolute().parent}"
-                   " does not exist")
+    check_promotion_request(by, evaluation, rollback, rules_path)  # before a ledger is created for nothing
     with open_ledger(ledger_path) as ledger:
-        life = _lifecycles(ledger).get(rule_id)
-        problem = lifecycle.promotion_problem(life, rule_id, to)
-        if problem is not None:
-            raise Fail(problem, EXIT_CHECK_FAILED)
-        (rule,) = load_rules(life.rule, f"ledger proposal {rule_id}")
-        block = rule_toml(rule, status=to)
-        staged = _stage(Path(rules_path), rule_id, block) if rules_path else None
-        event = RulePromoted(rule_id=rule_id, rule_version=rule.version, rule_digest=life.rule_digest,
-                             action=rule.action.value, from_status=life.status, to_status=to, by=by,
-                             evaluation=evaluation, rollback_trigger=rollback,
-                             rules_path=str(Path(rules_path).resolve()) if rules_path else None)
         try:
-            ledger.append([Envelope(event_id=f"rule_promoted:{rule_id}:{life.rule_digest}:{len(life.promotions)}",
-                                    event=event, source=SOURCE, at=time.time())], durable=True)
-        except BaseException:
-            if staged is not None:
-                staged.unlink(missing_ok=True)
-            raise
-        if staged is not None:
-            os.replace(staged, os.path.realpath(rules_path))
-        life = _lifecycles(ledger)[rule_id]
+            done = promote(ledger, rule_id, to=to, by=by, evaluation=evaluation, rollback=rollback,
+                           rules_path=rules_path, on_unsafe=warn_unsafe)
+        except PromotionRefused as exc:
+            raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
+        except RuleSetError as exc:
+            raise Fail(str(exc)) from exc
     if as_json:
-        print_json(_life_json(life))
+        print_json(_life_json(done.life))
     else:
-        click.echo(f"promoted {rule_id} v{rule.version} {event.from_status} -> {to} by {by} ({life.rule_digest})")
-        if rules_path:
+        click.echo(f"promoted {rule_id} v{done.rule.version} {done.from_status} -> {to} by {by}"
+                   f" ({done.life.rule_digest})")
+        if done.installed:
             click.echo(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
         else:
             click.echo("not installed: add this to the daemon's rule file (or give --rules PATH):")
-            click.echo(block.rstrip("\n"))
+            click.echo(done.block.rstrip("\n"))
     report_anchor(ledger)
-
-
-def _stage(path: Path, rule_id: str, block: str) -> Path:
-    """The rule file with the rule installed, validated, written beside it (not yet
-    in place; the caller renames it over the file, or over the file a symlink leads
-    to). It keeps the file's mode and owner: a promotion must not open the rules to
-    others. An invalid result is refused and nothing is written."""
-    target = Path(os.path.realpath(path))
-    try:
-        existing = os.stat(target) if target.exists() else None
-        text = read_file(path, on_unsafe=warn_unsafe) if existing else ""
-        new = lifecycle.install(text, rule_id, block)
-    except RuleSetError as exc:
-        raise Fail(str(exc)) from exc
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: TOMLDecodeError, or an over-long number
-        raise Fail(f"{path}: cannot install the rule ({exc}); fix the file with tillerman rules validate") from exc
-    try:
-        load_rules(new, str(path))
-    except RuleSetError as exc:
-        raise Fail(f"{path}: the rule file would not validate with the rule installed; nothing written:\n{exc}") from exc
-    staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        staged.unlink(missing_ok=True)  # a leftover of a crashed promotion; O_EXCL then follows no planted symlink
-        with open(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), "w",
-                  encoding="utf-8") as file:
-            if existing is not None:
-                os.fchmod(file.fileno(), stat.S_IMODE(existing.st_mode))
-                if (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):
-                    os.fchown(file.fileno(), existing.st_uid, existing.st_gid)
-            file.write(new)
-            file.flush()
-            os.fsync(file.fileno())
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise Fail(f"{path}: cannot write the rule file ({exc.strerror}); nothing written; "
-                   "check that you may write it and its directory") from exc
-    return staged
 
 
 def _life_json(life: lifecycle.Lifecycle) -> dict:
@@ -418,7 +342,7 @@ def rules_proposals(ledger_path, as_json):
     Example: tillerman rules proposals --json
     """
     with open_ledger(ledger_path, must_exist=True) as ledger:
-        lives = sorted(_lifecycles(ledger).values(), key=lambda life: life.rule_id)
+        lives = sorted(lifecycles(ledger).values(), key=lambda life: life.rule_id)
     rows = [_life_json(life) for life in lives]
     if as_json:
         print_json(rows)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from tillerman.controller.intents import SOURCE, IntentError, build_intent, proposal_envelopes, transition_envelope
+from tillerman.controller.intent_requests import SOURCE, IntentError, build_intent, proposal_envelopes, transition_envelope
 from tillerman.ledger.events import DecisionRecorded, Envelope, Report
 from tillerman.ledger.intent_states import TRANSITIONS as _MOVES
 from tillerman.ledger.intent_states import State

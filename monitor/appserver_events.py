@@ -33,7 +33,7 @@ from tillerman.ledger.events import (
     UserMessage,
     kind_of,
 )
-from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
 

@@ -23,7 +23,7 @@ import msgspec
 
 from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
 from tillerman.monitor.appserver_events import AppServerEvents, natural_key
-from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.jsonrpc import BadMessage, Notification, ServerRequest
 from tillerman.monitor.parser import EARLIEST, LATEST, WrongType
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tillerman.ledger.events import Event
 from tillerman.monitor.appserver_events import AppServerEvents
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.parser import Parser, WrongType, obj, text
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 import msgspec
 
 from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
-from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, decode_object
 

@@ -48,7 +48,7 @@ import msgspec
 
 from tillerman.ledger.events import Envelope, Quarantined
 from tillerman.ledger.file_offsets import FileOffset
-from tillerman.monitor.commands import DEFAULT, CommandPatterns
+from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import FIRST_LINE_LIMIT, file_event_id, stat_identity
 from tillerman.monitor.lines import MAX_LINE

@@ -5,8 +5,8 @@
     external = ['\\bgit\\s+push\\b', '\\bcurl\\b.*-X\\s*POST\\b']
 
 Each entry is a regular expression, searched case-insensitively anywhere in a command
-line (``tillerman.monitor.commands``). A list given replaces the built-in one (see
-``tillerman.monitor.commands.DEFAULT``, printed by ``tillerman rules show``); a list left out
+line (``tillerman.ledger.command_patterns``). A list given replaces the built-in one (see
+``tillerman.ledger.command_patterns.DEFAULT``, printed by ``tillerman rules show``); a list left out
 keeps it; an empty list classifies nothing as critical (or external). Every entry
 must compile; an unknown key under ``[patterns]`` is an error, with the file, line
 and a fix, like every other rule-file error.
@@ -35,20 +35,14 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from tillerman.monitor.commands import DEFAULT as DEFAULT_PATTERNS
-from tillerman.monitor.commands import CommandPatterns
-from tillerman.rules.files import (
-    NO_CONFIG,
-    RuleSetError,
-    _default_rules,
-    _locate,
-    _parse_toml,
-    _show,
-    load_grants,
-    load_rules,
-    read_file,
-    validation_report,
-)
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
+from tillerman.rules.errors import RuleSetError, show
+from tillerman.rules.file_safety import read_file
+from tillerman.rules.files import default_rules, load_config, load_grants, load_rules
+from tillerman.rules.schema import NO_CONFIG
+from tillerman.rules.toml_source import locate, parse_toml
+from tillerman.rules.validation import validation_report
 from tillerman.rules.ruleset import RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
@@ -75,12 +69,12 @@ def patterns_digest(patterns: CommandPatterns) -> str:
 
 def load_patterns(text: str, source: str) -> CommandPatterns:
     """The ``[patterns]`` table of a config file (absent: the built-in patterns)."""
-    data = _parse_toml(text, source)
+    data = parse_toml(text, source)
     table = data.get("patterns")
     if table is None:
         return DEFAULT_PATTERNS
     if not isinstance(table, dict):
-        line = _locate(text, ("patterns",))
+        line = locate(text, ("patterns",))
         raise RuleSetError(f"{source}:{line}: top level field patterns: must be a table, written [patterns] "
                            "followed by critical = [...] and external = [...]")
     try:
@@ -100,10 +94,25 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
     try:
         patterns.classify("")  # compiles each list as one expression, as the daemon will
     except (re.error, RecursionError, OverflowError):
-        line = _locate(text, ("patterns",))
+        line = locate(text, ("patterns",))
         raise RuleSetError(f"{source}:{line}: patterns: the expressions are too many or too complex to combine;"
                            " shorten the lists") from None
     return patterns
+
+
+def check_file(text: str, source: str) -> dict[str, Any]:
+    """What ``tillerman rules validate`` reports of a valid file: its kind and what it
+    holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``
+    and ``[defaults]``, is a rule file; anything else a config file. Raises
+    ``RuleSetError`` for an invalid one."""
+    data = parse_toml(text, source)
+    if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
+        config, patterns = load_config(text, source), load_patterns(text, source)
+        return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
+                "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
+    found = load_rules(text, source)
+    statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
+    return {"kind": "rules", "rules": len(found), "statuses": statuses, "digest": build_ruleset(found, ()).digest}
 
 
 def default_config_path() -> Path:
@@ -128,7 +137,7 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     Raises ``RuleSetError`` naming the file, line and fix. A file someone else could
     have written is refused, or with ``on_unsafe`` reported to it (``read_file``)."""
     rules = (load_rules(read_file(rules_path, on_unsafe=on_unsafe), str(rules_path)) if rules_path is not None
-             else _default_rules())
+             else default_rules())
     if config_path is not None:
         text = read_file(config_path, on_unsafe=on_unsafe)
         grants = load_grants(text, str(config_path))
@@ -144,12 +153,12 @@ def _pattern_problem(pattern: str) -> str | None:
     try:
         re.compile(pattern, re.IGNORECASE)
     except re.error as exc:
-        return (f"invalid regular expression {_show(pattern)} ({exc.msg} at position {exc.pos}); "
+        return (f"invalid regular expression {show(pattern)} ({exc.msg} at position {exc.pos}); "
                 "fix it, or escape literal characters with a backslash")
     except OverflowError as exc:  # a repetition count beyond what re allows
-        return f"invalid regular expression {_show(pattern)} ({exc}); use a smaller count"
+        return f"invalid regular expression {show(pattern)} ({exc}); use a smaller count"
     except RecursionError:
-        return f"invalid regular expression {_show(pattern)} (groups nested too deeply); nest fewer groups"
+        return f"invalid regular expression {show(pattern)} (groups nested too deeply); nest fewer groups"
     return None
 
 
@@ -162,7 +171,7 @@ def _pattern_error(item: tuple[str, int, str, str], text: str, source: str) -> t
 def _item_line(text: str, key: str, pattern: str) -> int:
     """The line of one list entry: the first line from the key on that holds it as
     written (a literal '…' string, or a basic "…" one), else the key's line."""
-    start = _locate(text, ("patterns", key))
+    start = locate(text, ("patterns", key))
     lines = text.splitlines()
     forms = (f"'{pattern}'", '"' + pattern.replace("\\", "\\\\").replace('"', '\\"') + '"')
     for number in range(start - 1, len(lines)):
@@ -174,16 +183,16 @@ def _item_line(text: str, key: str, pattern: str) -> int:
 def _describe(error: dict[str, Any], table: dict[str, Any], text: str, source: str) -> tuple[int, str]:
     loc = error["loc"]
     key = loc[0] if loc else "patterns"
-    line = _locate(text, ("patterns", key))
+    line = locate(text, ("patterns", key))
     where = f"{key}[{loc[1]}]" if len(loc) > 1 else str(key)
     value = error.get("input")
     match error["type"]:
         case "extra_forbidden":
             problem = f"unknown field; expected one of {', '.join(PATTERN_KEYS)}"
         case "list_type":
-            problem = f"must be a list of regular expressions (got {_show(value)}); write {key} = ['\\bdeploy\\b']"
+            problem = f"must be a list of regular expressions (got {show(value)}); write {key} = ['\\bdeploy\\b']"
         case "string_type":
-            problem = f"must be a string holding a regular expression (got {_show(value)})"
+            problem = f"must be a string holding a regular expression (got {show(value)})"
         case _:
-            problem = f"{error['msg'][0].lower()}{error['msg'][1:]} (got {_show(value)})"
+            problem = f"{error['msg'][0].lower()}{error['msg'][1:]} (got {show(value)})"
     return line, f"{source}:{line}: patterns field {where}: {problem}"

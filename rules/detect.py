@@ -26,6 +26,7 @@ import msgspec
 
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.rules.decision import Action
+from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import (
     AnyCondition,
     ApprovalWaiting,
@@ -186,8 +187,8 @@ def _observe(condition: AnyCondition, snapshot: ThreadSnapshot, now: float) -> I
         lasted = now - timer.since
         yield _Observation(
             instance=f"{timer.instance}:{timer.since!r}",
-            finding=f"{timer.what} for {human_duration(lasted)}",
-            fields={timer.field: human_duration(lasted)},
+            finding=f"{timer.what} for {format_duration(lasted, parts=2)}",
+            fields={timer.field: format_duration(lasted, parts=2)},
             detail={"seconds": lasted, "since": timer.since, "threshold_seconds": timer.limit},
         )
 
@@ -233,14 +234,6 @@ def _repeated_failures(limit: int, snapshot: ThreadSnapshot) -> Iterator[_Observ
                 },
                 detail={"count": count, "tool": tool, "exit_code": exit_code, "args_digest": digest, "threshold": limit},
             )
-
-
-def human_duration(seconds: float) -> str:
-    """The largest unit that keeps at least two of it: 90s, 12m, 3h, 2d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= 2 * size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
 
 
 def render(template: str, fields: dict[str, str]) -> str:

@@ -1,7 +1,7 @@
 """A rule's life: proposed → shadow → active (and back to shadow), and its review.
 
-Pure functions over rules and ledger events; the CLI (``tillerman.controller.rules_cli``) does
-the I/O.
+Pure functions over rules and ledger events; ``tillerman.controller.rule_proposals``
+does the I/O (recording proposals and promotions, installing a promoted rule).
 
 * ``rule_digest`` binds a proposal and every promotion to the exact rule: the
   canonical encoding of the rule without its ``status`` (which is what promotion
@@ -33,7 +33,8 @@ from collections.abc import Iterable
 import msgspec
 
 from tillerman.ledger.events import Entry, RulePromoted, RuleProposed
-from tillerman.rules.files import _sections
+from tillerman.rules.toml_source import sections
+from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import Rule, RuleSet
 
 #: (from, to) moves a promotion may make.
@@ -153,14 +154,6 @@ def promotion_problem(life: Lifecycle | None, rule_id: str, to: str) -> str | No
 # -- rules as TOML ------------------------------------------------------------------
 
 
-def duration_text(seconds: float) -> str:
-    whole = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if whole and whole % size == 0:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"
-
-
 def _string(value: str) -> str:
     # a JSON string is a TOML basic string, but for DEL, which TOML wants escaped too
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
@@ -175,7 +168,7 @@ def condition_text(rule: Rule) -> str:
     parts = []
     for key, value in msgspec.to_builtins(rule.condition).items():
         if key == "for_seconds":
-            parts.append(f'for = "{duration_text(value)}"')
+            parts.append(f'for = "{format_duration(value)}"')
         elif isinstance(value, str):
             parts.append(f"{key} = {_string(value)}")
         else:
@@ -203,7 +196,7 @@ def rule_toml(rule: Rule, *, status: str | None = None) -> str:
     if rule.text is not None:
         lines.append(f"text = {_string(rule.text)}")
     if rule.ack_deadline is not None:
-        lines.append(f'ack_deadline = "{duration_text(rule.ack_deadline)}"')
+        lines.append(f'ack_deadline = "{format_duration(rule.ack_deadline)}"')
     if rule.verify is not None:
         lines.append(f"verify = {_string(rule.verify)}")
     return "\n".join(lines) + "\n"
@@ -215,12 +208,12 @@ def install(text: str, rule_id: str, block: str) -> str:
     validates the result before writing it."""
     lines = text.splitlines(keepends=True)
     ids = [r.get("id") if isinstance(r, dict) else None for r in tomllib.loads(text).get("rule", [])] if text else []
-    sections = _sections([line.rstrip("\r\n") for line in lines])[1:]
-    headers = [i for i, (_, path, is_array) in enumerate(sections) if is_array and path == ("rule",)]
+    tables = sections([line.rstrip("\r\n") for line in lines])[1:]
+    headers = [i for i, (_, path, is_array) in enumerate(tables) if is_array and path == ("rule",)]
     if rule_id in ids and ids.index(rule_id) < len(headers):
         at = headers[ids.index(rule_id)]
-        start = sections[at][0]
-        following = (first for first, path, is_array in sections[at + 1:] if is_array or path[:1] != ("rule",))
+        start = tables[at][0]
+        following = (first for first, path, is_array in tables[at + 1:] if is_array or path[:1] != ("rule",))
         end = next(following, len(lines))
         # keep the blank lines and comments that introduce the next table with it
         while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):

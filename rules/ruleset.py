@@ -1,6 +1,6 @@
 """The rule set the policy and the detection rules see: frozen msgspec values.
 
-Rule and config files are validated by pydantic in ``tillerman.rules.files``; what comes out
+Rule and config files are validated by pydantic in ``tillerman.rules.schema``; what comes out
 is a ``RuleSet`` of these structs, so ``decide()`` and ``detect()`` never touch a
 pydantic object and a rule set can be hashed, compared and recorded as is.
 

@@ -36,7 +36,7 @@ from tillerman.controller.delivery import (
     Terminate,
     Verified,
 )
-from tillerman.controller.intents import intent_view, proposal_envelopes, transition_envelope
+from tillerman.controller.intent_requests import intent_view, proposal_envelopes, transition_envelope
 from tillerman.ledger.events import ApprovalRequested, Envelope, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, intent_id_from, text_digest

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.cli import main
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -108,7 +108,7 @@ def place(tmp_path_factory, monkeypatch):
     with SQLiteRecorder(root / "ledger.sqlite3") as rec:
         rec.append([Envelope(event_id="t", event=TurnStarted(thread_id="T1", turn_id="U1"),
                              source="appserver:x", at=1.0)])
-        intent = intents.propose(rec, thread_id="T1", mode="queue", text="hi", owner="ann")
+        intent = intent_requests.propose(rec, thread_id="T1", mode="queue", text="hi", owner="ann")
     (root / "sessions").mkdir()
     (root / "sessions" / "s.jsonl").write_text("")
     (root / "dir").mkdir()

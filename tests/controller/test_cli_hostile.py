@@ -9,7 +9,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import intents as lib
+from tillerman.controller import intent_requests as lib
 from tillerman.controller.cli import main
 from tillerman.ledger.events import Envelope, IntentProposed, TurnStarted
 from tillerman.ledger.intents import Intent, text_digest

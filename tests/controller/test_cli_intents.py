@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import intents as lib
+from tillerman.controller import intent_requests as lib
 from tillerman.controller.cli import main
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.intent_states import State
@@ -64,7 +64,7 @@ def test_effect_deadline_defaults_when_a_check_is_set(ledger):
     [
         (["--mode", "steer"], "a steer needs --expected-turn"),
         (["--mode", "interrupt"], "a interrupt needs --expected-turn"),
-        (["--mode", "steer", "--expected-turn", "U1", "--ack-deadline", "soon"], "not a duration"),
+        (["--mode", "steer", "--expected-turn", "U1", "--ack-deadline", "soon"], "invalid --ack-deadline \"soon\""),
         (["--mode", "queue", "--supersedes", "in-nope"], "--supersedes names no known intent"),
     ],
 )

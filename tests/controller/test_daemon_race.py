@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import anyio
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger.events import Envelope, IntentProposed, IntentTransition, ThreadStarted
 from tillerman.ledger.intent_states import State
@@ -27,7 +27,7 @@ class CancelledMeanwhile(SQLiteRecorder):
         if moves and not self.raced:
             self.raced = True
             with SQLiteRecorder(self.path) as person:
-                intents.cancel(person, self.target)
+                intent_requests.cancel(person, self.target)
         return super().append(batch, **kwargs)
 
 
@@ -36,8 +36,8 @@ def test_a_settle_move_that_loses_the_race_is_folded_not_fatal(tmp_path):
     with SQLiteRecorder(path) as rec:
         rec.append([Envelope(event_id="seen", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0)])
         # mallory holds no grant: the daemon rejects the intent (proposed -> rejected, no_grant)
-        mallory = intents.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
-        other = intents.propose(rec, thread_id="T1", mode="queue", text="later too", owner="mallory")
+        mallory = intent_requests.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
+        other = intent_requests.propose(rec, thread_id="T1", mode="queue", text="later too", owner="mallory")
 
     async def run():
         with CancelledMeanwhile(path) as recorder:
@@ -53,7 +53,7 @@ def test_a_settle_move_that_loses_the_race_is_folded_not_fatal(tmp_path):
 
     anyio.run(run)
     with SQLiteRecorder(path) as rec:
-        history = intents.intent_view(rec, mallory.id).history
+        history = intent_requests.intent_view(rec, mallory.id).history
         assert [(h.state, h.reason) for h in history if h.kind == "transition"] == [("expired", "cancelled")]
 
 
@@ -65,7 +65,7 @@ def test_the_daemon_decides_past_a_row_it_cannot_decode(tmp_path):
         rec.append([Envelope(event_id="seen", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0),
                     Envelope(event_id="broken", event=IntentProposed(thread_id="T1", intent=broken),
                              source="tillerman", at=10.0)])
-        later = intents.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
+        later = intent_requests.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
 
     async def run():
         with SQLiteRecorder(path) as recorder:

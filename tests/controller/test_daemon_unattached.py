@@ -8,7 +8,7 @@ import time
 
 import anyio
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
@@ -20,7 +20,7 @@ def test_an_overdue_intent_is_reported_while_the_server_is_unreachable(tmp_path)
     notices = tmp_path / "notices.jsonl"
     with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
         # allowed, decided, never sent (no server): its acknowledgement deadline went by
-        late = intents.propose(recorder, now=time.time() - 10, thread_id="T1", mode="queue", text="later",
+        late = intent_requests.propose(recorder, now=time.time() - 10, thread_id="T1", mode="queue", text="later",
                                owner="ann", ack_deadline=1.0)
         daemon = Daemon(recorder, ANN_MAY_QUEUE, DaemonOptions(
             url=f"unix://{tmp_path}/nobody-listens.sock", default_socket=True, on_overdue=f"cat >> {notices}"))
@@ -70,14 +70,14 @@ def test_a_cut_tail_holds_every_decision_until_a_person_accepts_it(tmp_path, cap
     ledger = tmp_path / "ledger.sqlite3"
     (tmp_path / "sessions").mkdir()
     with SQLiteRecorder(ledger) as recorder:
-        intent = intents.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")
-        intents.propose(recorder, thread_id="T2", mode="queue", text="cut off", owner="ann")
+        intent = intent_requests.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")
+        intent_requests.propose(recorder, thread_id="T2", mode="queue", text="cut off", owner="ann")
     cut_tail(ledger, 1)  # the second proposal is gone; the anchor still names it
     with SQLiteRecorder(ledger) as recorder:
         daemon = Daemon(recorder, ANN_MAY_QUEUE, DaemonOptions(watch=(str(tmp_path / "sessions"),)))
 
         def decisions() -> int:
-            return sum(1 for h in intents.intent_view(recorder, intent.id).history if h.kind == "decision")
+            return sum(1 for h in intent_requests.intent_view(recorder, intent.id).history if h.kind == "decision")
 
         async def run():
             async with anyio.create_task_group() as tg:

@@ -7,7 +7,7 @@ import anyio
 import pytest
 
 import tillerman.controller.daemon as daemon_module
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
@@ -29,7 +29,7 @@ def test_a_proposal_from_another_process_wakes_the_daemon(tmp_path, monkeypatch,
                 await tg.start(daemon.run)
                 await anyio.sleep(0.5)  # the first round (every open intent decided once) is over
                 with SQLiteRecorder(tmp_path / "ledger.sqlite3") as other:
-                    intent = intents.propose(other, thread_id="T1", mode="queue", text="later", owner="ann")
+                    intent = intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann")
                 with anyio.fail_after(10):  # far below the poll: the watcher woke it
                     while intent.id not in daemon.projection.intents:
                         await anyio.sleep(0.02)
@@ -50,12 +50,12 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
     async def run():
         with SQLiteRecorder(path) as recorder, SQLiteRecorder(path) as other:
             daemon = Daemon(recorder, default_ruleset(), DaemonOptions(watch=(str(tmp_path / "sessions"),)))
-            proposed: list[intents.Intent] = []
+            proposed: list[intent_requests.Intent] = []
             step = daemon.step.step
 
             def step_while_another_process_proposes(projection, threads, now):
                 if "T0" in threads and not proposed:  # between this round's first fold and its next
-                    proposed.append(intents.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
+                    proposed.append(intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
                 return step(projection, threads, now)
 
             daemon.step.step = step_while_another_process_proposes

@@ -33,7 +33,7 @@ from tillerman.controller.delivery import (
     VerifyDue,
     expect_matches,
 )
-from tillerman.controller.intents import intent_view, proposal_envelopes
+from tillerman.controller.intent_requests import intent_view, proposal_envelopes
 from tillerman.controller.rpc_errors import Refusal
 from tillerman.ledger.events import (
     AgentMessage,

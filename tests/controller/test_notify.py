@@ -7,7 +7,7 @@ import logging
 import anyio
 import pytest
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller import notify as notify_module
 from tillerman.controller.notify import OverdueNotifier
 from tillerman.ledger import projections
@@ -24,7 +24,7 @@ def anyio_backend():
 
 def _overdue_ledger():
     rec = MemoryRecorder()
-    intent = intents.propose(rec, now=0.0, thread_id="T", mode="queue", text="later", ack_deadline=10.0, owner="ann")
+    intent = intent_requests.propose(rec, now=0.0, thread_id="T", mode="queue", text="later", ack_deadline=10.0, owner="ann")
     return rec, intent
 
 
@@ -38,7 +38,7 @@ async def test_each_overdue_intent_is_announced_once_then_resolved(tmp_path, cap
         notifier.update(projections.load(rec), now=5.0)  # not yet due
         notifier.update(projections.load(rec), now=20.0)
         notifier.update(projections.load(rec), now=30.0)  # still overdue: no second notice
-        intents.transition(rec, intent.id, State.EXPIRED, "cancelled")
+        intent_requests.transition(rec, intent.id, State.EXPIRED, "cancelled")
         notifier.update(projections.load(rec), now=31.0)
         with anyio.fail_after(10):
             # two complete notices: a JSON line each (the command adds its own newline)

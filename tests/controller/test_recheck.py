@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from tillerman.controller import recheck
 from tillerman.controller.cli import main
-from tillerman.controller.intents import build_intent, proposal_envelopes
+from tillerman.controller.intent_requests import build_intent, proposal_envelopes
 from tillerman.controller.recheck import CannotCheck, check, check_ledger, recorded_rulesets
 from tillerman.controller.supervisor import Step
 from tillerman.ledger import events as ev

@@ -88,7 +88,7 @@ def test_validate_a_wrong_type_under_defaults(here):
      "observe, observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, verify_effect, "
      "expire, escalate"),
     (('for = "5m"', 'for = "5 minutes"'), 'bad.toml:7: rule "quiet-steer" field condition.for: invalid duration '
-     '"5 minutes"; write a whole number and a unit: 90s, 5m, 2h or 1d'),
+     '"5 minutes"; write a number and a unit, like 90s, 5m, 1.5h, 1h30m or 250ms'),
     (("version = 1", 'version = "1"'), 'bad.toml:3: rule "quiet-steer" field version: input should be a valid '
      'integer (got "1"); write it like version = 1'),
     (("owner =", "team ="), 'bad.toml:1: rule "quiet-steer" field owner: missing; add owner = "platform-team"\n'

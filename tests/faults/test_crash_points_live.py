@@ -107,7 +107,7 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
 
 
 def _client_id(ledger: Path, intent_id: str) -> str:
-    from tillerman.controller.intents import intent_view
+    from tillerman.controller.intent_requests import intent_view
     from tillerman.ledger.sqlite import SQLiteRecorder
 
     with SQLiteRecorder(ledger) as rec:

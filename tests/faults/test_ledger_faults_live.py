@@ -12,7 +12,7 @@ import pytest
 
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
 from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
 

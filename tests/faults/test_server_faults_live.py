@@ -26,7 +26,7 @@ from tests.faults.torture import (
     thread_turns,
 )
 from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
 

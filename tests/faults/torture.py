@@ -54,7 +54,7 @@ from fixtures.scripted_model import ScriptedModel
 from tests.faults.ledger_faults import ledger_faults
 from tillerman.controller.adapter import CHECKPOINTS
 from tillerman.controller.daemon import KILL_AT_ENV
-from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.controller.overdue import overdue
 from tillerman.ledger import projections
 from tillerman.ledger.events import Report

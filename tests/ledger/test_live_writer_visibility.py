@@ -19,15 +19,15 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = """
 import sys, time
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 recorder = SQLiteRecorder(sys.argv[1])
-intent = intents.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")
+intent = intent_requests.propose(recorder, thread_id="T1", mode="queue", text="later", owner="ann")
 print(intent.id, flush=True)
 sys.stdin.readline()
-intents.transition(recorder, intent.id, State.DISPATCH_UNKNOWN, "dispatching", {"attempt": "a", "mode": "queue"},
+intent_requests.transition(recorder, intent.id, State.DISPATCH_UNKNOWN, "dispatching", {"attempt": "a", "mode": "queue"},
                    durable=True)
 print("moved", flush=True)
 sys.stdin.readline()  # stays open, like a daemon, until told to go

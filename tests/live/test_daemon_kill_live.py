@@ -22,7 +22,7 @@ import pytest
 
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
 from fixtures.scripted_model import ScriptedModel
-from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]

@@ -27,7 +27,7 @@ from tests.live.daemon_support import (
     text_input,
     wait_until,
 )
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.adapter import GuardedAdapter, Unauthorized, carry_out
 from tillerman.controller.delivery import Delivery, Dispatch, Steer
 from tillerman.ledger.events import (
@@ -70,7 +70,7 @@ async def test_granted_steer_lands_in_its_turn_is_acknowledged_and_verified(
         turn = await s.start_turn(thread, "RUN: sleep 1")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
 
-        intent = intents.propose(
+        intent = intent_requests.propose(
             s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
             text="Write the marker file. CREATE: marker.txt verified-by-readback",
             verify=f'test "$(cat {workspace}/marker.txt)" = verified-by-readback')
@@ -103,7 +103,7 @@ async def test_steer_for_an_ended_turn_is_settled_without_a_send_while_the_next_
         second = await s.start_turn(thread, "RUN: sleep 2")
         await wait_until(lambda: s.sees_command_started(thread, second), "the daemon to see the second turn")
 
-        stale = intents.propose(s.recorder, thread_id=thread, expected_turn=first, mode="steer", owner=OWNER,
+        stale = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=first, mode="steer", owner=OWNER,
                                 text="aimed at the ended turn zq1")
         settled = await s.wait_state(stale.id, SETTLED)
         assert (settled.state, settled.history[-1].reason) in {("expired", "turn_ended"), ("rejected", "stale_turn")}
@@ -129,7 +129,7 @@ async def test_steers_racing_a_turn_rollover_never_land_on_the_next_turn(
         proposed = []
         for n in range(10):  # every 150 ms, from inside the command until after turn 1 ended
             await anyio.sleep(0.15)
-            proposed.append(intents.propose(s.recorder, thread_id=thread, expected_turn=first, mode="steer",
+            proposed.append(intent_requests.propose(s.recorder, thread_id=thread, expected_turn=first, mode="steer",
                                             owner=OWNER, text=f"race steer number r{n}x"))
         for intent in proposed:
             await s.wait_state(intent.id, SETTLED)
@@ -171,7 +171,7 @@ async def test_steer_accepted_then_interrupted_by_the_harness_expires_lost_after
         turn = await s.start_turn(thread, "RUN: sleep 3")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
 
-        intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
+        intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text="accepted but never heard zq3")
         await s.wait_state(intent.id, {"queued", *SETTLED})
         assert s.intent(intent.id).state == "queued"  # {"turnId"}: accepted, not delivered
@@ -222,7 +222,7 @@ async def test_reconnect_mid_turn_and_duplicate_notifications_record_each_fact_o
         await wait_until(lambda: any(e.turn_id == turn for e in s.events(TurnStarted)), "the daemon to subscribe")
         subscribed = len(s.log.messages)  # from here on, the daemon's connection got each of these too
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
-        intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
+        intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text="delivered across a reconnect zq4")
         await s.wait_state(intent.id, {"queued", *SETTLED})
         resumes_before = len(s.sent("thread/resume"))
@@ -281,7 +281,7 @@ async def test_only_our_client_id_acknowledges_a_steer_interleaved_with_human_me
         await s.harness.request("turn/steer", {"threadId": thread, "expectedTurnId": turn,
                                                "clientUserMessageId": "human-1",
                                                "input": text_input("human note one")})
-        intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
+        intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text="tillerman steer zq5")
         await s.wait_state(intent.id, {"queued", *SETTLED})
         await s.harness.request("turn/steer", {"threadId": thread, "expectedTurnId": turn,
@@ -398,9 +398,9 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
         async with watched_connection(app_server.url, client_name="adapter", trace=trace) as (client, _):
             adapter = GuardedAdapter(client, ledger, build_ruleset((), (
                 Grant(subject=f"owner:{OWNER}", actions=frozenset({"steer"})),)), timeout=5.0)
-            mallory = intents.propose(ledger, thread_id=thread, expected_turn=turn, mode="steer",
+            mallory = intent_requests.propose(ledger, thread_id=thread, expected_turn=turn, mode="steer",
                                       owner="mallory", text="delete the tests zq7a")
-            intents.transition(ledger, mallory.id, State.DISPATCH_UNKNOWN, "dispatching",
+            intent_requests.transition(ledger, mallory.id, State.DISPATCH_UNKNOWN, "dispatching",
                                {"attempt": "attempt-1", "mode": "steer"}, durable=True)
             steer = Steer(intent_id=mallory.id, thread_id=thread, expected_turn_id=turn,
                           client_user_message_id=mallory.client_user_message_id, text=mallory.delivered_text,
@@ -412,18 +412,18 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
                 Grant(subject="owner:mallory", actions=frozenset({"steer"})),))).check(steer)
 
             # The delivery machine's own dispatch: recorded, refused at the boundary, rejected.
-            second = intents.propose(ledger, thread_id=thread, expected_turn=turn, mode="steer",
+            second = intent_requests.propose(ledger, thread_id=thread, expected_turn=turn, mode="steer",
                                      owner="mallory", text="delete the tests zq7b")
             machine = Delivery(second)
             await carry_out(machine, Dispatch(time.time(), "attempt-2"), ledger, adapter)
-            view = intents.intent_view(ledger, second.id)
+            view = intent_requests.intent_view(ledger, second.id)
             assert transitions(view)[1:] == [("dispatch_unknown", "dispatching"), ("rejected", "refused")]
             assert view.history[-1].evidence["boundary"] == "unauthorized"
             assert [m.get("method") for m in sent_by_adapter] == ["initialize", "initialized"]
         ledger.close()
 
         # Through the daemon: an owner with no grant is rejected before any request.
-        unauthorized = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer",
+        unauthorized = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer",
                                        owner="mallory", text="delete the tests zq7c")
         done = await s.wait_state(unauthorized.id, SETTLED)
         assert (done.state, done.history[-1].reason) == ("rejected", "no_grant")

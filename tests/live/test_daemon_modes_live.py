@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from fixtures.codex_server import AppServer
 from tests.live.daemon_support import ruleset_from, session, wait_until
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.cli import main
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
@@ -30,7 +30,7 @@ async def test_dry_run_decides_and_records_but_never_dispatches(
         thread = await s.start_thread(workspace)
         turn = await s.start_turn(thread, "RUN: sleep 2")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
-        intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
+        intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                                  text="dry run: would steer")
         view = await wait_until(lambda: (v := s.intent(intent.id)).last_decision and v, "a decision")
         assert view.last_decision == ("steer", "authorized") and view.state == "proposed"
@@ -78,7 +78,7 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
         thread = await s.start_thread(workspace)
         turn = await s.start_turn(thread, "RUN: sleep 2")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
-        intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="queue", owner="nobody",
+        intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="queue", owner="nobody",
                         text="later")
         s.daemon._heartbeat(s.daemon.clock())
         result = CliRunner().invoke(main, ["status", "--json", "--ledger", str(tmp_path / "ledger.sqlite3")])

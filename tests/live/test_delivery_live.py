@@ -19,7 +19,7 @@ from fixtures.scripted_model import ScriptedModel
 from tests.live.test_appserver_live import _harness_and_supervisor, _start_turn, _subscribe, _turn_completed
 from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
 from tillerman.controller.delivery import Delivery, Dispatch, Observed, Reconcile
-from tillerman.controller.intents import intent_view, propose
+from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.controller.overdue import overdue
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope, Report

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, ruleset_from, session, wait_until
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.cli import main
 from tillerman.ledger.events import DecisionRecorded, RulesetLoaded
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -51,9 +51,9 @@ async def test_a_live_daemons_decisions_agree_and_a_changed_grant_is_caught(
         thread = await s.start_thread(workspace)
         turn = await s.start_turn(thread, "RUN: sleep 1")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
-        granted = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
+        granted = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                   text="Keep going; the test only needs the echo.")
-        refused = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="bob",
+        refused = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="bob",
                                   text="Bob holds no grant.")
         assert (await s.wait_state(granted.id, SETTLED)).state == "acknowledged"
         assert (await s.wait_state(refused.id, SETTLED)).state == "rejected"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from tillerman.monitor.redact import is_redacted, kept
@@ -40,7 +40,7 @@ async def test_the_redacted_trace_keeps_structure_and_no_text(
         thread = await s.start_thread(workspace)
         turn = await s.start_turn(thread, f"RUN: echo {SECRET} && sleep 1")
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
-        intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
+        intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text=f"Also note {SECRET}. CREATE: marker.txt {SECRET}")
         await s.wait_state(intent.id, {"acknowledged", "effect_verified", "effect_failed", "expired", "rejected"})
         assert await s.turn_completed(thread, turn) == "completed"

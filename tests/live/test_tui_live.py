@@ -31,7 +31,7 @@ from fixtures.tui import (
     git_workspace,
 )
 from tests.live.daemon_support import SETTLED, Session, daemon_first, wait_until
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.cli import load_rules_or_fail
 from tillerman.ledger.events import (
     ApprovalRequested,
@@ -159,7 +159,7 @@ async def test_tui_thread_takes_one_steer_no_stale_one_and_its_approval_from_the
     await in_thread(tui.submit, "RUN: sleep 8")
     turn = await wait_until(lambda: s.projection().snapshot(thread_id).active_turn_id, "the ledger to see the turn")
     await wait_until(lambda: s.sees_command_started(thread_id, turn), "the ledger to see the command run")
-    steer = intents.propose(s.recorder, thread_id=thread_id, expected_turn="active", mode="steer", owner=OWNER,
+    steer = intent_requests.propose(s.recorder, thread_id=thread_id, expected_turn="active", mode="steer", owner=OWNER,
                             text="Steer from tillerman: also list the workspace zt1")
     assert steer.expected_turn_id == turn
     done = await s.wait_state(steer.id, SETTLED)
@@ -186,7 +186,7 @@ async def test_tui_thread_takes_one_steer_no_stale_one_and_its_approval_from_the
     assert second not in (None, turn)
 
     # A steer for the turn that ended is never delivered, not even into the running one.
-    stale = intents.propose(s.recorder, thread_id=thread_id, expected_turn=turn, mode="steer", owner=OWNER,
+    stale = intent_requests.propose(s.recorder, thread_id=thread_id, expected_turn=turn, mode="steer", owner=OWNER,
                             text="Stale steer for an ended turn zt2")
     settled = await s.wait_state(stale.id, SETTLED)
     assert settled.state in {"expired", "rejected"}
@@ -255,7 +255,7 @@ async def test_tui_on_the_managed_daemon_takes_one_steer(tmux: str, codex_home: 
                 turn = await wait_until(lambda: s.projection().snapshot(thread_id).active_turn_id,
                                         "the ledger to see the turn")
                 await wait_until(lambda: s.sees_command_started(thread_id, turn), "the ledger to see the command run")
-                steer = intents.propose(s.recorder, thread_id=thread_id, expected_turn="active", mode="steer",
+                steer = intent_requests.propose(s.recorder, thread_id=thread_id, expected_turn="active", mode="steer",
                                         owner=OWNER, text="Steer from tillerman via the daemon zt3")
                 done = await s.wait_state(steer.id, SETTLED)
                 assert done.state == "acknowledged"

@@ -31,7 +31,7 @@ from tests.monitor.tailer_support import (
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor import tailer as tailer_module
-from tillerman.monitor.commands import CommandPatterns
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.tailer import FILE_DELETED, FILE_TRUNCATED, SYMLINK_LOOP, UNKNOWN_FORMAT, UNREADABLE, Tailer
 
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.monitor.commands import DEFAULT
+from tillerman.ledger.command_patterns import DEFAULT
 from tillerman.rules.config import load_effective
-from tillerman.rules.files import RuleSetError
+from tillerman.rules.errors import RuleSetError
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY = ROOT / "fixtures" / "disagreement" / "healthy"

@@ -9,7 +9,7 @@ from msgspec.structs import replace
 
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.rules.decision import Action
-from tillerman.rules.detect import Finding, detect, human_duration, next_due, render
+from tillerman.rules.detect import Finding, detect, next_due, render
 from tillerman.rules.files import default_ruleset
 from tillerman.rules.ruleset import (
     AnyCondition,
@@ -243,14 +243,6 @@ def test_next_due_ignores_what_cannot_fire() -> None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("seconds", "shown"),
-    [(0, "0s"), (90, "90s"), (119.9, "119s"), (120, "2m"), (754, "12m"), (7200, "2h"), (86399, "23h"), (172800, "2d")],
-)
-def test_human_duration(seconds: float, shown: str) -> None:
-    assert human_duration(seconds) == shown
 
 
 def test_render_fills_only_plain_placeholders() -> None:

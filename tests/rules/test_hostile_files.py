@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from tillerman.rules.config import load_effective
-from tillerman.rules.files import MAX_FILE_BYTES, RuleSetError, parse_duration
+from tillerman.rules.durations import parse_duration
+from tillerman.rules.errors import RuleSetError
+from tillerman.rules.file_safety import MAX_FILE_BYTES
 
 RULE = """\
 [[rule]]
@@ -137,20 +139,20 @@ def test_nesting_too_deep_for_the_parser_is_a_line_error(tmp_path, nested):
                              " need a few levels at most")
 
 
-@pytest.mark.parametrize("text", ["9" * 400 + "s", "99999999999d", "366d", "8785h", "31622401s"])
+@pytest.mark.parametrize("text", ["9" * 400 + "s", "99999999999d", "367d", "8785h", "31622401s"])
 def test_a_duration_beyond_a_year_is_refused(text):
-    with pytest.raises(ValueError, match=r"is too long; at most 365d$"):
+    with pytest.raises(ValueError, match=r"is too long; at most 366d$"):
         parse_duration(text)
 
 
-def test_the_longest_duration_is_a_year():
-    assert parse_duration("365d") == parse_duration("8760h") == 365 * 86400.0
+def test_the_longest_duration_is_a_leap_year():
+    assert parse_duration("366d") == parse_duration("8784h") == 366 * 86400.0
 
 
 def test_an_overflowing_duration_in_a_file_is_a_line_error(tmp_path):
     path = rules_file(tmp_path, RULE.format(quiet="9" * 400 + "s"))
     assert refusal(path) == (f'{path}:7: rule "check" field condition.for: duration "{"9" * 59}…'
-                             " is too long; at most 365d")
+                             " is too long; at most 366d")
 
 
 def test_thousands_of_wrong_entries_give_the_first_twenty_and_a_count(tmp_path):

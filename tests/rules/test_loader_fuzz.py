@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tillerman.rules.config import load_effective, load_patterns
-from tillerman.rules.files import MAX_FILE_BYTES, RuleSetError, load_config, load_rules
+from tillerman.rules.errors import RuleSetError
+from tillerman.rules.file_safety import MAX_FILE_BYTES
+from tillerman.rules.files import load_config, load_rules
 from tillerman.rules.lifecycle import rule_toml
 from tillerman.rules.ruleset import build_ruleset
 

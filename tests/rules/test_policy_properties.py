@@ -25,7 +25,8 @@ from tillerman.rules import policy
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
 from tillerman.ledger.snapshot import ENDED_TURN_STATES
 from tillerman.rules.policy import decide, producing_rule
-from tillerman.rules.files import NO_CONFIG, load_config
+from tillerman.rules.files import load_config
+from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.owner import owner_grant
 from tests.rules.test_policy_table import CASES, case_inputs
 from tillerman.rules.ruleset import (

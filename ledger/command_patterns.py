@@ -1,7 +1,10 @@
-"""Which commands are critical or cross the machine boundary.
+"""Which commands are critical or cross the machine boundary: the meaning of the
+``critical`` and ``external`` flags that item events carry (``ItemStarted``).
 
-The controller hands these patterns to the monitor as data (from the
-configuration file); ``DEFAULT`` is used when none are configured. A command is
+The rules package reads configured patterns from the config file
+(``tillerman.rules.config``) and the controller hands them to the monitor as data;
+both import them from here, the package below them. ``DEFAULT`` is used when none
+are configured. A command is
 classified once, at ingestion, and only the two booleans are stored: the command
 text itself never reaches the ledger.
 

@@ -1,6 +1,6 @@
 import pytest
 
-from tillerman.monitor.commands import DEFAULT, CommandPatterns, classify
+from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns, classify
 
 
 @pytest.mark.parametrize(("command", "critical", "external"), [

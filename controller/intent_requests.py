@@ -1,4 +1,6 @@
-"""Creating intents and moving them through the ledger's state table.
+"""Intents on request: building, proposing, cancelling and moving them through the
+ledger's state table (the intent record and its table are ``tillerman.ledger.intents``
+and ``tillerman.ledger.intent_states``).
 
 These functions are the library behind ``tillerman intent …``; the daemon's delivery
 machine drives the same ``transition``. Every change is one ledger append; the ledger
@@ -12,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from tillerman.controller.timefmt import check_duration, check_time
+from tillerman.controller.timefmt import check_time
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
 from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
@@ -20,6 +22,7 @@ from tillerman.ledger.intent_states import State, check_transition
 from tillerman.ledger.intents import MODES, Intent, intent_id_from, text_digest
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
+from tillerman.rules.durations import check_duration
 
 DEFAULT_ACK_DEADLINE = 120.0
 DEFAULT_EFFECT_DEADLINE = 600.0

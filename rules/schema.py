@@ -1,0 +1,202 @@
+"""The rule and config files' schemas: what each table may hold, as pydantic models.
+
+``extra="forbid"``: a typo is an error, not a silently ignored key. Each spec turns
+into a ``tillerman.rules.ruleset`` struct (``to_rule``, ``to_grant``, ``grants``), so
+nothing downstream sees a pydantic object. ``tillerman.rules.validation`` words the
+errors these raise; ``tillerman.rules.files`` loads files with them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import string
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+
+from tillerman.rules.decision import Action
+from tillerman.rules.detect import TEMPLATE_FIELDS
+from tillerman.rules.durations import parse_duration
+from tillerman.rules.errors import show
+from tillerman.rules.owner import owner_grant
+from tillerman.rules.ruleset import (
+    ANY,
+    ApprovalWaiting,
+    Condition,
+    CriticalToolRunning,
+    Grant,
+    GrantableAction,
+    IntentOverdue,
+    RepeatedFailure,
+    Rule,
+    RuleStatus,
+    TurnLong,
+    TurnQuiet,
+)
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def parse_threads(value: object) -> str | tuple[str, ...]:
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ValueError(f'invalid threads {show(value)}; write "*", one thread id, or a list of thread ids')
+
+
+Threads = Annotated[str | tuple[str, ...], BeforeValidator(parse_threads)]
+
+
+# -- the file schemas ---------------------------------------------------------------------
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _ConditionSpec(_Spec):
+    struct: ClassVar[type[Condition]]
+
+    def to_condition(self) -> Condition:
+        return self.struct(**self.model_dump(exclude={"kind"}))
+
+
+class TurnQuietSpec(_ConditionSpec):
+    struct = TurnQuiet
+    kind: Literal["turn_quiet"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class RepeatedFailureSpec(_ConditionSpec):
+    struct = RepeatedFailure
+    kind: Literal["repeated_failure"]
+    count: int = Field(ge=2, strict=True)
+    within: Literal["turn"] = "turn"
+
+
+class ApprovalWaitingSpec(_ConditionSpec):
+    struct = ApprovalWaiting
+    kind: Literal["approval_waiting"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class CriticalToolRunningSpec(_ConditionSpec):
+    struct = CriticalToolRunning
+    kind: Literal["critical_tool_running"]
+    for_seconds: Duration = Field(alias="for")
+
+
+class IntentOverdueSpec(_ConditionSpec):
+    struct = IntentOverdue
+    kind: Literal["intent_overdue"]
+
+
+class TurnLongSpec(_ConditionSpec):
+    struct = TurnLong
+    kind: Literal["turn_long"]
+    for_seconds: Duration = Field(alias="for")
+
+
+CONDITION_SPECS: dict[str, type[_ConditionSpec]] = {
+    spec.struct.__struct_config__.tag: spec
+    for spec in (TurnQuietSpec, RepeatedFailureSpec, ApprovalWaitingSpec, CriticalToolRunningSpec, IntentOverdueSpec, TurnLongSpec)
+}
+ConditionSpec = Annotated[
+    TurnQuietSpec | RepeatedFailureSpec | ApprovalWaitingSpec | CriticalToolRunningSpec | IntentOverdueSpec | TurnLongSpec,
+    Field(discriminator="kind"),
+]
+
+#: Ids become grant subjects ("rule:ID") and dedup keys: no spaces, no colons.
+ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+SUBJECT_PATTERN = r"\*|(owner|rule|reviewer):\S+"
+#: Actions that send text to the agent need a text to send.
+TEXT_ACTIONS = frozenset({Action.STEER, Action.QUEUE})
+
+
+class RuleSpec(_Spec):
+    id: str = Field(pattern=f"^{ID_PATTERN}$")
+    version: int = Field(ge=1, strict=True)
+    status: RuleStatus
+    owner: str = Field(min_length=1)
+    review_by: datetime.date
+    expires: datetime.date | None = None
+    threads: Threads = ANY
+    condition: ConditionSpec
+    action: Action
+    # after condition and action: its validator reads them
+    text: str | None = Field(default=None, validate_default=True)
+    ack_deadline: Duration | None = None
+    verify: str | None = Field(default=None, min_length=1)
+
+    @field_validator("text")
+    @classmethod
+    def _text_fits_action_and_condition(cls, text: str | None, info: ValidationInfo) -> str | None:
+        action, condition = info.data.get("action"), info.data.get("condition")
+        if text is None:
+            if action in TEXT_ACTIONS:
+                raise ValueError(f"missing; a {action} rule needs the text to send, e.g. text = \"Stop …; read … first.\"")
+            return None
+        if condition is not None:
+            check_placeholders(text, condition.kind)
+        return text
+
+    def to_rule(self) -> Rule:
+        return Rule(**self.model_dump(exclude={"condition"}), condition=self.condition.to_condition())
+
+
+class GrantSpec(_Spec):
+    subject: str = Field(pattern=f"^({SUBJECT_PATTERN})$")
+    actions: list[GrantableAction] = Field(min_length=1)
+    threads: Threads = ANY
+
+    def to_grant(self) -> Grant:
+        return Grant(subject=self.subject, actions=frozenset(self.actions), threads=self.threads)
+
+
+class RulesFile(_Spec):
+    rule: list[RuleSpec] = []
+
+
+class DefaultsSpec(_Spec):
+    """``[defaults]``: what holds without a grant written down."""
+
+    # strict: "false" (a string) is not false; authority is not guessed from a typo
+    owner_grant: bool = Field(default=True, strict=True)
+
+
+class ConfigFile(BaseModel):
+    # The config file also holds command patterns and client settings, which their
+    # own loaders validate; the [[grant]] tables and [defaults] are ours.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    grant: list[GrantSpec] = []
+    defaults: DefaultsSpec = DefaultsSpec()
+
+    def grants(self) -> tuple[Grant, ...]:
+        """The grants in force: the local owner's built-in one (unless ``[defaults]
+        owner_grant = false``), then the file's ``[[grant]]`` tables."""
+        builtin = (owner_grant(),) if self.defaults.owner_grant else ()
+        return builtin + tuple(spec.to_grant() for spec in self.grant)
+
+
+#: No config file at all: the built-in owner grant and nothing else.
+NO_CONFIG = ConfigFile()
+#: The config file's plain tables (``[name]``, not ``[[name]]``) validated here.
+TABLES: dict[str, type[BaseModel]] = {"defaults": DefaultsSpec}
+
+
+def check_placeholders(text: str, kind: str) -> None:
+    """Refuse a rule text with a placeholder its condition cannot fill, or a malformed one."""
+    available = TEMPLATE_FIELDS[kind]
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ValueError(f"invalid template ({exc}); write literal braces as {{{{ and }}}}") from None
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in available:
+            names = ", ".join(f"{{{n}}}" for n in available)
+            raise ValueError(f"unknown placeholder {show('{' + name + '}')} for kind {kind}; available: {names}")
+        if spec or conversion:
+            raise ValueError(f"placeholder {{{name}}} takes no format spec or conversion; write {{{name}}}")
