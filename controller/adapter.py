@@ -25,8 +25,8 @@ runs under a timeout; its outcome comes back as a delivery fact (``Replied``,
 ``Refused`` for a recognized refusal, ``NoAnswer`` for a timeout, a dropped
 connection or an unrecognized error — see ``tillerman.controller.rpc_errors``).
 
-Request shapes are those of the real app-server 0.163.0
-(reference/codex-app-server.md §2–§4, A3).
+The wire format — requests, and replies read into the typed values the machine takes —
+is ``tillerman.monitor.codex_wire``'s (the real app-server 0.163.0).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import IntentView
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.monitor import codex_wire as wire
 from tillerman.monitor.appserver_client import AppServerDisconnected
 from tillerman.monitor.digest import digest
 from tillerman.monitor.jsonrpc import RpcError
@@ -124,36 +125,41 @@ class AppServerLike(Protocol):
     async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = ...) -> Any: ...
 
 
-def request_for(command: Command) -> tuple[str, dict[str, Any]]:
+def request_for(command: Command) -> wire.Request:
     """The JSON-RPC method and params of an app-server command."""
-    thread = {"threadId": command.thread_id}
+    thread_id = command.thread_id
     match command:
         case Steer():
-            return "turn/steer", {**thread, "expectedTurnId": command.expected_turn_id,
-                                  "clientUserMessageId": command.client_user_message_id,
-                                  "input": _text_input(command.text)}
+            return wire.steer(thread_id, command.expected_turn_id, command.client_user_message_id, command.text)
         case QueueAdd():
-            return "thread/queue/add", {**thread, "clientUserMessageId": command.client_user_message_id,
-                                        "input": _text_input(command.text)}
+            return wire.queue_add(thread_id, command.client_user_message_id, command.text)
         case Interrupt():
-            return "turn/interrupt", {**thread, "turnId": command.turn_id}
+            return wire.interrupt(thread_id, command.turn_id)
         case QueueList():
-            return "thread/queue/list", thread
+            return wire.queue_list(thread_id)
         case ReadBack():
-            # newest first, with items: only "full" carries every userMessage and its clientId
-            params = {**thread, "limit": READBACK_PAGE, "itemsView": "full"}
-            return "thread/turns/list", params | ({"cursor": command.cursor} if command.cursor else {})
+            # newest first, with items: only the full view carries every userMessage and its clientId
+            return wire.turns_list(thread_id, READBACK_PAGE, cursor=command.cursor, full_items=True)
         case ListTerminals():
-            return "thread/backgroundTerminals/list", thread
+            return wire.terminals_list(thread_id)
         case Terminate():
-            return "thread/backgroundTerminals/terminate", {**thread, "processId": command.process_id}
+            return wire.terminate(thread_id, command.process_id)
         case ResumeQueue():
-            return "thread/queue/start", thread
+            return wire.queue_start(thread_id)
     raise TypeError(f"{type(command).__name__} is not an app-server request")
 
 
-def _text_input(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
+#: How the reply to each command is read: the machine gets the typed value.
+REPLY_PARSERS: dict[type[Command], Callable[[object], wire.Reply]] = {
+    Steer: wire.parse_steer_accepted,
+    QueueAdd: wire.parse_queued_submission,
+    Interrupt: wire.parse_interrupt_accepted,
+    QueueList: wire.parse_queue_page,
+    ReadBack: wire.parse_turn_page,
+    ListTerminals: wire.parse_terminal_list,
+    Terminate: wire.parse_terminated,
+    ResumeQueue: wire.parse_queue_started,
+}
 
 
 class GuardedAdapter:
@@ -200,7 +206,7 @@ class GuardedAdapter:
             return NoAnswer(command, "timeout", self.clock(), {"timeout": self.timeout})
         except AppServerDisconnected as lost:
             return NoAnswer(command, "disconnected", self.clock(), {"detail": str(lost)})
-        return Replied(command, result, self.clock())
+        return Replied(command, REPLY_PARSERS[type(command)](result), self.clock())
 
     def check(self, command: Command) -> IntentView:
         """Every boundary check for one command, against the ledger's record of its intent."""
@@ -288,12 +294,10 @@ class GuardedAdapter:
         """The thread's working directory now: the server's (``thread/read``), else the one
         its session file named, when the ledger kept it (``--retain-payloads``)."""
         try:
-            result = await self.client.request("thread/read", {"threadId": thread_id}, timeout=self.timeout)
+            cwd = wire.parse_thread_cwd(await self.client.request(*wire.thread_read(thread_id), timeout=self.timeout))
         except (RpcError, TimeoutError, AppServerDisconnected):
-            result = None
-        thread = result.get("thread") if isinstance(result, dict) else None
-        cwd = thread.get("cwd") if isinstance(thread, dict) else None
-        return cwd if isinstance(cwd, str) and cwd else self.recorded_cwd(thread_id)
+            cwd = None
+        return cwd or self.recorded_cwd(thread_id)
 
 
 #: Named points of the dispatch protocol where a fault test may kill the daemon, in

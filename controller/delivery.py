@@ -6,7 +6,9 @@ fact (``handle(fact)``) and gets an ``Output`` back — ledger envelopes to appe
 commands to execute, in that order. The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
-machine from the ledger (``Delivery.from_view``).
+machine from the ledger (``Delivery.from_view``). A server's reply reaches it as a typed
+value (``tillerman.monitor.codex_wire`` reads the JSON; the adapter picks the parser by
+command), so the machine never walks JSON and its tests need neither a server nor a ledger.
 
 Theory of operation (DESIGN.md "Intents: the delivery protocol"):
 
@@ -56,7 +58,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tillerman.controller.intent_requests import SOURCE, evidence_envelope, transition_envelope
 from tillerman.controller.rpc_errors import EvidenceValue, Refusal
@@ -67,6 +68,10 @@ from tillerman.ledger.intent_states import State, check_transition, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView
 from tillerman.ledger.snapshot import ENDED_TURN_STATES
+from tillerman.monitor.codex_wire import (
+    InterruptAccepted, QueuedSubmission, QueueEntry, QueuePage, QueueStarted, Reply, SteerAccepted, Terminal,
+    TerminalList, Terminated, Turn, TurnPage,
+)
 
 S = State
 #: The machine's own findings for a person carry this reporter in place of a rule.
@@ -180,8 +185,10 @@ class Reconcile:
 
 @dataclass(frozen=True)
 class Replied:
+    """The server answered ``command``; ``result`` is its reply as the wire module read it."""
+
     command: Command
-    result: Any
+    result: Reply
     now: float
 
 
@@ -353,27 +360,27 @@ class Delivery:
 
     def _replied(self, fact: Replied) -> Output:
         command, now = fact.command, fact.now
-        result = fact.result if isinstance(fact.result, dict) else {}
-        match command:
-            case Steer() | Interrupt():
-                evidence = {"turn_id": result.get("turnId")} if isinstance(command, Steer) else {}
-                return self._accepted(evidence, now)
-            case QueueAdd():
-                return self._accepted({"queued_submission_id": _get(result, "queuedSubmission", "id")}, now)
-            case QueueList():
-                return self._queue_listed(result, now)
-            case ReadBack():
-                return self._read_back(command, result, now)
-            case ListTerminals():
-                return self._terminals_listed(result, now)
-            case Terminate():
+        match command, fact.result:
+            case Steer(), SteerAccepted(turn_id=turn_id):
+                return self._accepted({"turn_id": turn_id}, now)
+            case Interrupt(), InterruptAccepted():
+                return self._accepted({}, now)
+            case QueueAdd(), QueuedSubmission(id=submission_id):
+                return self._accepted({"queued_submission_id": submission_id}, now)
+            case QueueList(), QueuePage(entries=entries):
+                return self._queue_listed(entries, now)
+            case ReadBack(), TurnPage():
+                return self._read_back(command, fact.result, now)
+            case ListTerminals(), TerminalList(terminals=terminals):
+                return self._terminals_listed(terminals, now)
+            case Terminate(), Terminated(terminated=terminated):
                 return self._out(self._evidence("terminated", {
                     "process_id": command.process_id, "item_id": command.item_id,
-                    "terminated": result.get("terminated") is True}, f"terminated:{command.process_id}", now))
-            case ResumeQueue():
-                return self._out(self._evidence("queue_resumed", {"turn_id": _get(result, "turn", "id")},
-                                                "queue_resumed", now))
-        return Output()
+                    "terminated": terminated}, f"terminated:{command.process_id}", now))
+            case ResumeQueue(), QueueStarted(turn_id=turn_id):
+                return self._out(self._evidence("queue_resumed", {"turn_id": turn_id}, "queue_resumed", now))
+        # The adapter reads each reply with its command's parser: a mismatch is our bug.
+        raise TypeError(f"{type(fact.result).__name__} is no reply to {_kind(command)}")
 
     def _accepted(self, evidence: Evidence, now: float) -> Output:
         if self.state is S.DISPATCH_UNKNOWN:
@@ -381,24 +388,23 @@ class Delivery:
         # The echo (or the interrupted turn's end) came first: the reply is late evidence.
         return self._out(self._evidence("late_reply", evidence, "late_reply", now))
 
-    def _queue_listed(self, result: Mapping, now: float) -> Output:
-        entries = [e for e in result.get("data") or [] if isinstance(e, dict)]
+    def _queue_listed(self, entries: tuple[QueueEntry, ...], now: float) -> Output:
         if self.intent.mode == "interrupt":
             return self._queue_paused(entries, now)
         if self.state is not S.DISPATCH_UNKNOWN:
             return Output()
-        ours = [e for e in entries if e.get("clientUserMessageId") == self.client_id]
+        ours = [e for e in entries if e.client_user_message_id == self.client_id]
         awaiting_add, self._awaiting_add = self._awaiting_add, False
         if ours:
             return self._out(self._move(S.QUEUED, "accepted", {
-                "queued_submission_id": ours[0].get("id"), "found_in_queue": True, "copies": len(ours)}, now))
+                "queued_submission_id": ours[0].id, "found_in_queue": True, "copies": len(ours)}, now))
         if awaiting_add:
             return self._out(commands=(QueueAdd(**self._ids(), client_user_message_id=self.client_id,
                                                 text=self.intent.delivered_text, attempt=self._attempt),))
         # Reconciling an add of unknown outcome: has its turn already started?
         return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id, turn_id=None),))
 
-    def _queue_paused(self, entries: list[dict], now: float) -> Output:
+    def _queue_paused(self, entries: tuple[QueueEntry, ...], now: float) -> Output:
         if not entries:
             return Output()
         detail = {"entries": len(entries), "resume": self.intent.resume_queue}
@@ -407,16 +413,15 @@ class Delivery:
         commands = (ResumeQueue(**self._ids()),) if self.intent.resume_queue else ()
         return Output(tuple(envelopes), commands)
 
-    def _read_back(self, command: ReadBack, result: Mapping, now: float) -> Output:
+    def _read_back(self, command: ReadBack, page: TurnPage, now: float) -> Output:
         if self.state not in _UNSETTLED:
             return Output()
-        turns = [t for t in result.get("data") or [] if isinstance(t, dict)]
         if command.turn_id is None:
-            for turn in turns:
-                found = _find_client_item(turn, self.client_id)
+            for turn in page.turns:
+                found = _client_item(turn, self.client_id)
                 if found is not None:
                     return self._found(turn, found, now)
-            running = any(turn.get("status") == "inProgress" for turn in turns)
+            running = any(turn.running for turn in page.turns)
             if self.state is S.QUEUED or not self._behind_ended or running:
                 # Accepted and still waiting in the server's queue, or an add of unknown
                 # outcome before the turn it waits behind ended (or while a turn it may
@@ -425,31 +430,31 @@ class Delivery:
                 return Output()
             return self._absent({"turn_id": None, "turn_status": None, "behind_turn": self._behind_turn,
                                  "via": "readback"}, now)
-        turn = next((t for t in turns if t.get("id") == command.turn_id), None)
+        turn = next((t for t in page.turns if t.id == command.turn_id), None)
         if turn is None:
-            cursor = result.get("nextCursor")
-            if isinstance(cursor, str) and cursor:
+            if page.next_cursor is not None:
                 return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id,
-                                                    turn_id=command.turn_id, cursor=cursor),))
+                                                    turn_id=command.turn_id, cursor=page.next_cursor),))
             return self._absent({"turn_id": command.turn_id, "turn_status": "not_in_history"}, now)
-        found = _find_client_item(turn, self.client_id)
+        found = _client_item(turn, self.client_id)
         if found is not None:
             return self._found(turn, found, now)
-        if turn.get("status") == "inProgress":
+        if turn.running:
             return Output()  # still active: an accepted steer may be pending inside the server
-        return self._absent({"turn_id": command.turn_id, "turn_status": turn.get("status")}, now)
+        return self._absent({"turn_id": command.turn_id, "turn_status": turn.status}, now)
 
-    def _found(self, turn: Mapping, item: Mapping, now: float) -> Output:
-        turn_id, item_id = turn.get("id"), item.get("id")
+    def _found(self, turn: Turn, ours: int, now: float) -> Output:
+        """Our user message is ``turn.items[ours]``."""
+        turn_id, item_id = turn.id, turn.items[ours].id
         token = self.intent.ack_token
-        if token is not None and _token_after(turn, item, token):
+        if token is not None and _token_after(turn, ours, token):
             return self._out(self._acknowledge("ack_token", {"turn_id": turn_id, "via": "readback"}, now))
         if token is not None:
             delivered = self._delivered(turn_id, item_id, now)
-            if turn.get("status") not in ENDED_TURN_STATES:
+            if turn.status not in ENDED_TURN_STATES:
                 return self._out(delivered)  # the agent may still say it in this turn
             # Delivered, but the turn that took it ended without the agent saying the token.
-            evidence = {"turn_id": turn_id, "turn_status": turn.get("status"), "via": "readback"}
+            evidence = {"turn_id": turn_id, "turn_status": turn.status, "via": "readback"}
             return self._out(delivered, self._move(S.EXPIRED, "ack_token_missing", evidence, now),
                              self._report("ack_token_missing", evidence, now))
         reason = "readback_found" if self.state is S.DISPATCH_UNKNOWN else self._echo_reason()
@@ -462,15 +467,14 @@ class Delivery:
         return self._out(self._move(S.EXPIRED, "lost_after_accept", evidence, now),
                          self._report("lost_after_accept", evidence, now))
 
-    def _terminals_listed(self, result: Mapping, now: float) -> Output:
-        terminals = [t for t in result.get("data") or [] if isinstance(t, dict)]
-        ours = [t for t in terminals if t.get("itemId") in self._turn_items
-                and str(t.get("processId")) not in self._terminating]
+    def _terminals_listed(self, terminals: tuple[Terminal, ...], now: float) -> Output:
+        ours = [t for t in terminals if t.item_id in self._turn_items and t.process_id is not None
+                and t.process_id not in self._terminating]
         envelopes = list(self._evidence("terminals_listed", {
             "listed": len(terminals), "of_interrupted_turn": len(ours)}, f"terminals_listed:{now}", now))
         commands = []
         for terminal in ours:
-            process_id, item_id = str(terminal.get("processId")), str(terminal.get("itemId"))
+            process_id, item_id = terminal.process_id, terminal.item_id
             self._terminating[process_id] = item_id
             self._terminated_items.add(item_id)
             envelopes += self._evidence("terminate_requested", {"process_id": process_id, "item_id": item_id},
@@ -687,7 +691,7 @@ class Delivery:
         return Output(tuple(flat), commands)
 
 
-# -- reading replies ---------------------------------------------------------------------
+# -- reading the record and the replies -------------------------------------------------
 
 
 def behind_turn(view: IntentView) -> str | None:
@@ -700,23 +704,16 @@ def _kind(command: Command) -> str:
     return type(command).__name__
 
 
-def _get(result: Mapping, outer: str, inner: str) -> Any:
-    value = result.get(outer)
-    return value.get(inner) if isinstance(value, dict) else None
-
-
 def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _find_client_item(turn: Mapping, client_id: str) -> Mapping | None:
-    return next((item for item in turn.get("items") or []
-                 if isinstance(item, dict) and item.get("type") == "userMessage"
-                 and item.get("clientId") == client_id), None)
+def _client_item(turn: Turn, client_id: str) -> int | None:
+    """Where in the turn our user message is (the first with our clientId), if it is there."""
+    return next((index for index, item in enumerate(turn.items)
+                 if item.type == "userMessage" and item.client_id == client_id), None)
 
 
-def _token_after(turn: Mapping, ours: Mapping, token: str) -> bool:
+def _token_after(turn: Turn, ours: int, token: str) -> bool:
     """Whether an agent message after our user message carries the ack token."""
-    items = [i for i in turn.get("items") or [] if isinstance(i, dict)]
-    after = items[items.index(ours) + 1:] if ours in items else []
-    return any(i.get("type") == "agentMessage" and token in (i.get("text") or "") for i in after)
+    return any(item.type == "agentMessage" and token in (item.text or "") for item in turn.items[ours + 1:])

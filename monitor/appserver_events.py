@@ -34,6 +34,7 @@ from tillerman.ledger.events import (
     kind_of,
 )
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
+from tillerman.monitor.codex_wire import parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
 
@@ -96,9 +97,10 @@ class AppServerEvents:
         if method != "thread/resume":
             return []
         thread_id = text(obj(result, "thread"), "id")
-        return [TurnStarted(thread_id=thread_id, turn_id=text(turn, "id"))
-                for turn in items(obj(result, "initialTurnsPage"), "data")
-                if isinstance(turn, dict) and turn.get("status") == "inProgress"]
+        page = parse_turn_page(result.get("initialTurnsPage"))
+        # A running turn whose id is missing or garbled names nothing to follow.
+        return [TurnStarted(thread_id=thread_id, turn_id=turn.id) for turn in page.turns
+                if turn.running and turn.id is not None]
 
     # -- handlers ------------------------------------------------------------------
 

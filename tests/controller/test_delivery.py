@@ -1,12 +1,17 @@
 """The delivery machine driven with values alone: facts in, envelopes and commands out.
 
-Every output is appended to an in-memory ledger, so a move outside the state table
-fails the test where it happens (the ledger refuses it).
+No recorder and no SQLite: replies are the typed values ``tillerman.monitor.codex_wire``
+reads, and every output goes into a fold of the machine's own record, which checks
+what a ledger checks before it stores a move (it starts where the record stands; the
+machine itself refuses a move outside the table).
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from itertools import count
+from pathlib import Path
 
 import pytest
 
@@ -33,10 +38,12 @@ from tillerman.controller.delivery import (
     VerifyDue,
     expect_matches,
 )
-from tillerman.controller.intent_requests import intent_view, proposal_envelopes
+from tillerman.controller.intent_requests import proposal_envelopes
 from tillerman.controller.rpc_errors import Refusal
 from tillerman.ledger.events import (
     AgentMessage,
+    Entry,
+    Envelope,
     IntentEvidence,
     IntentTransition,
     ItemCompleted,
@@ -47,8 +54,20 @@ from tillerman.ledger.events import (
 )
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, intent_id_from, text_digest
-from tillerman.ledger.projections import Projection
-from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.projections import IntentView, Projection
+from tillerman.monitor.codex_wire import (
+    InterruptAccepted,
+    QueuedSubmission,
+    QueueEntry,
+    QueuePage,
+    SteerAccepted,
+    Terminal,
+    TerminalList,
+    Terminated,
+    Turn,
+    TurnItem,
+    TurnPage,
+)
 
 THREAD, TURN, NEXT_TURN = "thread-1", "turn-1", "turn-2"
 NOW = 1_000.0
@@ -64,13 +83,36 @@ def make_intent(mode: str = "steer", **fields) -> Intent:
     )
 
 
-class Run:
-    """One machine and the ledger its outputs go into."""
+class Record:
+    """The intent's record as the ledger folds it, kept in memory: an identical envelope
+    offered twice is stored once (a changed one fails the test), and a transition must
+    start from the state the record shows (another writer did not move it first)."""
 
-    def __init__(self, intent: Intent, recorder: SQLiteRecorder | None = None):
-        self.recorder = recorder or SQLiteRecorder()
-        if recorder is None:
-            self.recorder.append(proposal_envelopes(intent, Projection()))
+    def __init__(self, envelopes: list[Envelope]):
+        self.projection = Projection()
+        self.stored: dict[str, Envelope] = {}
+        self.append(envelopes)
+
+    def append(self, envelopes) -> None:
+        for envelope in envelopes:
+            if envelope.event_id in self.stored:
+                assert self.stored[envelope.event_id] == envelope, f"{envelope.event_id} recorded twice, changed"
+                continue
+            event = envelope.event
+            if isinstance(event, IntentTransition):
+                assert event.from_state == self.projection.intents[event.intent_id].state, event
+            self.stored[envelope.event_id] = envelope
+            self.projection.apply(Entry(seq=len(self.stored), envelope=envelope, prev_hash="", hash=""))
+
+    def view(self, intent_id: str) -> IntentView:
+        return self.projection.intents[intent_id]
+
+
+class Run:
+    """One machine and the record its outputs go into."""
+
+    def __init__(self, intent: Intent):
+        self.record = Record(proposal_envelopes(intent, Projection()))
         self.machine = Delivery(intent)
         self.outputs: list[Output] = []
 
@@ -80,18 +122,25 @@ class Run:
 
     def feed(self, fact) -> Output:
         output = self.machine.handle(fact)
-        self.recorder.append(output.envelopes, durable=output.durable)
+        self.record.append(output.envelopes)
         self.outputs.append(output)
         return output
 
     def dispatch(self, attempt: str = "a1") -> Output:
         return self.feed(Dispatch(NOW, attempt))
 
+    def view(self) -> IntentView:
+        return self.record.view(self.intent.id)
+
+    def rebuilt(self) -> Delivery:
+        """A machine rebuilt from the record, as after a restart."""
+        return Delivery.from_view(self.view())
+
     def ledger_state(self) -> str:
-        return intent_view(self.recorder, self.intent.id).state
+        return self.view().state
 
     def history(self, kind: str | None = None):
-        return [h for h in intent_view(self.recorder, self.intent.id).history if kind in (None, h.kind)]
+        return [h for h in self.view().history if kind in (None, h.kind)]
 
     def sent(self, kind: type) -> list:
         return [c for o in self.outputs for c in o.commands if isinstance(c, kind)]
@@ -106,16 +155,28 @@ def turn_completed(status: str = "completed", turn_id: str = TURN) -> Observed:
     return Observed(TurnCompleted(thread_id=THREAD, turn_id=turn_id, status=status), NOW + 5)
 
 
-def turns_page(*turns: dict, next_cursor: str | None = None) -> dict:
-    return {"data": list(turns), "nextCursor": next_cursor}
+def turns_page(*turns: Turn, next_cursor: str | None = None) -> TurnPage:
+    return TurnPage(turns, next_cursor)
 
 
-def turn(turn_id: str = TURN, status: str = "completed", *items: dict) -> dict:
-    return {"id": turn_id, "status": status, "items": list(items)}
+def turn(turn_id: str = TURN, status: str = "completed", *items: TurnItem) -> Turn:
+    return Turn(turn_id, status, items)
 
 
-def user_item(client_id: str | None, item_id: str = "item-echo") -> dict:
-    return {"type": "userMessage", "id": item_id, "clientId": client_id, "content": []}
+def user_item(client_id: str | None, item_id: str = "item-echo") -> TurnItem:
+    return TurnItem("userMessage", item_id, client_id)
+
+
+def agent_item(text: str, item_id: str = "item-reply") -> TurnItem:
+    return TurnItem("agentMessage", item_id, text=text)
+
+
+def queue_page(*entries: tuple[str, str]) -> QueuePage:
+    """Entries as (submission id, client id)."""
+    return QueuePage(tuple(QueueEntry(entry_id, client_id) for entry_id, client_id in entries))
+
+
+ACCEPTED = SteerAccepted(TURN)
 
 
 def transition(output: Output) -> IntentTransition:
@@ -142,7 +203,7 @@ def test_dispatch_is_a_durable_record_first_then_one_steer():
 def test_accepted_is_queued_and_only_the_echo_in_the_expected_turn_acknowledges():
     run = Run(make_intent())
     [steer] = run.dispatch().commands
-    assert transition(run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))).to_state == "queued"
+    assert transition(run.feed(Replied(steer, ACCEPTED, NOW + 1))).to_state == "queued"
     run.feed(Tick(NOW + 10))  # time alone never moves an accepted steer
     assert run.ledger_state() == "queued"
     out = run.feed(echo(run.intent))
@@ -156,7 +217,7 @@ def test_echo_before_reply_acknowledges_and_the_late_reply_is_evidence_not_a_ref
     run = Run(make_intent())
     [steer] = run.dispatch().commands
     assert transition(run.feed(echo(run.intent))).from_state == "dispatch_unknown"
-    late = run.feed(Replied(steer, {"turnId": TURN}, NOW + 3))
+    late = run.feed(Replied(steer, ACCEPTED, NOW + 3))
     [envelope] = late.envelopes
     assert isinstance(envelope.event, IntentEvidence)
     assert (envelope.event.state, envelope.event.reason) == ("acknowledged", "late_reply")
@@ -226,7 +287,7 @@ def test_readback_of_a_turn_still_in_progress_settles_nothing():
 def test_accepted_steer_lost_when_its_turn_ends_expires_lost_after_accept_and_is_reported():
     run = Run(make_intent())
     [steer] = run.dispatch().commands
-    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    run.feed(Replied(steer, ACCEPTED, NOW + 1))
     [readback] = run.feed(turn_completed("interrupted")).commands
     out = run.feed(Replied(readback, turns_page(turn(TURN, "interrupted", user_item(None))), NOW + 6))
     move = transition(out)
@@ -252,7 +313,7 @@ def test_stale_turn_is_rejected_and_never_retried_against_the_newest_turn():
 def test_echo_in_another_turn_does_not_acknowledge_a_steer():
     run = Run(make_intent())
     [steer] = run.dispatch().commands
-    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    run.feed(Replied(steer, ACCEPTED, NOW + 1))
     out = run.feed(echo(run.intent, turn_id=NEXT_TURN))
     assert [e.event.reason for e in out.envelopes] == ["echo_in_other_turn"]
     assert run.ledger_state() == "queued"
@@ -262,7 +323,7 @@ def test_with_an_ack_token_the_echo_is_delivered_evidence_and_the_token_acknowle
     intent = make_intent()
     run = Run(Intent(**{**{f: getattr(intent, f) for f in intent.__struct_fields__}, "ack_token": intent.id}))
     [steer] = run.dispatch().commands
-    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    run.feed(Replied(steer, ACCEPTED, NOW + 1))
     assert [e.event.reason for e in run.feed(echo(run.intent)).envelopes] == ["delivered"]
     assert run.ledger_state() == "queued"
     other = Observed(AgentMessage(thread_id=THREAD, turn_id=TURN, digest="d", size=1, ack_tokens=("in-x",)), NOW + 3)
@@ -272,19 +333,15 @@ def test_with_an_ack_token_the_echo_is_delivered_evidence_and_the_token_acknowle
     assert transition(run.feed(token)).reason == "ack_token"
 
 
-def agent_item(text: str, item_id: str = "item-reply") -> dict:
-    return {"type": "agentMessage", "id": item_id, "text": text}
-
-
 def _token_delivered(mode: str = "steer", token: str = "ACK-42") -> tuple[Run, str]:
     """An intent with an ack token whose echo arrived; returns the run and the echo's turn."""
     run = Run(make_intent(mode, ack_token=token))
     [first] = run.dispatch().commands
     if mode == "queue":
-        [add] = run.feed(Replied(first, {"data": []}, NOW + 1)).commands
-        run.feed(Replied(add, {"queuedSubmission": {"id": "q1"}}, NOW + 1))
+        [add] = run.feed(Replied(first, QueuePage(), NOW + 1)).commands
+        run.feed(Replied(add, QueuedSubmission("q1"), NOW + 1))
     else:
-        run.feed(Replied(first, {"turnId": TURN}, NOW + 1))
+        run.feed(Replied(first, ACCEPTED, NOW + 1))
     echo_turn = NEXT_TURN if mode == "queue" else TURN
     assert [e.event.reason for e in run.feed(echo(run.intent, turn_id=echo_turn)).envelopes] == ["delivered"]
     return run, echo_turn
@@ -327,7 +384,7 @@ def test_an_ack_token_in_a_retained_agent_message_acknowledges_at_once():
 
 def test_a_restart_after_the_token_turn_ended_reads_it_back():
     run, _ = _token_delivered()
-    machine = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    machine = run.rebuilt()
     out = machine.handle(Reconcile(NOW + 9, expected_turn_state="completed", echo_turn_id=TURN,
                                    echo_turn_state="completed"))
     assert [type(c) for c in out.commands] == [ReadBack] and out.envelopes == ()
@@ -347,7 +404,7 @@ def test_replayed_intent_is_rejected_without_any_command():
 def test_a_machine_rebuilt_from_the_ledger_reconciles_without_resending():
     run = Run(make_intent())
     run.dispatch()  # then the daemon dies before the transport answered
-    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    rebuilt = run.rebuilt()
     assert rebuilt.state is State.DISPATCH_UNKNOWN
     assert rebuilt.handle(Dispatch(NOW + 1, "a2")) == Output()
     assert rebuilt.handle(Reconcile(NOW + 1, expected_turn_state="active")) == Output()
@@ -364,11 +421,10 @@ def test_queue_lists_before_adding_and_is_acknowledged_when_its_turn_starts():
     run = Run(make_intent("queue"))
     out = run.dispatch()
     assert out.durable and out.commands == (QueueList(intent_id=run.intent.id, thread_id=THREAD),)
-    [add] = run.feed(Replied(out.commands[0], {"data": [{"id": "q0", "clientUserMessageId": "other"}]},
-                             NOW + 1)).commands
+    [add] = run.feed(Replied(out.commands[0], queue_page(("q0", "other")), NOW + 1)).commands
     assert add == QueueAdd(intent_id=run.intent.id, thread_id=THREAD, text=run.intent.delivered_text, attempt="a1",
                            client_user_message_id=run.intent.client_user_message_id)
-    accepted = run.feed(Replied(add, {"queuedSubmission": {"id": "q1"}}, NOW + 2))
+    accepted = run.feed(Replied(add, QueuedSubmission("q1"), NOW + 2))
     assert transition(accepted).evidence == {"queued_submission_id": "q1"}
     move = transition(run.feed(echo(run.intent, turn_id=NEXT_TURN)))
     assert (move.from_state, move.to_state, move.reason) == ("queued", "acknowledged", "queue_turn_started")
@@ -377,31 +433,31 @@ def test_queue_lists_before_adding_and_is_acknowledged_when_its_turn_starts():
 def test_queue_entry_already_there_is_not_added_again():
     run = Run(make_intent("queue"))
     [listing] = run.dispatch().commands
-    entries = {"data": [{"id": "q7", "clientUserMessageId": run.intent.client_user_message_id}]}
+    entries = queue_page(("q7", run.intent.client_user_message_id))
     out = run.feed(Replied(listing, entries, NOW + 1))
     assert out.commands == ()
     assert transition(out).evidence == {"queued_submission_id": "q7", "found_in_queue": True, "copies": 1}
     assert run.sent(QueueAdd) == []
     # the delivery step runs again, and from a machine rebuilt from the ledger: still no add
     run.dispatch("a2")
-    rebuilt = Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    rebuilt = run.rebuilt()
     assert rebuilt.handle(Dispatch(NOW + 2, "a3")) == Output()
-    assert rebuilt.handle(Replied(listing, {"data": []}, NOW + 3)) == Output()
+    assert rebuilt.handle(Replied(listing, QueuePage(), NOW + 3)) == Output()
 
 
 def _queue_add_lost(active_turn: str | None) -> tuple[Run, QueueAdd, Delivery]:
     """A queue add sent while ``active_turn`` runs, its reply lost; then a restart."""
     run = Run(make_intent("queue"))
     [listing] = run.feed(Dispatch(NOW, "a1", active_turn)).commands
-    [add] = run.feed(Replied(listing, {"data": []}, NOW + 1)).commands
+    [add] = run.feed(Replied(listing, QueuePage(), NOW + 1)).commands
     run.feed(NoAnswer(add, "timeout", NOW + 11))
-    return run, add, Delivery.from_view(intent_view(run.recorder, run.intent.id))
+    return run, add, run.rebuilt()
 
 
-def _read_back_queue(machine: Delivery, reconcile: Reconcile, entries: list, turns: dict) -> Output:
+def _read_back_queue(machine: Delivery, reconcile: Reconcile, entries: list, turns: TurnPage) -> Output:
     """Reconcile: the queue list first, then (our entry absent) the thread's turns."""
     [relist] = machine.handle(reconcile).commands
-    listed = machine.handle(Replied(relist, {"data": entries}, reconcile.now))
+    listed = machine.handle(Replied(relist, QueuePage(tuple(entries)), reconcile.now))
     if not listed.commands:
         return listed
     [readback] = listed.commands
@@ -418,7 +474,7 @@ def test_queue_add_of_unknown_outcome_is_never_expired_by_its_ack_deadline(activ
     absent = _read_back_queue(rebuilt, Reconcile(past_deadline), [], turns_page(turn(NEXT_TURN)))
     assert absent == Output() and rebuilt.state is State.DISPATCH_UNKNOWN
     assert transition(Output(run.outputs[0].envelopes)).evidence["behind_turn"] == active_turn
-    mine = {"id": "q1", "clientUserMessageId": run.intent.client_user_message_id}
+    mine = QueueEntry("q1", run.intent.client_user_message_id)
     found = _read_back_queue(rebuilt, Reconcile(past_deadline + 5), [mine], turns_page())
     assert (transition(found).to_state, transition(found).evidence["found_in_queue"]) == ("queued", True)
     assert rebuilt.handle(echo(run.intent, turn_id="turn-3")).envelopes[0].event.reason == "queue_turn_started"
@@ -466,16 +522,16 @@ def test_interrupt_terminates_only_the_interrupted_turns_processes():
     run.feed(_started("call-ours", TURN))
     [interrupt] = run.dispatch().commands
     assert interrupt == Interrupt(intent_id=run.intent.id, thread_id=THREAD, turn_id=TURN, attempt="a1")
-    assert transition(run.feed(Replied(interrupt, {}, NOW + 1))).to_state == "queued"
+    assert transition(run.feed(Replied(interrupt, InterruptAccepted(), NOW + 1))).to_state == "queued"
     ended = run.feed(turn_completed("interrupted"))
     assert (transition(ended).to_state, transition(ended).reason) == ("acknowledged", "turn_interrupted")
     listing, queue = ended.commands
     assert isinstance(listing, ListTerminals) and isinstance(queue, QueueList)
-    terminals = {"data": [{"itemId": "call-old", "processId": "11"}, {"itemId": "call-ours", "processId": "22"}]}
+    terminals = TerminalList((Terminal("call-old", "11"), Terminal("call-ours", "22")))
     out = run.feed(Replied(listing, terminals, NOW + 6))
     assert out.commands == (Terminate(intent_id=run.intent.id, thread_id=THREAD, process_id="22",
                                       item_id="call-ours", turn_id=TURN),)
-    run.feed(Replied(out.commands[0], {"terminated": True}, NOW + 7))
+    run.feed(Replied(out.commands[0], Terminated(True), NOW + 7))
     assert not run.machine.finished  # the process has not reported its exit yet
     run.feed(Observed(ItemCompleted(thread_id=THREAD, turn_id=TURN, item_id="call-ours",
                                     item_type="commandExecution", status="failed", exit_code=-1), NOW + 8))
@@ -488,10 +544,24 @@ def test_interrupt_terminates_only_the_interrupted_turns_processes():
     assert run.feed(Replied(listing, terminals, NOW + 9)).commands == ()  # listed again: no second terminate
 
 
+def test_a_listed_terminal_without_a_process_id_is_counted_and_never_terminated():
+    """The wire reads a missing or garbled processId as absent: there is nothing to name."""
+    run = Run(make_intent("interrupt"))
+    run.feed(_started("call-ours", TURN))
+    [interrupt] = run.dispatch().commands
+    run.feed(Replied(interrupt, InterruptAccepted(), NOW + 1))
+    listing, _ = run.feed(turn_completed("interrupted")).commands
+    out = run.feed(Replied(listing, TerminalList((Terminal("call-ours"),)), NOW + 6))
+    assert out.commands == ()
+    assert [(e.event.reason, e.event.evidence) for e in out.envelopes] == [
+        ("terminals_listed", {"listed": 1, "of_interrupted_turn": 0})]
+    assert run.machine.finished
+
+
 def test_interrupt_whose_turn_completed_on_its_own_is_lost_after_accept():
     run = Run(make_intent("interrupt"))
     [interrupt] = run.dispatch().commands
-    run.feed(Replied(interrupt, {}, NOW + 1))
+    run.feed(Replied(interrupt, InterruptAccepted(), NOW + 1))
     out = run.feed(turn_completed("completed"))
     assert transition(out).reason == "lost_after_accept" and out.commands == ()
 
@@ -500,20 +570,20 @@ def test_interrupt_acknowledged_by_the_turn_end_before_the_reply():
     run = Run(make_intent("interrupt"))
     [interrupt] = run.dispatch().commands
     assert transition(run.feed(turn_completed("interrupted"))).from_state == "dispatch_unknown"
-    assert [e.event.reason for e in run.feed(Replied(interrupt, {}, NOW + 6)).envelopes] == ["late_reply"]
+    assert [e.event.reason for e in run.feed(Replied(interrupt, InterruptAccepted(), NOW + 6)).envelopes] == ["late_reply"]
 
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_paused_queue_is_reported_and_resumed_only_when_asked(resume):
     run = Run(make_intent("interrupt", resume_queue=resume))
     [interrupt] = run.dispatch().commands
-    run.feed(Replied(interrupt, {}, NOW + 1))
+    run.feed(Replied(interrupt, InterruptAccepted(), NOW + 1))
     _, listing = run.feed(turn_completed("interrupted")).commands
-    out = run.feed(Replied(listing, {"data": [{"id": "q1", "clientUserMessageId": "harness-1"}]}, NOW + 6))
+    out = run.feed(Replied(listing, queue_page(("q1", "harness-1")), NOW + 6))
     [report] = [e.event for e in out.envelopes if isinstance(e.event, Report)]
     assert report.finding == "queue_paused" and report.detail["entries"] == 1
     assert out.commands == ((ResumeQueue(intent_id=run.intent.id, thread_id=THREAD),) if resume else ())
-    assert run.feed(Replied(listing, {"data": []}, NOW + 7)) == Output()  # empty queue: nothing to say
+    assert run.feed(Replied(listing, QueuePage(), NOW + 7)) == Output()  # empty queue: nothing to say
 
 
 # -- effects ---------------------------------------------------------------------------------
@@ -522,7 +592,7 @@ def test_paused_queue_is_reported_and_resumed_only_when_asked(resume):
 def _acknowledged(**fields) -> Run:
     run = Run(make_intent(effect_deadline=NOW + 600, **fields))
     [steer] = run.dispatch().commands
-    run.feed(Replied(steer, {"turnId": TURN}, NOW + 1))
+    run.feed(Replied(steer, ACCEPTED, NOW + 1))
     run.feed(echo(run.intent))
     return run
 
@@ -596,10 +666,10 @@ def test_a_queued_queue_intent_is_read_back_after_a_restart():
     out = machine.handle(Reconcile(now=50.0))
     (readback,) = out.commands
     assert isinstance(readback, ReadBack) and readback.turn_id is None
-    missing = machine.handle(Replied(readback, {"data": []}, 51.0))
+    missing = machine.handle(Replied(readback, TurnPage(), 51.0))
     assert missing == Output() and machine.state is State.QUEUED  # still waiting in the queue
-    found = machine.handle(Replied(readback, {"data": [{"id": "t9", "status": "completed", "items": [
-        {"type": "userMessage", "id": "m", "clientId": intent.client_user_message_id}]}]}, 52.0))
+    found = machine.handle(Replied(readback, turns_page(turn("t9", "completed", user_item(
+        intent.client_user_message_id, "m"))), 52.0))
     assert machine.state is State.ACKNOWLEDGED
     assert found.envelopes[0].event.reason == "queue_turn_started"
 
@@ -612,3 +682,23 @@ def test_the_machine_refuses_a_move_outside_the_table_itself():
     with pytest.raises(IllegalTransition, match="cannot move from proposed to acknowledged"):
         machine._move(State.ACKNOWLEDGED, "echo", {}, NOW)
     assert machine.state == State.PROPOSED  # nothing moved
+
+
+def test_a_reply_of_another_command_is_refused_as_the_callers_bug():
+    run = Run(make_intent())
+    [steer] = run.dispatch().commands
+    with pytest.raises(TypeError, match="TurnPage is no reply to Steer"):
+        run.machine.handle(Replied(steer, TurnPage(), NOW + 1))
+    assert run.machine.state is State.DISPATCH_UNKNOWN
+
+
+def test_these_tests_need_no_recorder_and_no_sqlite():
+    """This file again, in an interpreter where SQLite and both recorder backends cannot
+    be imported: the machine and its tests live on values alone."""
+    blocked = ("sqlite3", "_sqlite3", "tillerman.ledger.sqlite", "tillerman.ledger.memory")
+    here = Path(__file__)
+    script = (f"import sys; sys.modules.update(dict.fromkeys({blocked!r})); import pytest; "
+              f"sys.exit(pytest.main(['-q', {str(here)!r}, '-k', 'not need_no_recorder']))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=here.parents[2], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]

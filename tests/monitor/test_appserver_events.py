@@ -114,6 +114,15 @@ def test_thread_resume_reply_reveals_the_running_turn():
         "thread": {"id": T}, "initialTurnsPage": {"data": [{"id": U, "status": "completed"}]}}) == []
 
 
+@pytest.mark.parametrize("turn", [{"status": "inProgress"}, {"id": 7, "status": "inProgress"}])
+def test_a_running_turn_without_a_usable_id_reveals_nothing(turn):
+    """The page is read by the wire module (``codex_wire.parse_turn_page``), one turn at a
+    time: a turn with no id names nothing to follow, and spoils none of the others."""
+    page = {"data": [turn, {"id": U, "status": "inProgress"}]}
+    assert AppServerEvents().response("thread/resume", {"thread": {"id": T}, "initialTurnsPage": page}) == [
+        TurnStarted(thread_id=T, turn_id=U)]
+
+
 def test_natural_keys_are_stable_and_ignore_request_ids():
     first, second = AppServerEvents(), AppServerEvents()
     params = {"threadId": T, "turnId": U, "itemId": "call-25"}

@@ -1,0 +1,243 @@
+"""The Codex app-server's wire format for delivery: requests built, replies read into typed values.
+
+The delivery machine (``tillerman.controller.delivery``) decides in terms of accepted
+turns, queue entries, turn pages and terminals; it never walks JSON. Everything it
+needs to know about how the real app-server 0.163.0 spells those things lives here
+(reference/codex-app-server.md §2–§4, §1.2, A3):
+
+* **Requests.** One builder per method the delivery protocol and its readbacks send,
+  returning ``(method, params)`` for the JSON-RPC client.
+* **Replies.** One parser per reply kind, returning a frozen struct that holds only
+  the fields the protocol reads. A parser is total: it accepts any JSON value and
+  never raises. A field that is missing or has the wrong type reads as absent (``None``,
+  ``False``, an empty tuple), and a list entry that is not an object is skipped — the
+  machine then sees what it would see of a reply that did not carry the thing (a
+  ``{}`` for ``turn/steer`` is an accepted turn with no id; a page with no ``data``
+  lists no turns). So one garbled field costs only that field, never the whole reply.
+  A wrong *kind* of reply for a command is not a wire matter: the adapter picks the
+  parser by command, and the machine refuses a mismatched pair as its own bug.
+
+Turn JSON means the same in a readback and in a live notification: a turn's ``status``
+is ``inProgress`` while it runs, and ``completed``, ``interrupted`` or ``failed`` once
+it ended; a ``userMessage`` item carries the ``clientUserMessageId`` it was sent with
+as ``clientId``. Item ids in ``thread/turns/list`` are the real ones (a resume's
+``initialTurnsPage`` uses synthetic ``item-N`` ids), and only ``itemsView: "full"``
+lists every item of a turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+Request = tuple[str, dict[str, Any]]
+
+#: A turn's status while it runs (``completed``, ``interrupted``, ``failed`` once ended).
+IN_PROGRESS = "inProgress"
+
+
+# -- requests --------------------------------------------------------------------------
+
+
+def steer(thread_id: str, expected_turn_id: str, client_user_message_id: str, text: str) -> Request:
+    """Add a message to the running turn; refused unless ``expected_turn_id`` is the active one."""
+    return "turn/steer", {"threadId": thread_id, "expectedTurnId": expected_turn_id,
+                          "clientUserMessageId": client_user_message_id, "input": text_input(text)}
+
+
+def queue_add(thread_id: str, client_user_message_id: str, text: str) -> Request:
+    """Queue a message for a turn of its own (the server does not deduplicate by client id)."""
+    return "thread/queue/add", {"threadId": thread_id, "clientUserMessageId": client_user_message_id,
+                                "input": text_input(text)}
+
+
+def interrupt(thread_id: str, turn_id: str) -> Request:
+    return "turn/interrupt", {"threadId": thread_id, "turnId": turn_id}
+
+
+def queue_list(thread_id: str) -> Request:
+    return "thread/queue/list", {"threadId": thread_id}
+
+
+def queue_start(thread_id: str) -> Request:
+    """Start the head of a paused queue (the rest drains after it)."""
+    return "thread/queue/start", {"threadId": thread_id}
+
+
+def turns_list(thread_id: str, limit: int, *, cursor: str | None = None, full_items: bool = False) -> Request:
+    """A page of the thread's turns, newest first. ``full_items``: every item of each turn,
+    so every ``userMessage`` and its ``clientId`` (the default view summarizes them)."""
+    params: dict[str, Any] = {"threadId": thread_id, "limit": limit}
+    if full_items:
+        params["itemsView"] = "full"
+    return "thread/turns/list", params | ({"cursor": cursor} if cursor else {})
+
+
+def terminals_list(thread_id: str) -> Request:
+    return "thread/backgroundTerminals/list", {"threadId": thread_id}
+
+
+def terminate(thread_id: str, process_id: str) -> Request:
+    return "thread/backgroundTerminals/terminate", {"threadId": thread_id, "processId": process_id}
+
+
+def thread_read(thread_id: str) -> Request:
+    """What the server knows of a thread (its ``cwd`` among it); subscribes to nothing."""
+    return "thread/read", {"threadId": thread_id}
+
+
+def text_input(text: str) -> list[dict[str, str]]:
+    """A user input of one text part, as steer, queue add and turn start take it."""
+    return [{"type": "text", "text": text}]
+
+
+# -- replies -----------------------------------------------------------------------------
+
+
+class SteerAccepted(msgspec.Struct, frozen=True):
+    """``turn/steer`` → ``{"turnId"}``: accepted into that turn, not yet delivered."""
+
+    turn_id: str | None = None
+
+
+class InterruptAccepted(msgspec.Struct, frozen=True):
+    """``turn/interrupt`` → ``{}``: the turn's ``interrupted`` end is the confirmation."""
+
+
+class QueuedSubmission(msgspec.Struct, frozen=True):
+    """``thread/queue/add`` → ``{"queuedSubmission": {"id", …}}``."""
+
+    id: str | None = None
+
+
+class QueueEntry(msgspec.Struct, frozen=True):
+    id: str | None = None
+    client_user_message_id: str | None = None
+
+
+class QueuePage(msgspec.Struct, frozen=True):
+    """``thread/queue/list`` → ``{"data": [entry, …], "nextCursor"}``."""
+
+    entries: tuple[QueueEntry, ...] = ()
+
+
+class TurnItem(msgspec.Struct, frozen=True):
+    type: str | None = None  # "userMessage", "agentMessage", "commandExecution", …
+    id: str | None = None
+    client_id: str | None = None  # a userMessage's clientUserMessageId
+    text: str | None = None  # an agentMessage's text
+
+
+class Turn(msgspec.Struct, frozen=True):
+    id: str | None = None
+    status: str | None = None  # IN_PROGRESS, or how it ended
+    items: tuple[TurnItem, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.status == IN_PROGRESS
+
+
+class TurnPage(msgspec.Struct, frozen=True):
+    """``thread/turns/list`` → ``{"data": [turn, …], "nextCursor"}``, newest turn first."""
+
+    turns: tuple[Turn, ...] = ()
+    next_cursor: str | None = None  # None (or empty on the wire): no older page
+
+
+class Terminal(msgspec.Struct, frozen=True):
+    item_id: str | None = None  # the commandExecution item that started the process
+    process_id: str | None = None
+
+
+class TerminalList(msgspec.Struct, frozen=True):
+    """``thread/backgroundTerminals/list`` → ``{"data": [terminal, …]}``."""
+
+    terminals: tuple[Terminal, ...] = ()
+
+
+class Terminated(msgspec.Struct, frozen=True):
+    """``thread/backgroundTerminals/terminate`` → ``{"terminated": bool}`` (False: already gone)."""
+
+    terminated: bool = False
+
+
+class QueueStarted(msgspec.Struct, frozen=True):
+    """``thread/queue/start`` → ``{"turn": {"id", …}}``: the turn the queue's head started."""
+
+    turn_id: str | None = None
+
+
+Reply = (SteerAccepted | InterruptAccepted | QueuedSubmission | QueuePage | TurnPage | TerminalList | Terminated
+         | QueueStarted)
+
+
+def parse_steer_accepted(result: object) -> SteerAccepted:
+    return SteerAccepted(_text(_object(result).get("turnId")))
+
+
+def parse_interrupt_accepted(result: object) -> InterruptAccepted:
+    return InterruptAccepted()
+
+
+def parse_queued_submission(result: object) -> QueuedSubmission:
+    return QueuedSubmission(_text(_object(_object(result).get("queuedSubmission")).get("id")))
+
+
+def parse_queue_page(result: object) -> QueuePage:
+    return QueuePage(tuple(QueueEntry(_text(entry.get("id")), _text(entry.get("clientUserMessageId")))
+                           for entry in _objects(_object(result).get("data"))))
+
+
+def parse_turn_page(result: object) -> TurnPage:
+    page = _object(result)
+    return TurnPage(tuple(_turn(turn) for turn in _objects(page.get("data"))),
+                    _text(page.get("nextCursor")) or None)
+
+
+def parse_terminal_list(result: object) -> TerminalList:
+    return TerminalList(tuple(Terminal(_text(terminal.get("itemId")), _process_id(terminal.get("processId")))
+                              for terminal in _objects(_object(result).get("data"))))
+
+
+def parse_terminated(result: object) -> Terminated:
+    return Terminated(_object(result).get("terminated") is True)
+
+
+def parse_queue_started(result: object) -> QueueStarted:
+    return QueueStarted(_text(_object(_object(result).get("turn")).get("id")))
+
+
+def parse_thread_cwd(result: object) -> str | None:
+    """``thread/read`` → ``{"thread": {"cwd", …}}``: the thread's working directory, if named."""
+    return _text(_object(_object(result).get("thread")).get("cwd")) or None
+
+
+def _turn(turn: dict) -> Turn:
+    return Turn(_text(turn.get("id")), _text(turn.get("status")),
+                tuple(TurnItem(_text(item.get("type")), _text(item.get("id")), _text(item.get("clientId")),
+                               _text(item.get("text")))
+                      for item in _objects(turn.get("items"))))
+
+
+# -- tolerant field readers: the wrong type reads as absent --------------------------------
+
+
+def _object(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _objects(value: object) -> list[dict]:
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, list) else []
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _process_id(value: object) -> str | None:
+    """Process ids are strings on the wire; a number names the same process."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _text(value)
