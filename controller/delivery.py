@@ -276,11 +276,10 @@ class Delivery:
         """Rebuild from the ledger after a restart or a lost race."""
         machine = cls(view.intent, S(view.state), turn_items=turn_items)
         machine._behind_turn = behind_turn(view)
+        machine._ack_turn = ack_turn(view)
         for item in view.history:
             if item.kind == "evidence" and item.reason == "delivered":
                 machine._delivered_in = _str(item.evidence.get("turn_id"))
-            elif item.kind == "transition" and item.state == S.ACKNOWLEDGED:
-                machine._ack_turn = _str(item.evidence.get("turn_id"))
             elif item.kind == "evidence" and item.reason == "terminate_requested":
                 machine._terminating[str(item.evidence["process_id"])] = str(item.evidence["item_id"])
                 machine._terminated_items.add(str(item.evidence["item_id"]))
@@ -694,6 +693,13 @@ def behind_turn(view: IntentView) -> str | None:
     """The turn a queue intent's add waits behind, from its dispatch record."""
     return next((_str(item.evidence.get("behind_turn")) for item in view.history
                  if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN), None)
+
+
+def ack_turn(view: IntentView) -> str | None:
+    """The turn the intent was acknowledged in, from its record: that turn's end is when
+    the agent is done with our message, and the ``verify`` readback may run."""
+    return next((_str(item.evidence.get("turn_id")) for item in view.history
+                 if item.kind == "transition" and item.state == S.ACKNOWLEDGED), None)
 
 
 def _kind(command: Command) -> str:
