@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from tillerman.controller.boundary import judge
 from tillerman.controller.delivery import (
     READBACK_PAGE,
     Command,
@@ -48,7 +49,6 @@ from tillerman.controller.delivery import (
     Terminate,
     Verified,
 )
-from tillerman.controller.boundary import judge
 from tillerman.controller.intents import intent_view
 from tillerman.controller.rpc_errors import classify
 from tillerman.ledger import projections

@@ -5,8 +5,8 @@ subscribe, follow; reconnect with backoff when the server goes away), the
 **brain** (the only ledger writer of observations and decisions: it batches what
 the connection saw, folds it, runs the rules and the policy, and hands each
 decision to the intent's delivery machine), one **delivery** task per intent at a
-time (the machine's commands go through the guarded adapter; a slow request never
-stalls the brain), the **file followers** (``--watch``: session files tailed
+time (``tillerman.controller.driver`` carries the machine's commands through the
+guarded adapter; a slow request never stalls the brain), the **file followers** (``--watch``: session files tailed
 through ``tillerman.monitor.watch``; each batch carries the file offsets the brain records in
 the same transaction as its events), and the **overdue** notifier. The connection
 is optional: with ``--watch`` alone the daemon observes files only. SIGINT/SIGTERM cancel the group:
@@ -14,7 +14,8 @@ every append is one transaction, so nothing is half-written.
 
 Before it dispatches anything after a start, the daemon folds the ledger and
 reconciles every intent whose delivery is under way (``dispatch_unknown``,
-``queued``): a restart never resends, it reads back.
+``queued``): a restart never resends, it reads back. What to read back and what it
+shows is planned by ``tillerman.controller.reconcile``; the daemon only asks the server.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The delivery protocol as a sans-IO machine: ledger facts in, envelopes and commands out.
 
-One ``Delivery`` per intent. It owns no socket and no clock: the driver hands it a
-fact (``handle(fact)``) and gets an ``Output`` back — ledger envelopes to append
-(intent transitions and evidence, built with ``tillerman.controller.intents``) and adapter
-commands to execute, in that order. The machine's ``state`` is a cache of the
+One ``Delivery`` per intent. It owns no socket and no clock: the driver
+(``tillerman.controller.driver``) hands it a fact (``handle(fact)``) and gets an
+``Output`` back — ledger envelopes to append (intent transitions and evidence, built
+with ``tillerman.controller.intents``) and adapter commands to execute, in that order. The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
 machine from the ledger (``Delivery.from_view``).
