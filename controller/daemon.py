@@ -5,8 +5,8 @@ subscribe, follow; reconnect with backoff when the server goes away), the
 **brain** (the only ledger writer of observations and decisions: it batches what
 the connection saw, folds it, runs the rules and the policy, and hands each
 decision to the intent's delivery machine), one **delivery** task per intent at a
-time (the machine's commands go through the guarded adapter; a slow request never
-stalls the brain), the **file followers** (``--watch``: session files tailed
+time (``tillerman.controller.driver`` carries the machine's commands through the
+guarded adapter; a slow request never stalls the brain), the **file followers** (``--watch``: session files tailed
 through ``tillerman.monitor.watch``; each batch carries the file offsets the brain records in
 the same transaction as its events), and the **overdue** notifier. The connection
 is optional: with ``--watch`` alone the daemon observes files only. SIGINT/SIGTERM cancel the group:
@@ -14,7 +14,8 @@ every append is one transaction, so nothing is half-written.
 
 Before it dispatches anything after a start, the daemon folds the ledger and
 reconciles every intent whose delivery is under way (``dispatch_unknown``,
-``queued``): a restart never resends, it reads back.
+``queued``): a restart never resends, it reads back. What to read back and what it
+shows is planned by ``tillerman.controller.reconcile``; the daemon only asks the server.
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
 
 import anyio
 import msgspec
 import watchfiles
 from anyio.abc import TaskStatus
 
-from tillerman.controller.adapter import GuardedAdapter, StaleDelivery, carry_out
-from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, Reconcile, VerifyDue, behind_turn
+from tillerman.controller.adapter import GuardedAdapter
+from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
+from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.notify import OverdueNotifier
+from tillerman.controller.reconcile import read_back, reconcile_fact, seen, turn_items, turns_to_read_back, \
+    under_way, verify_due
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.supervisor import Step, next_round_due
 from tillerman.ledger import events as ev
@@ -49,7 +52,6 @@ from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.projections import IntentView, Projection
-from tillerman.ledger.snapshot import ENDED_TURN_STATES
 from tillerman.ledger.recorder import Recorder
 from tillerman.controller.link import HEARTBEAT, Link
 from tillerman.monitor.appserver_client import (
@@ -62,6 +64,7 @@ from tillerman.monitor.appserver_client import (
 from tillerman.monitor.appserver_info import describe_failure
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor import codex_wire as wire
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.jsonrpc import RpcError
@@ -81,8 +84,6 @@ LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopp
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
 RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
-KILL_AT_ENV = "TILLERMAN_KILL_AT"
-_UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
                     ev.ItemCompleted)
 
@@ -279,9 +280,7 @@ class Daemon:
         if self.tap.users_work(thread_id) is False or not self.projection.snapshot(thread_id).supervised:
             return  # Codex's own ephemeral housekeeping: recorded, never subscribed to
         try:
-            result = await client.request("thread/resume", {"threadId": thread_id, "excludeTurns": True,
-                                                            "initialTurnsPage": {"limit": 1}},
-                                          timeout=self.options.request_timeout)
+            result = await client.request(*wire.thread_resume(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot subscribe to thread %s yet (%s)", thread_id, exc)
             self.tap.resume_failed(thread_id)
@@ -294,13 +293,13 @@ class Daemon:
         envelopes = [e for e in self.tap.resumed(result, self.clock())
                      if known is None or e.event.turn_id not in known.turn_states]
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
-        envelopes += self._seen(thread_id, page.get("data") if isinstance(page, dict) else None)
+        envelopes += seen(self.projection, thread_id, wire.parse_turn_page(page).turns, self.tap.source)
         if envelopes:
             await self._inbox_send.send(envelopes)
 
     async def _read_thread(self, client, thread_id: str) -> None:
         try:
-            result = await client.request("thread/read", {"threadId": thread_id}, timeout=self.options.request_timeout)
+            result = await client.request(*wire.thread_read(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read thread %s (%s)", thread_id, exc)
             return
@@ -441,73 +440,35 @@ class Daemon:
             active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
             self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex, active_turn))
         elif decision.action is Action.RECONCILE:
-            self._drive(tg, intent_id, self._reconcile_fact(view, now))
+            self._drive(tg, intent_id, reconcile_fact(self.projection, view, now))
         elif decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
-            # The readback proves the effect once the agent is done with the turn that
-            # took the message; the machine asks for it itself when it sees that turn end,
-            # and this covers a restart after the end.
-            ack_turn = next((h.evidence.get("turn_id") for h in view.history
-                             if h.kind == "transition" and h.state == State.ACKNOWLEDGED), None)
-            ended = self.projection.snapshot(view.intent.thread_id).turn_state(ack_turn) in ENDED_TURN_STATES
-            if ended:
+            # The machine asks for the readback itself when it sees the turn end; this
+            # covers a restart after the end.
+            if verify_due(self.projection, view):
                 self._verifying.add(intent_id)
                 self._drive(tg, intent_id, VerifyDue(now))
-
-    def _reconcile_fact(self, view: IntentView, now: float) -> Reconcile:
-        intent = view.intent
-        thread = self.projection.threads.get(intent.thread_id)
-        snapshot = self.projection.snapshot(intent.thread_id)
-        echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
-        return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, self._turn_items(view),
-                         echo_turn_state=snapshot.turn_state(echo),
-                         behind_turn_state=snapshot.turn_state(behind_turn(view)))
-
-    def _turn_items(self, view: IntentView) -> frozenset[str]:
-        """Items still running that started in the intent's expected turn (an interrupt
-        may end only these processes)."""
-        thread = self.projection.threads.get(view.intent.thread_id)
-        running = thread.running.items() if thread else ()
-        return frozenset(item_id for item_id, item in running if item.turn_id == view.intent.expected_turn_id)
 
     async def _reconcile_under_way(self, tg, client: AppServerClient) -> None:
         """Every intent whose delivery is under way is read back before anything new is
         sent (after a start, or a reconnect)."""
         self._refold(tg, self.clock())
         await self._read_back_turns(tg, client)
-        for view in self.projection.open_intents():
-            if State(view.state) in _UNDER_WAY:
-                self._drive(tg, view.intent.id, self._reconcile_fact(view, self.clock()))
+        for view in under_way(self.projection):
+            self._drive(tg, view.intent.id, reconcile_fact(self.projection, view, self.clock()))
         # Then every open intent is decided once more: after a start the ledger already holds
         # intents no new entry will touch, and a decision made while disconnected was dropped.
         self._due = self.clock()
 
     async def _read_back_turns(self, tg, client: AppServerClient) -> None:
-        """What happened while this daemon was away (dead, or disconnected). A resume
-        reveals only a turn still in progress, and a thread that was idle stays unknown to
-        the fold; so for every open intent whose thread is unknown, or whose expected turn
-        the ledger still shows running, the thread's turns are read back from the server
-        (``thread/turns/list``): the thread is recorded as seen, and the end of each
-        expected turn as an observation. The fold then settles (or dispatches) the intent
-        as the live notifications would have."""
-        wanted: dict[str, set[str]] = {}
-        for view in self.projection.open_intents():
-            intent = view.intent
-            snapshot = self.projection.snapshot(intent.thread_id)
-            if not snapshot.known:
-                wanted.setdefault(intent.thread_id, set())
-            if intent.expected_turn_id is not None and snapshot.turn_state(intent.expected_turn_id) \
-                    not in ENDED_TURN_STATES:
-                wanted.setdefault(intent.thread_id, set()).add(intent.expected_turn_id)
+        """What happened while this daemon was away (dead, or disconnected): the turns of
+        the threads ``turns_to_read_back`` names are listed, and what they show is recorded
+        (``tillerman.controller.reconcile``). The fold then settles (or dispatches) the
+        intent as the live notifications would have."""
         envelopes: list[Envelope] = []
-        for thread_id, turn_ids in wanted.items():
-            try:
-                page = await client.request("thread/turns/list", {"threadId": thread_id, "limit": READBACK_PAGE},
-                                            timeout=self.options.request_timeout)
-            except (RpcError, TimeoutError, AppServerDisconnected) as exc:
-                log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)
-                continue
-            turns = page.get("data") if isinstance(page, dict) else None
-            envelopes += self._seen(thread_id, [t for t in turns or [] if isinstance(t, dict) and t.get("id") in turn_ids])
+        for thread_id, turn_ids in turns_to_read_back(self.projection).items():
+            turns = await self._list_turns(client, thread_id)
+            if turns is not None:
+                envelopes += read_back(self.projection, thread_id, turns, turn_ids, self.tap.source)
         if envelopes:
             try:
                 self._write(envelopes)
@@ -516,22 +477,16 @@ class Daemon:
                 log.error("ledger not writable (%s): turns that ended meanwhile not recorded yet", exc)
         self._refold(tg, self.clock())
 
-    def _seen(self, thread_id: str, turns: object) -> list[Envelope]:
-        """What a resume or a readback shows that notifications may not have: the thread
-        exists (a thread idle when we attached is otherwise unknown to the fold), and which
-        listed turns have ended (a resume reveals only a running turn). Only what the fold
-        does not know yet; no time stamp, so recording it twice is a silent no-op."""
-        snapshot = self.projection.snapshot(thread_id)
-        out = [] if snapshot.known else [Envelope(
-            event_id=f"rb-thread-seen:{thread_id}", source=self.tap.source, at=None,
-            event=ev.ThreadStarted(thread_id=thread_id, source_format="appserver"))]
-        for turn in turns if isinstance(turns, list) else []:
-            turn_id, status = (turn.get("id"), turn.get("status")) if isinstance(turn, dict) else (None, None)
-            if isinstance(turn_id, str) and status in get_args(ev.TurnStatus) \
-                    and snapshot.turn_state(turn_id) not in ENDED_TURN_STATES:
-                out.append(Envelope(event_id=f"rb-turn-ended:{thread_id}:{turn_id}:{status}", source=self.tap.source,
-                                    at=None, event=ev.TurnCompleted(thread_id=thread_id, turn_id=turn_id, status=status)))
-        return out
+    async def _list_turns(self, client: AppServerClient, thread_id: str) -> tuple[wire.Turn, ...] | None:
+        """The thread's latest turns (``thread/turns/list``), or None when the server did
+        not answer."""
+        try:
+            page = await client.request(*wire.turns_list(thread_id, READBACK_PAGE),
+                                        timeout=self.options.request_timeout)
+        except (RpcError, TimeoutError, AppServerDisconnected) as exc:
+            log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)
+            return None
+        return wire.parse_turn_page(page).turns
 
     def _drive(self, tg, intent_id: str, fact) -> None:
         tg.start_soon(self._carry_out, intent_id, fact)
@@ -544,7 +499,7 @@ class Daemon:
                 return
             machine = self.machines.get(intent_id) or self._machine(intent_id)
             try:
-                await carry_out(machine, fact, self.recorder, self.adapter, self._checkpoint)
+                await carry_out(machine, fact, self.recorder, self.adapter, kill_at)
             except (IllegalTransition, StaleDelivery) as exc:
                 log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
                 self.machines[intent_id] = self._machine(intent_id)
@@ -557,16 +512,9 @@ class Daemon:
             if machine.finished:
                 self.machines.pop(intent_id, None)
 
-    @staticmethod
-    def _checkpoint(point: str) -> None:
-        """Fault injection: ``TILLERMAN_KILL_AT=<point>`` (one of ``tillerman.controller.adapter.CHECKPOINTS``)
-        makes the daemon SIGKILL itself there, as a crash would."""
-        if os.environ.get(KILL_AT_ENV) == point:
-            os.kill(os.getpid(), signal.SIGKILL)
-
     def _machine(self, intent_id: str) -> Delivery:
         view = intent_view(self.recorder, intent_id)
-        machine = Delivery.from_view(view, turn_items=self._turn_items(view))
+        machine = Delivery.from_view(view, turn_items=turn_items(self.projection, view))
         self.machines[intent_id] = machine
         return machine
 

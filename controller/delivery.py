@@ -1,9 +1,10 @@
 """The delivery protocol as a sans-IO machine: ledger facts in, envelopes and commands out.
 
-One ``Delivery`` per intent. It owns no socket and no clock: the driver hands it a
-fact (``handle(fact)``) and gets an ``Output`` back — ledger envelopes to append
-(intent transitions and evidence, built with ``tillerman.controller.intent_requests``) and adapter
-commands to execute, in that order. The machine's ``state`` is a cache of the
+One ``Delivery`` per intent. It owns no socket and no clock: the driver
+(``tillerman.controller.driver``) hands it a fact (``handle(fact)``) and gets an
+``Output`` back — ledger envelopes to append (intent transitions and evidence, built
+with ``tillerman.controller.intent_requests``) and adapter commands to execute, in that
+order. The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
 machine from the ledger (``Delivery.from_view``). A server's reply reaches it as a typed
@@ -283,11 +284,10 @@ class Delivery:
         """Rebuild from the ledger after a restart or a lost race."""
         machine = cls(view.intent, S(view.state), turn_items=turn_items)
         machine._behind_turn = behind_turn(view)
+        machine._ack_turn = ack_turn(view)
         for item in view.history:
             if item.kind == "evidence" and item.reason == "delivered":
                 machine._delivered_in = _str(item.evidence.get("turn_id"))
-            elif item.kind == "transition" and item.state == S.ACKNOWLEDGED:
-                machine._ack_turn = _str(item.evidence.get("turn_id"))
             elif item.kind == "evidence" and item.reason == "terminate_requested":
                 machine._terminating[str(item.evidence["process_id"])] = str(item.evidence["item_id"])
                 machine._terminated_items.add(str(item.evidence["item_id"]))
@@ -698,6 +698,13 @@ def behind_turn(view: IntentView) -> str | None:
     """The turn a queue intent's add waits behind, from its dispatch record."""
     return next((_str(item.evidence.get("behind_turn")) for item in view.history
                  if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN), None)
+
+
+def ack_turn(view: IntentView) -> str | None:
+    """The turn the intent was acknowledged in, from its record: that turn's end is when
+    the agent is done with our message, and the ``verify`` readback may run."""
+    return next((_str(item.evidence.get("turn_id")) for item in view.history
+                 if item.kind == "transition" and item.state == S.ACKNOWLEDGED), None)
 
 
 def _kind(command: Command) -> str:

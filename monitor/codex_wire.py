@@ -82,6 +82,12 @@ def terminate(thread_id: str, process_id: str) -> Request:
     return "thread/backgroundTerminals/terminate", {"threadId": thread_id, "processId": process_id}
 
 
+def thread_resume(thread_id: str) -> Request:
+    """Subscribe to the thread's notifications. Its turns are not sent back (a long thread's
+    history is megabytes); a page of one shows whether a turn runs now."""
+    return "thread/resume", {"threadId": thread_id, "excludeTurns": True, "initialTurnsPage": {"limit": 1}}
+
+
 def thread_read(thread_id: str) -> Request:
     """What the server knows of a thread (its ``cwd`` among it); subscribes to nothing."""
     return "thread/read", {"threadId": thread_id}

@@ -139,9 +139,9 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         return Action.ESCALATE, "missing_expected_turn"
     if targets_turn and _expected_turn_ended(intent, snapshot):
         return Action.EXPIRE, "turn_ended"
-    hazard = _hazard(intent, snapshot, ruleset)
-    if hazard is not None:
-        return Action.OBSERVE_CRITICAL, hazard
+    found = hazard(intent, snapshot, ruleset)
+    if found is not None:
+        return Action.OBSERVE_CRITICAL, found
     if targets_turn:
         turn_problem = _turn_problem(intent, snapshot)
         if turn_problem is not None:
@@ -159,8 +159,10 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
     return Action(intent.mode), "authorized"
 
 
-def _hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:
-    """Why nothing may be sent to the thread right now, if anything."""
+def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:
+    """Why nothing may be sent to the thread right now, if anything. The one definition of
+    the hazards: the adapter's boundary (``tillerman.controller.boundary``) judges an
+    interrupt by it again just before the send."""
     if snapshot.approval_pending:
         return "approval_pending"
     if snapshot.external_effect_unknown:

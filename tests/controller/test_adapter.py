@@ -10,17 +10,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tillerman.controller.adapter import (
-    CommandMismatch,
-    GuardedAdapter,
-    InterruptHazard,
-    NoDispatchRecord,
-    ReplayedIntent,
-    StaleDelivery,
-    Unauthorized,
-    carry_out,
-    request_for,
-)
+from tillerman.controller.adapter import GuardedAdapter, request_for
+from tillerman.controller.boundary import CommandMismatch, InterruptHazard, NoDispatchRecord, ReplayedIntent, Unauthorized
+from tillerman.controller.driver import StaleDelivery, carry_out
 from tillerman.controller.delivery import (
     Delivery,
     Dispatch,

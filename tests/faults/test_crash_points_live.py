@@ -1,5 +1,5 @@
 """Crash at every step of the dispatch protocol: for each named checkpoint
-(``tillerman.controller.adapter.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
+(``tillerman.controller.driver.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
 — a real ``python -m tillerman.controller run`` process — SIGKILLs itself there
 (``TILLERMAN_KILL_AT``), is restarted, and must settle the intent without resending it.
 
@@ -26,7 +26,7 @@ import pytest
 
 from fixtures.codex_server import AppServer, HarnessClient, watched_connection
 from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health
-from tillerman.controller.adapter import CHECKPOINTS
+from tillerman.controller.driver import CHECKPOINTS
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

@@ -2,7 +2,7 @@
 steer is settled by readback and delivered at most once (against the real app-server).
 
 The daemon runs as a real ``tillerman run`` process; ``TILLERMAN_KILL_AT`` makes it kill
-itself at a named point of the protocol (``tillerman.controller.adapter.CHECKPOINTS``):
+itself at a named point of the protocol (``tillerman.controller.driver.CHECKPOINTS``):
 ``dispatch_recorded`` — the durable ``dispatch_unknown`` record is written, nothing
 sent yet; ``dispatch_answered`` — the server accepted the steer, the answer is not yet
 recorded.

@@ -28,7 +28,9 @@ from tests.live.daemon_support import (
     wait_until,
 )
 from tillerman.controller import intent_requests
-from tillerman.controller.adapter import GuardedAdapter, Unauthorized, carry_out
+from tillerman.controller.adapter import GuardedAdapter
+from tillerman.controller.boundary import Unauthorized
+from tillerman.controller.driver import carry_out
 from tillerman.controller.delivery import Delivery, Dispatch, Steer
 from tillerman.ledger.events import (
     ApprovalRequested,

@@ -330,7 +330,7 @@ def _raises_on_a_missing_turn(intent: Intent, *rest: Any) -> Decision:
 
 BROKEN: list[tuple[Callable[[Decide, Inputs], None], Callable[[pytest.MonkeyPatch], Decide]]] = [
     (targets_only_the_expected_turn, lambda mp: _without(mp, "_turn_problem")),
-    (never_dispatches_into_a_hazard, lambda mp: _without(mp, "_hazard")),
+    (never_dispatches_into_a_hazard, lambda mp: _without(mp, "hazard")),
     (never_dispatches_without_a_grant, lambda mp: _without(mp, "_refusal")),
     (never_dispatches_a_replayed_intent, lambda mp: _ignores_replayed),
     (never_dispatches_for_an_inactive_rule, lambda mp: _ignores_rule_status),
