@@ -50,6 +50,7 @@ from fixtures.codex_server import (
     make_codex_home,
     watched_connection,
 )
+from fixtures.rule_texts import ANN_DISPATCHES_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.faults.ledger_faults import ledger_faults
 from tillerman.controller.adapter import CHECKPOINTS
@@ -62,7 +63,7 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "ann"
-GRANTS = ('[[grant]]\nsubject = "owner:ann"\nactions = ["steer", "queue", "interrupt"]\nthreads = "*"\n')
+GRANTS = ANN_DISPATCHES_ANYWHERE
 MODES = ("steer", "queue", "interrupt")
 DEFINITE = frozenset({"acknowledged", "expired", "rejected", "effect_verified", "effect_failed"})
 #: What a steer that did not land may end as: each refusal reconciled, never retried.

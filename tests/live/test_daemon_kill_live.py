@@ -21,13 +21,14 @@ import anyio
 import pytest
 
 from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
+from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tillerman.controller.intents import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-GRANTS = '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\nthreads = "*"\n'
+GRANTS = ANN_STEERS_ANYWHERE
 
 
 def start_daemon(server: AppServer, ledger: Path, config: Path, kill_at: str | None = None) -> subprocess.Popen:

@@ -13,13 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.codex_server import AppServer
+from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from tests.live.daemon_support import ruleset_from, session, wait_until
 from tillerman.controller import intents
 from tillerman.controller.cli import main
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-GRANT = '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\nthreads = "*"\n'
+GRANT = ANN_STEERS_ANYWHERE
 
 
 async def test_dry_run_decides_and_records_but_never_dispatches(
