@@ -28,9 +28,7 @@ async def test_dry_run_decides_and_records_but_never_dispatches(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", GRANT), dry_run=True)
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 2")
         intent = intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                                  text="dry run: would steer")
         view = await wait_until(lambda: (v := s.intent(intent.id)).last_decision and v, "a decision")
@@ -76,9 +74,7 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
                                                            tmp_path: Path) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 2")
         intents.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="queue", owner="nobody",
                         text="later")
         s.daemon._heartbeat(s.daemon.clock())
