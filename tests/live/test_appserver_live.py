@@ -131,7 +131,7 @@ async def test_supervisor_steers_a_running_turn_and_sees_delivery(
 
     rollout = Path(thread["path"])
     assert rollout.is_file() and rollout.is_relative_to(app_server.sessions_dir)
-    records = [json.loads(line) for line in rollout.readtext_input().splitlines()]
+    records = [json.loads(line) for line in rollout.read_text().splitlines()]
     assert records[0]["type"] == "session_meta"
     assert any(
         r["type"] == "event_msg" and r["payload"].get("item", {}).get("client_id") == INTENT_ID
@@ -234,7 +234,7 @@ async def test_recorded_session_regenerates(tmp_path: Path) -> None:
         assert method in sent
     assert {"item/commandExecution/requestApproval", "serverRequest/resolved"} <= received
     assert None not in sent  # requests and notifications only: no answers
-    rollout = (tmp_path / "codex-rollout" / "live-0.163-supervised.jsonl").readtext_input()
+    rollout = (tmp_path / "codex-rollout" / "live-0.163-supervised.jsonl").read_text()
     assert session.thread_id in rollout and "<WORKSPACE>" in rollout
     assert str(Path.home()) + "/" not in rollout
 
