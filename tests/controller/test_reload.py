@@ -10,6 +10,7 @@ import textwrap
 
 import anyio
 
+from fixtures.rule_texts import NO_OWNER_GRANT, rule
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.reload import RuleReloader
 from tillerman.ledger import events as ev
@@ -19,20 +20,15 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
 from tillerman.rules.ruleset import ruleset_from_text
 
-RULE = """\
-[[rule]]
-id = "repeated-failure"
-version = {version}
-status = "active"
-owner = "platform-team"
-review_by = 2099-01-01
-condition = {{ kind = "repeated_failure", count = {count} }}
-action = "report_overdue"
-"""
 CONFIG = """\
 [patterns]
 critical = ['\\bdeploy\\b']
 """
+
+
+def repeated_failure_rule(version: int, count: int) -> str:
+    return rule("repeated-failure", version=version, condition={"kind": "repeated_failure", "count": count},
+                action="report_overdue")
 
 
 def kinds(recorder, kind):
@@ -60,7 +56,7 @@ def failing_thread(times: int, thread: str = "T") -> Projection:
 
 def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
     rules, config = tmp_path / "rules.toml", tmp_path / "config.toml"
-    rules.write_text(RULE.format(version=1, count=3))
+    rules.write_text(repeated_failure_rule(version=1, count=3))
     config.write_text(CONFIG)
     first = load_effective(rules, config)
     recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
@@ -75,7 +71,7 @@ def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
             assert (start.reason, start.digest, start.previous_digest, start.rules) == ("start", first.ruleset.digest, None, 1)
 
             # a valid change: applied, recorded with the new digest
-            rules.write_text(RULE.format(version=2, count=2))
+            rules.write_text(repeated_failure_rule(version=2, count=2))
             await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 2)
             second = load_effective(rules, config)
             loaded = kinds(recorder, "ruleset_loaded")[1]
@@ -87,7 +83,7 @@ def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
                                                                                       second.ruleset.digest)
 
             # a broken change: recorded with the error, the last good set keeps deciding
-            rules.write_text(RULE.format(version=3, count=2).replace('"report_overdue"', '"reboot"'))
+            rules.write_text(repeated_failure_rule(version=3, count=2).replace('"report_overdue"', '"reboot"'))
             await until(lambda: kinds(recorder, "ruleset_rejected"))
             (rejected,) = kinds(recorder, "ruleset_rejected")
             assert rejected.kept_digest == second.ruleset.digest and rejected.reason == "reload"
@@ -105,7 +101,7 @@ def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
             await until(lambda: len(kinds(recorder, "ruleset_rejected")) == 2)
             assert daemon.tap._mapping.patterns == first.patterns
             # fixed: the same rules, new patterns: recorded, and the tap classifies with them
-            rules.write_text(RULE.format(version=2, count=2))
+            rules.write_text(repeated_failure_rule(version=2, count=2))
             await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 3)
             third = kinds(recorder, "ruleset_loaded")[2]
             assert third.digest == second.ruleset.digest and third.patterns_digest != loaded.patterns_digest
@@ -121,7 +117,7 @@ def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
 
 def test_sighup_reloads_a_change_the_poll_cannot_see(tmp_path):
     rules = tmp_path / "rules.toml"
-    rules.write_text(RULE.format(version=1, count=3))
+    rules.write_text(repeated_failure_rule(version=1, count=3))
     first = load_effective(rules, None)
     recorder = SQLiteRecorder(":memory:")
 
@@ -131,7 +127,7 @@ def test_sighup_reloads_a_change_the_poll_cannot_see(tmp_path):
             tg.start_soon(daemon._watch_rules, 30.0)  # the poll would not come round in this test
             await until(lambda: kinds(recorder, "ruleset_loaded"))
             stat = os.stat(rules)
-            rules.write_text(RULE.format(version=1, count=4))  # same size
+            rules.write_text(repeated_failure_rule(version=1, count=4))  # same size
             os.utime(rules, ns=(stat.st_atime_ns, stat.st_mtime_ns))
             await anyio.sleep(0.05)
             os.kill(os.getpid(), signal.SIGHUP)
@@ -148,8 +144,8 @@ def test_sighup_reloads_a_change_the_poll_cannot_see(tmp_path):
 
 def test_rules_past_review_are_reported_once(tmp_path, caplog):
     rules = tmp_path / "rules.toml"
-    rules.write_text(RULE.format(version=1, count=3).replace("2099-01-01", "2020-01-01")
-                     + 'expires = 2021-01-01\n' + textwrap.dedent(RULE.format(version=1, count=3)).replace(
+    rules.write_text(repeated_failure_rule(version=1, count=3).replace("2099-01-01", "2020-01-01")
+                     + 'expires = 2021-01-01\n' + textwrap.dedent(repeated_failure_rule(version=1, count=3)).replace(
                          '"repeated-failure"', '"fresh"'))
     effective = load_effective(rules, None)
     reloader = RuleReloader(rules, None, effective)
@@ -177,7 +173,7 @@ def test_without_config_the_default_file_is_watched_even_before_it_exists(tmp_pa
         assert reloader.poll(2.0).effective is None  # nothing changed
 
         default.parent.mkdir(parents=True)
-        default.write_text("[defaults]\nowner_grant = false\n")
+        default.write_text(NO_OWNER_GRANT)
         outcome = reloader.poll(3.0)
         recorder.append(outcome.envelopes)
         assert outcome.effective is not None and outcome.effective.ruleset.grants == ()
@@ -203,12 +199,12 @@ def test_each_recorded_rule_set_carries_its_text_and_rebuilds_to_its_digest(tmp_
     """``replay --check`` decides again with the set a ``ruleset_loaded`` recorded: at a
     start and after a reload, the text rebuilds exactly the set that decides."""
     rules, config = tmp_path / "rules.toml", tmp_path / "config.toml"
-    rules.write_text(RULE.format(version=1, count=3))
+    rules.write_text(repeated_failure_rule(1, 3))
     config.write_text('[[grant]]\nsubject = "rule:repeated-failure"\nactions = ["steer"]\n')
     first = load_effective(rules, config)
     reloader = RuleReloader(rules, config, first)
     recorded = reloader.poll(1.0).envelopes
-    rules.write_text(RULE.format(version=2, count=3))
+    rules.write_text(repeated_failure_rule(2, 3))
     os.utime(rules, ns=(1, 1))  # a new mtime even on a coarse clock
     outcome = reloader.poll(2.0)
     recorded += outcome.envelopes
@@ -227,7 +223,7 @@ def test_an_explicit_config_is_the_one_watched_not_the_default(tmp_path):
     reloader = RuleReloader(None, mine, load_effective(None, mine))
     reloader.poll(1.0)
     default.parent.mkdir(parents=True)
-    default.write_text("[defaults]\nowner_grant = false\n")
+    default.write_text(NO_OWNER_GRANT)
     assert reloader.poll(2.0).effective is None
     mine.unlink()
     outcome = reloader.poll(3.0)  # an explicit file that goes away is an error, not "no file"
@@ -259,7 +255,7 @@ def _bytes(data: bytes):
     return make
 
 
-GOOD_RULE = RULE.format(version=1, count=3)
+GOOD_RULE = repeated_failure_rule(version=1, count=3)
 BAD_FILES = {
     # kind: (file, how it goes bad, what the rejection says)
     "nested too deeply": ("rules", _text(GOOD_RULE + "x = " + "[" * 100_000 + "]" * 100_000 + "\n"),
@@ -302,7 +298,7 @@ def test_every_kind_of_bad_file_is_rejected_and_the_last_good_set_keeps_deciding
 
         # fixed (with a new version of the rule, so that the change shows): loaded and in force
         version += 1
-        _replace(paths["rules"], _text(RULE.format(version=version, count=3)))
+        _replace(paths["rules"], _text(repeated_failure_rule(version=version, count=3)))
         _replace(paths["config"], _text(CONFIG))
         outcome = reloader.poll(now + 1)
         (loaded,) = [e.event for e in outcome.envelopes]
@@ -323,7 +319,7 @@ def test_a_loader_fault_is_recorded_as_a_rejection_not_a_dead_daemon(tmp_path, m
         raise KeyError("kind")
 
     monkeypatch.setattr("tillerman.controller.reload.load_effective", broken)
-    rules.write_text(RULE.format(version=2, count=3))
+    rules.write_text(repeated_failure_rule(version=2, count=3))
     outcome = reloader.poll(1.0)
     (rejected,) = [e.event for e in outcome.envelopes]
     assert rejected.error == ("the files could not be loaded (KeyError: 'kind'); check them with tillerman rules"
@@ -347,7 +343,7 @@ def test_the_daemon_survives_a_deeply_nested_rule_file_and_one_replaced_by_dev_z
             _replace(rules, BAD_FILES["symlink to /dev/zero"][1])
             await until(lambda: len(kinds(recorder, "ruleset_rejected")) == 2)
             assert daemon.step.ruleset == first.ruleset
-            _replace(rules, _text(RULE.format(version=2, count=3)))
+            _replace(rules, _text(repeated_failure_rule(version=2, count=3)))
             await until(lambda: len(kinds(recorder, "ruleset_loaded")) == 2)
             assert daemon.step.ruleset.rules[0].version == 2
             tg.cancel_scope.cancel()

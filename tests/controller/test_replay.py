@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fixtures.rule_texts import rule
 from tests.monitor.test_quarantine import GOOD as QUARANTINE_GOOD
 from tillerman.controller.cli import main
 from tillerman.controller.timefmt import parse_time
@@ -136,8 +137,8 @@ def test_an_unreadable_file_is_a_clear_error(tmp_path):
 
 def test_invalid_rules_file_is_a_line_accurate_error(tmp_path):
     rules = tmp_path / "rules.toml"
-    rules.write_text('[[rule]]\nid = "x"\nversion = 1\nstatus = "active"\nowner = "me"\nreview_by = 2027-01-01\n'
-                     'condition = { kind = "turn_slow", for = "5m" }\naction = "report_overdue"\n')
+    rules.write_text(rule("x", owner="me", review_by="2027-01-01", condition={"kind": "turn_slow", "for": "5m"},
+                          action="report_overdue"))
     code, out = replay("--rules", rules, STALL)
     assert code == 2 and "rules.toml:7" in out
 

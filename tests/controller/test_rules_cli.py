@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, rule
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -24,21 +25,12 @@ from tillerman.rules.owner import local_login
 
 ROOT = Path(__file__).resolve().parents[2]
 DIS = ROOT / "fixtures" / "disagreement"
-NO_OWNER_GRANT = "\n[defaults]\nowner_grant = false\n"
 NOBODY = pwd.getpwnam("nobody")
 
-PROPOSAL = """\
-[[rule]]
-id = "quiet-steer"
-version = 1
-status = "proposed"
-owner = "platform-team"
-review_by = 2027-06-01
-condition = { kind = "turn_quiet", for = "5m" }
-action = "steer"
-text = "Turn {turn_id} has been quiet for {quiet_for}: say what you are waiting for, or change approach."
-ack_deadline = "2m"
-"""
+PROPOSAL = rule(
+    "quiet-steer", status="proposed", review_by="2027-06-01", condition={"kind": "turn_quiet", "for": "5m"},
+    action="steer", text="Turn {turn_id} has been quiet for {quiet_for}: say what you are waiting for, or change approach.",
+    ack_deadline="2m")
 
 
 @pytest.fixture
@@ -64,8 +56,7 @@ def test_validate_a_rule_file(here):
 
 
 def test_validate_a_config_file(here):
-    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n'
-                                      "[patterns]\ncritical = ['deploy']\n")
+    (here / "config.toml").write_text(ANN_STEERS + "\n[patterns]\ncritical = ['deploy']\n")
     assert run("validate", "config.toml") == (
         0, "config.toml: valid config file: 1 grants, built-in owner grant on, patterns 1 critical, 7 external\n", "")
     (here / "config.toml").write_text(NO_OWNER_GRANT)
@@ -77,8 +68,7 @@ def test_validate_a_config_file(here):
 
 
 def test_validate_a_wrong_type_under_defaults(here):
-    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n\n'
-                                      "[defaults]\nowner_grant = 'off'\n")
+    (here / "config.toml").write_text(ANN_STEERS + "\n[defaults]\nowner_grant = 'off'\n")
     assert run("validate", "config.toml") == (2, "", 'Error: config.toml:6: defaults field owner_grant: must be true '
                                                      'or false (got "off"); write it like owner_grant = false\n')
 
@@ -107,8 +97,8 @@ def test_validate_refuses_with_the_line_and_exit_2(here, change, error):
 def test_show_the_effective_set(here):
     (here / "rules.toml").write_text(PROPOSAL.replace('"proposed"', '"shadow"').replace("2027-06-01", "2026-01-01")
                                      + "expires = 2027-01-01\n")
-    (here / "config.toml").write_text('[[grant]]\nsubject = "rule:quiet-steer"\nactions = ["steer"]\n\n'
-                                      "[patterns]\ncritical = ['\\bdeploy\\b']\nexternal = []\n" + NO_OWNER_GRANT)
+    (here / "config.toml").write_text(grant("rule:quiet-steer", ["steer"]) + "\n[patterns]\ncritical = ['\\bdeploy\\b']\n"
+                                      "external = []\n\n" + NO_OWNER_GRANT)
     code, out, err = run("show", "--rules", "rules.toml", "--config", "config.toml", "--now", "2026-06-01T00:00:00Z")
     digest = json.loads(run("show", "--rules", "rules.toml", "--config", "config.toml", "--json")[1])["digest"]
     assert (code, err) == (0, "")
@@ -162,7 +152,7 @@ def test_show_without_a_config_file_marks_the_builtin_grant(here):
 def test_show_reads_the_default_config_file(here):
     default = here / "config" / "tillerman" / "config.toml"
     default.parent.mkdir(parents=True)
-    default.write_text('[[grant]]\nsubject = "rule:stall"\nactions = ["queue"]\n')
+    default.write_text(grant("rule:stall", ["queue"]))
     code, out, _ = run("show", "--json")
     data = json.loads(out)
     assert code == 0 and (data["config_path"], data["config_source"]) == (str(default), "default")
@@ -309,7 +299,7 @@ def test_a_proposal_chooses_registered_actions_only_and_says_proposed(here):
     assert run("propose", "active.toml") == (2, "", (
         'Error: active.toml: rule "quiet-steer" field status: a proposal must say status = "proposed" (got "active"); '
         "promotion to shadow or active is tillerman rules promote\n"))
-    (here / "grant.toml").write_text(PROPOSAL + '\n[[grant]]\nsubject = "rule:quiet-steer"\nactions = ["steer"]\n')
+    (here / "grant.toml").write_text(PROPOSAL + "\n" + grant("rule:quiet-steer", ["steer"]))
     code, _, err = run("propose", "grant.toml")
     assert code == 2 and "top level field grant: unknown field; expected one of rule" in err
     assert not (here / "ledger.sqlite3").exists() or not list(SQLiteRecorder(here / "ledger.sqlite3").read())
@@ -354,7 +344,7 @@ def test_run_refuses_rule_and_config_files_others_could_have_written(here):
     assert done.stderr == ("Error: rules.toml: writable by group and others (mode 0666): tillerman run refuses it,"
                            " since its commands would run as you; fix: chmod go-w rules.toml\n")
     (here / "rules.toml").chmod(0o644)
-    (here / "config.toml").write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n')
+    (here / "config.toml").write_text(ANN_STEERS)
     os.chown(here / "config.toml", NOBODY.pw_uid, NOBODY.pw_gid)
     done = tillerman("run", "--no-codex", "--watch", "sessions", "--rules", "rules.toml", "--config", "config.toml",
                      cwd=here)

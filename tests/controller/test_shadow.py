@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fixtures.rule_texts import grant, rule
 from tillerman.controller.replay import Replayer
 from tillerman.controller.supervisor import Step
 from tillerman.ledger import events as ev
@@ -17,22 +18,9 @@ from tillerman.rules.ruleset import build_ruleset
 ROOT = Path(__file__).resolve().parents[2]
 STUCK = ROOT / "fixtures" / "disagreement" / "stuck"
 
-SHADOW = """\
-[[rule]]
-id = "quick-steer"
-version = 2
-status = "shadow"
-owner = "platform-team"
-review_by = 2099-01-01
-condition = { kind = "repeated_failure", count = 2 }
-action = "steer"
-text = "Stop re-running {tool}."
-"""
-GRANT = """\
-[[grant]]
-subject = "rule:quick-steer"
-actions = ["steer"]
-"""
+SHADOW = rule("quick-steer", version=2, status="shadow", condition={"kind": "repeated_failure", "count": 2},
+              action="steer", text="Stop re-running {tool}.")
+GRANT = grant("rule:quick-steer", ["steer"])
 
 
 def ruleset():

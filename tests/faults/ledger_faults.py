@@ -102,6 +102,16 @@ class Stage:
         self.run("ledger", "verify", "--ledger", str(ledger))
 
 
+@contextlib.contextmanager
+def _scratch_folder(prefix: str) -> Iterator[Path]:
+    """A new folder under the system temp directory, removed with everything in it afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _seeded(folder: Path, stage: Stage) -> Path:
     path = folder / "ledger.sqlite3"
     for number in range(3):
@@ -135,8 +145,7 @@ def disk_full(stage: Stage) -> str:
 
 
 def read_only(stage: Stage) -> str:
-    folder = Path(tempfile.mkdtemp(prefix="tillerman-ro-"))
-    try:
+    with _scratch_folder("tillerman-ro-") as folder:
         folder.chmod(0o755)
         path = _seeded(folder, stage)
         for file in folder.iterdir():
@@ -146,13 +155,10 @@ def read_only(stage: Stage) -> str:
                   user="nobody", expect=(2,))
         stage.nothing_lost(path, "read-only")
         return "read-only: readers ok as nobody, propose refused with exit 2"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def anchor_missing(stage: Stage) -> str:
-    folder = Path(tempfile.mkdtemp(prefix="tillerman-anchor-"))
-    try:
+    with _scratch_folder("tillerman-anchor-") as folder:
         path = _seeded(folder, stage)
         Path(f"{path}.head").unlink()
         stage.run("ledger", "verify", "--ledger", str(path), expect=(1,))
@@ -161,13 +167,10 @@ def anchor_missing(stage: Stage) -> str:
         stage.propose(path, "after acceptance")
         stage.nothing_lost(path, "anchor missing")
         return "anchor missing: reported, writes refused until accept-tail"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def tail_cut(stage: Stage) -> str:
-    folder = Path(tempfile.mkdtemp(prefix="tillerman-tail-"))
-    try:
+    with _scratch_folder("tillerman-tail-") as folder:
         path = _seeded(folder, stage)
         cut_tail(path, 1)
         stage.committed[path] = stage.committed[path][:1]  # cut on purpose: not a loss by tillerman
@@ -178,8 +181,6 @@ def tail_cut(stage: Stage) -> str:
         stage.propose(path, "after acceptance")
         stage.nothing_lost(path, "tail cut")
         return "tail cut then appended: appends refused, reported until accept-tail"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def ledger_faults() -> tuple[bool, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
+from fixtures.codex_server import AppServer, is_item, is_notification, start_command, watched_connection
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -26,10 +26,7 @@ async def test_busy_ledger_holds_dispatch_then_delivers_once(
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
     async with watched_connection(app_server.url, client_name="harness") as (harness, log):
-        thread = (await harness.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
-        turn = (await harness.request("turn/start", {"threadId": thread, "input": [
-            {"type": "text", "text": "RUN: sleep 3"}]}))["turn"]["id"]
-        await log.wait_for(is_item("item/started", "commandExecution"), timeout=20)
+        thread, turn = await start_command(harness, log, workspace, "RUN: sleep 3")
         with SQLiteRecorder(path) as rec:
             intent = propose(rec, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                              text="BUSYTEST: finish this command, then stop.")

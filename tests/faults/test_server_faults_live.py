@@ -123,10 +123,9 @@ async def test_a_reply_slower_than_the_timeout_leaves_dispatch_unknown_then_reco
         await daemon.connected.wait()
         daemon.adapter.client = SlowReplies(daemon.adapter.client,
                                             {"turn/steer", "thread/queue/add", "turn/interrupt"})
-        thread = (await client.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
-        turn = (await client.request("turn/start", {"threadId": thread, "input": [
-            {"type": "text", "text": "RUN: sleep 2"}]}))["turn"]["id"]
         h = Harness(app_server, client, log, DaemonProcess(app_server.url, tmp_path / "unused"))
+        thread = await h.start_thread(workspace)
+        turn = await h.start_turn(thread, "RUN: sleep 2")
         await h.command_started(thread, turn)
         request = {"expected_turn": turn} if mode != "queue" else {"ack_deadline": QUEUE_ACK_DEADLINE}
         intent = propose(recorder, thread_id=thread, mode=mode, owner="ann", text=f"SLOW {mode}: note this.",

@@ -48,8 +48,11 @@ from fixtures.codex_server import (
     is_item,
     is_notification,
     make_codex_home,
+    start_thread,
+    start_turn,
     watched_connection,
 )
+from fixtures.rule_texts import ANN_DISPATCHES_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.faults.ledger_faults import ledger_faults
 from tillerman.controller.driver import CHECKPOINTS, KILL_AT_ENV
@@ -61,7 +64,7 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "ann"
-GRANTS = ('[[grant]]\nsubject = "owner:ann"\nactions = ["steer", "queue", "interrupt"]\nthreads = "*"\n')
+GRANTS = ANN_DISPATCHES_ANYWHERE
 MODES = ("steer", "queue", "interrupt")
 DEFINITE = frozenset({"acknowledged", "expired", "rejected", "effect_verified", "effect_failed"})
 #: What a steer that did not land may end as: each refusal reconciled, never retried.
@@ -69,10 +72,6 @@ STEER_REFUSALS = frozenset({("rejected", "stale_turn"), ("rejected", "no_active_
                             ("expired", "turn_ended"), ("expired", "not_delivered"),
                             ("expired", "lost_after_accept")})
 QUEUE_ACK_DEADLINE = 3.0  # a queue add of unknown outcome that is absent settles after this
-
-
-def text_input(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
 
 
 # -- the daemon as a real process ----------------------------------------------------------
@@ -393,11 +392,10 @@ class Harness:
         self.trace = TraceReader(daemon.trace)
 
     async def start_thread(self, workspace: Path) -> str:
-        return (await self.client.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
+        return await start_thread(self.client, workspace)
 
     async def start_turn(self, thread_id: str, prompt: str) -> str:
-        return (await self.client.request("turn/start", {"threadId": thread_id, "input": text_input(prompt)}))[
-            "turn"]["id"]
+        return await start_turn(self.client, thread_id, prompt)
 
     async def command_started(self, thread_id: str, turn_id: str, timeout: float = 20.0) -> None:
         await self.log.wait_for(lambda m: is_item("item/started", "commandExecution")(m)

@@ -13,12 +13,18 @@ def _hold(path, ready, done):
         done.wait(30)
 
 
-def test_a_second_daemon_is_refused_and_told_who_holds_it(tmp_path):
-    path = tmp_path / "ledger.sqlite3"
+def _start_holder(path):
+    """Another process that takes the lock and holds it until ``done`` is set (or it is killed)."""
     ctx = multiprocessing.get_context("spawn")
     ready, done = ctx.Event(), ctx.Event()
     holder = ctx.Process(target=_hold, args=(path, ready, done))
     holder.start()
+    return holder, ready, done
+
+
+def test_a_second_daemon_is_refused_and_told_who_holds_it(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    holder, ready, done = _start_holder(path)
     try:
         assert ready.wait(30)
         with pytest.raises(LedgerLocked, match=f"pid {holder.pid}"):
@@ -32,10 +38,7 @@ def test_a_second_daemon_is_refused_and_told_who_holds_it(tmp_path):
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     path = tmp_path / "ledger.sqlite3"
-    ctx = multiprocessing.get_context("spawn")
-    ready, done = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold, args=(path, ready, done))
-    holder.start()
+    holder, ready, _ = _start_holder(path)
     assert ready.wait(30)
     holder.kill()
     holder.join(30)

@@ -34,12 +34,17 @@ def test_wal_and_busy_timeout(tmp_path):
         assert rec._db.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
 
 
-def test_a_foreign_sqlite_file_is_refused(tmp_path):
-    path = tmp_path / "other.db"
+def _run_sql(path, statement):
+    """``statement`` committed on the file by a plain SQLite connection, not a recorder."""
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE x (y)")
+    db.execute(statement)
     db.commit()
     db.close()
+
+
+def test_a_foreign_sqlite_file_is_refused(tmp_path):
+    path = tmp_path / "other.db"
+    _run_sql(path, "CREATE TABLE x (y)")
     with pytest.raises(SchemaError, match="not a tillerman ledger"):
         SQLiteRecorder(path)
 
@@ -47,10 +52,7 @@ def test_a_foreign_sqlite_file_is_refused(tmp_path):
 def test_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "l.sqlite3"
     SQLiteRecorder(path).close()
-    db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 99")
-    db.commit()
-    db.close()
+    _run_sql(path, "PRAGMA user_version = 99")
     with pytest.raises(SchemaError, match="upgrade tillerman"):
         SQLiteRecorder(path)
 

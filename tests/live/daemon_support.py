@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 
 import anyio
 
-from fixtures.codex_server import AppServer, EventLog, HarnessClient, is_notification, watched_connection
+from fixtures.codex_server import (
+    AppServer,
+    EventLog,
+    HarnessClient,
+    is_notification,
+    start_thread,
+    start_turn,
+    watched_connection,
+)
+from fixtures.rule_texts import grant
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
 from tillerman.ledger.events import Entry
@@ -27,17 +36,8 @@ from tillerman.rules.ruleset import RuleSet
 T = TypeVar("T")
 #: The owner the live tests propose as, and a config granting them every dispatch mode.
 OWNER = "ann"
-OWNER_GRANT = f"""\
-[[grant]]
-subject = "owner:{OWNER}"
-actions = ["steer", "queue", "interrupt"]
-threads = "*"
-"""
+OWNER_GRANT = grant(f"owner:{OWNER}", ["steer", "queue", "interrupt"], threads="*")
 SETTLED = frozenset({"acknowledged", "effect_verified", "effect_failed", "expired", "rejected"})
-
-
-def text_input(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
 
 
 def ruleset_from(tmp_path: Path, rules: str, grants: str) -> RuleSet:
@@ -108,11 +108,18 @@ class Session:
     # -- the harness ------------------------------------------------------------------
 
     async def start_thread(self, workspace: Path, **params: Any) -> str:
-        return (await self.harness.request("thread/start", {"cwd": str(workspace), **params}))["thread"]["id"]
+        return await start_thread(self.harness, workspace, **params)
 
     async def start_turn(self, thread_id: str, prompt: str) -> str:
-        started = await self.harness.request("turn/start", {"threadId": thread_id, "input": text_input(prompt)})
-        return started["turn"]["id"]
+        return await start_turn(self.harness, thread_id, prompt)
+
+    async def start_command(self, workspace: Path, prompt: str) -> tuple[str, str]:
+        """A new thread whose first turn runs a command (``prompt`` is ``RUN: ...``): its thread
+        and turn ids, once the daemon's ledger shows the command running."""
+        thread = await self.start_thread(workspace)
+        turn = await self.start_turn(thread, prompt)
+        await wait_until(lambda: self.sees_command_started(thread, turn), "the daemon to see the command")
+        return thread, turn
 
     async def turn_completed(self, thread_id: str, turn_id: str, timeout: float = 20.0) -> str:
         """The final status of the turn, as the harness saw it."""

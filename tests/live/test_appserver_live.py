@@ -21,6 +21,7 @@ from fixtures.codex_server import (
     HarnessClient,
     is_item,
     is_notification,
+    text_input,
     watched_connection,
 )
 from fixtures.record_sessions import record
@@ -32,10 +33,6 @@ pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
 INTENT_ID = "in-0123456789abcdef0123"
 QUEUED_INTENT_ID = "in-0123456789abcdef0456"
-
-
-def _text(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
 
 
 @asynccontextmanager
@@ -55,7 +52,7 @@ async def _harness_and_supervisor(
 async def _start_turn(harness: HarnessClient, workspace: Path, prompt: str, **thread_params: Any) -> tuple[dict, str]:
     started = await harness.request("thread/start", {"cwd": str(workspace), **thread_params})
     thread_id = started["thread"]["id"]
-    turn = await harness.request("turn/start", {"threadId": thread_id, "input": _text(prompt)})
+    turn = await harness.request("turn/start", {"threadId": thread_id, "input": text_input(prompt)})
     return started["thread"], turn["turn"]["id"]
 
 
@@ -87,7 +84,7 @@ def _turn_completed(thread_id: str, turn_id: str):
 async def _steer(client: AppServerClient, thread_id: str, expected_turn_id: str, text: str, **extra: Any) -> Any:
     return await client.request(
         "turn/steer",
-        {"threadId": thread_id, "expectedTurnId": expected_turn_id, "input": _text(text), **extra},
+        {"threadId": thread_id, "expectedTurnId": expected_turn_id, "input": text_input(text), **extra},
     )
 
 
@@ -178,7 +175,7 @@ async def test_queued_entry_waits_for_the_active_turn_and_runs_after(
         await _subscribe(supervisor, log, thread["id"])
         added = await supervisor.request(
             "thread/queue/add",
-            {"threadId": thread["id"], "clientUserMessageId": QUEUED_INTENT_ID, "input": _text("RUN: sleep 1")},
+            {"threadId": thread["id"], "clientUserMessageId": QUEUED_INTENT_ID, "input": text_input("RUN: sleep 1")},
         )
         assert added["queuedSubmission"]["clientUserMessageId"] == QUEUED_INTENT_ID
         queue = await supervisor.request("thread/queue/list", {"threadId": thread["id"]})

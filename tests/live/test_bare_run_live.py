@@ -28,7 +28,7 @@ from typing import TypeVar
 import anyio
 import pytest
 
-from fixtures.codex_server import is_item, is_notification, make_codex_home, watched_connection
+from fixtures.codex_server import is_item, is_notification, make_codex_home, start_command, watched_connection
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, default_socket
 from tests.monitor.tailer_support import append, facts, rollout_name, session_meta
@@ -130,10 +130,7 @@ async def _owner_steers_a_running_turn(tillerman: Tillerman, url: str, ledger: P
     """A harness runs a long command; the owner's steer, proposed with no --owner and no
     config, reaches that turn exactly once."""
     async with watched_connection(url, client_name="harness") as (harness, log):
-        thread = (await harness.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
-        turn = (await harness.request("turn/start", {"threadId": thread, "input": [
-            {"type": "text", "text": "RUN: sleep 4"}]}))["turn"]["id"]
-        await log.wait_for(is_item("item/started", "commandExecution"), timeout=30)
+        thread, turn = await start_command(harness, log, workspace, "RUN: sleep 4", timeout=30)
         with anyio.fail_after(30):
             while not any(t["thread"] == thread and t["active_turn"] == turn
                           for t in tillerman.status(ledger)["threads"]):

@@ -20,14 +20,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
+from fixtures.codex_server import AppServer, is_notification, start_command, watched_connection
+from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-GRANTS = '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\nthreads = "*"\n'
+GRANTS = ANN_STEERS_ANYWHERE
 
 
 def start_daemon(server: AppServer, ledger: Path, config: Path, kill_at: str | None = None) -> subprocess.Popen:
@@ -63,10 +64,7 @@ async def test_killed_mid_dispatch_then_settled_by_readback_at_most_once(
     async with watched_connection(app_server.url, client_name="harness") as (harness, log):
         daemon = start_daemon(app_server, ledger, config, kill_at)
         try:
-            thread = (await harness.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
-            turn = (await harness.request("turn/start", {"threadId": thread, "input": [
-                {"type": "text", "text": "RUN: sleep 3"}]}))["turn"]["id"]
-            await log.wait_for(is_item("item/started", "commandExecution"), timeout=20)
+            thread, turn = await start_command(harness, log, workspace, "RUN: sleep 3")
             with SQLiteRecorder(ledger) as rec:
                 intent = propose(rec, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                                  text=f"KILLTEST {kill_at}: stop after this command.")

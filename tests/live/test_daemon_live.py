@@ -15,7 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, watched_connection
+from fixtures.codex_server import AppServer, is_item, text_input, watched_connection
+from fixtures.rule_texts import grant, rule
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import (
     OWNER,
@@ -24,7 +25,6 @@ from tests.live.daemon_support import (
     reached_model,
     ruleset_from,
     session,
-    text_input,
     wait_until,
 )
 from tillerman.controller import intent_requests
@@ -68,9 +68,7 @@ async def test_granted_steer_lands_in_its_turn_is_acknowledged_and_verified(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 1")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 1")
 
         intent = intent_requests.propose(
             s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
@@ -169,9 +167,7 @@ async def test_steer_accepted_then_interrupted_by_the_harness_expires_lost_after
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 3")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 3")
 
         intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text="accepted but never heard zq3")
@@ -274,9 +270,7 @@ async def test_only_our_client_id_acknowledges_a_steer_interleaved_with_human_me
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 1.5")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 1.5")
 
         # The human steers first, with their own clientUserMessageId, then tillerman, then
         # the human again with a plain message (no clientUserMessageId).
@@ -318,17 +312,8 @@ async def test_only_our_client_id_acknowledges_a_steer_interleaved_with_human_me
 
 # -- 6. approval waits and quiet critical commands are not hangs ------------------------
 
-STALL_RULE = """\
-[[rule]]
-id = "stall"
-version = 1
-status = "active"
-owner = "tests"
-review_by = 2027-06-01
-condition = { kind = "turn_quiet", for = "1s" }
-action = "interrupt"
-text = "Turn {turn_id} was quiet for {quiet_for}: interrupting."
-"""
+STALL_RULE = rule("stall", owner="tests", review_by="2027-06-01", condition={"kind": "turn_quiet", "for": "1s"},
+                  action="interrupt", text="Turn {turn_id} was quiet for {quiet_for}: interrupting.")
 
 
 async def test_approval_wait_and_quiet_critical_command_are_not_interrupted_as_hangs(
@@ -338,12 +323,7 @@ async def test_approval_wait_and_quiet_critical_command_are_not_interrupted_as_h
         waiting = await s.start_thread(workspace, approvalPolicy="untrusted")
         critical = await s.start_thread(workspace)
         control = await s.start_thread(workspace)  # an ordinary quiet command: the rule must fire
-        grants = f"""\
-[[grant]]
-subject = "rule:stall"
-actions = ["interrupt"]
-threads = ["{waiting}", "{critical}", "{control}"]
-"""
+        grants = grant("rule:stall", ["interrupt"], threads=[waiting, critical, control])
         await s.start_daemon(ruleset_from(tmp_path, STALL_RULE, grants))
         waiting_turn = await s.start_turn(waiting, "RUN: echo approved-zq6")
         critical_turn = await s.start_turn(critical, "RUN: sleep 3 # migrate")  # a default critical pattern
@@ -389,9 +369,7 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
 
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 1.5")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 1.5")
         requests_before = len(scripted_model.requests)
 
         # The adapter alone, over its own connection and ledger: the ledger shows the intent

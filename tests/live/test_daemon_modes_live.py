@@ -13,13 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.codex_server import AppServer
+from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from tests.live.daemon_support import ruleset_from, session, wait_until
 from tillerman.controller import intent_requests
 from tillerman.controller.cli import main
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
-GRANT = '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\nthreads = "*"\n'
+GRANT = ANN_STEERS_ANYWHERE
 
 
 async def test_dry_run_decides_and_records_but_never_dispatches(
@@ -27,9 +28,7 @@ async def test_dry_run_decides_and_records_but_never_dispatches(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", GRANT), dry_run=True)
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 2")
         intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                                  text="dry run: would steer")
         view = await wait_until(lambda: (v := s.intent(intent.id)).last_decision and v, "a decision")
@@ -75,9 +74,7 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
                                                            tmp_path: Path) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the command to start")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 2")
         intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="queue", owner="nobody",
                         text="later")
         s.daemon._heartbeat(s.daemon.clock())

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, EventLog, is_item
+from fixtures.codex_server import AppServer, EventLog, HarnessClient, is_item
 from fixtures.scripted_model import ScriptedModel
 from tests.live.test_appserver_live import _harness_and_supervisor, _start_turn, _subscribe, _turn_completed
 from tillerman.controller.adapter import GuardedAdapter
@@ -112,6 +112,9 @@ class Tillerman:
                     return
                 await self.log.wait_for(lambda _: True, start=self._read)
 
+    async def until_a_command_runs(self) -> None:
+        await self.until(lambda: any(is_item("item/started", "commandExecution")(m) for m in self.log.messages))
+
     def state(self, intent: Intent) -> str:
         return intent_view(self.recorder, intent.id).state
 
@@ -125,6 +128,15 @@ class Tillerman:
         return [e.envelope.event for e in self.recorder.read() if isinstance(e.envelope.event, Report)]
 
 
+async def _tillerman_beside(harness: HarnessClient, supervisor: AppServerClient, log: EventLog,
+                            workspace: Path, tmp_path: Path, prompt: str) -> tuple[dict, str, Tillerman]:
+    """A harness thread whose first turn runs ``prompt``, subscribed to by tillerman's connection,
+    and the daemon's loop in small on that connection: the thread, the turn's id, the loop."""
+    thread, turn_id = await _start_turn(harness, workspace, prompt)
+    await _subscribe(supervisor, log, thread["id"])
+    return thread, turn_id, Tillerman(supervisor, log, tmp_path)
+
+
 def _reached_model(model: ScriptedModel, text: str) -> int:
     return sum(1 for r in model.requests if r.last_user_text and text in r.last_user_text)
 
@@ -133,10 +145,8 @@ async def test_steer_is_queued_then_acknowledged_by_its_echo_in_the_expected_tur
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 1")
-        await _subscribe(supervisor, log, thread["id"])
-        tm = Tillerman(supervisor, log, tmp_path)
-        await tm.until(lambda: any(is_item("item/started", "commandExecution")(m) for m in log.messages))
+        thread, turn_id, tm = await _tillerman_beside(harness, supervisor, log, workspace, tmp_path, "RUN: sleep 1")
+        await tm.until_a_command_runs()
         steer = tm.propose(thread_id=thread["id"], mode="steer", text="also run the linter", expected_turn=turn_id)
 
         await tm.dispatch(steer)
@@ -162,7 +172,7 @@ async def test_steer_at_a_stale_turn_is_rejected_and_reaches_no_model(
             {"type": "text", "text": "RUN: sleep 1"}]})
         second_turn = second["turn"]["id"]
         tm = Tillerman(supervisor, log, tmp_path)
-        await tm.until(lambda: any(is_item("item/started", "commandExecution")(m) for m in log.messages))
+        await tm.until_a_command_runs()
         stale = tm.propose(thread_id=thread["id"], mode="steer", text="aimed at the old turn",
                            expected_turn=first_turn)
 
@@ -218,9 +228,7 @@ async def test_queue_intent_is_added_once_and_acknowledged_when_its_turn_starts(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, first_turn = await _start_turn(harness, workspace, "RUN: sleep 1")
-        await _subscribe(supervisor, log, thread["id"])
-        tm = Tillerman(supervisor, log, tmp_path)
+        thread, first_turn, tm = await _tillerman_beside(harness, supervisor, log, workspace, tmp_path, "RUN: sleep 1")
         lost_reply = tm.propose(thread_id=thread["id"], mode="queue", text="then update the changelog")
         tm.adapter.client = LosesQueueAddReply(supervisor)
         await tm.dispatch(lost_reply)
@@ -257,9 +265,7 @@ async def test_queue_add_of_unknown_outcome_outlives_its_ack_deadline_and_is_fou
     deadline the queue and the turns show nothing, yet the intent stays unknown
     (overdue, not expired), and is acknowledged when the add lands and its turn starts."""
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 3")
-        await _subscribe(supervisor, log, thread["id"])
-        tm = Tillerman(supervisor, log, tmp_path)
+        thread, turn_id, tm = await _tillerman_beside(harness, supervisor, log, workspace, tmp_path, "RUN: sleep 3")
         slow = HoldsQueueAdd(supervisor)
         tm.adapter.client = slow
         queued = tm.propose(thread_id=thread["id"], mode="queue", text="a late add: then tag the release", ack_deadline=1.0)
@@ -286,9 +292,7 @@ async def test_queue_add_never_sent_is_not_delivered_once_the_turn_it_waits_behi
     """Recorded, never sent (its reply lost with it): when the turn it waited behind ends,
     the server has drained its queue, and the readback finding it nowhere settles it."""
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 2")
-        await _subscribe(supervisor, log, thread["id"])
-        tm = Tillerman(supervisor, log, tmp_path)
+        thread, turn_id, tm = await _tillerman_beside(harness, supervisor, log, workspace, tmp_path, "RUN: sleep 2")
         tm.adapter.client = HoldsQueueAdd(supervisor)  # held for good: never sent
         lost = tm.propose(thread_id=thread["id"], mode="queue", text="never heard of", ack_deadline=60.0)
         await tm.dispatch(lost, active_turn=turn_id)
@@ -307,10 +311,8 @@ async def test_steer_accepted_then_lost_to_an_interrupt_expires_lost_after_accep
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 1")
-        await _subscribe(supervisor, log, thread["id"])
-        tm = Tillerman(supervisor, log, tmp_path)
-        await tm.until(lambda: any(is_item("item/started", "commandExecution")(m) for m in log.messages))
+        thread, turn_id, tm = await _tillerman_beside(harness, supervisor, log, workspace, tmp_path, "RUN: sleep 1")
+        await tm.until_a_command_runs()
         steer = tm.propose(thread_id=thread["id"], mode="steer", text="never heard", expected_turn=turn_id)
 
         await tm.dispatch(steer)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.codex_server import AppServer, is_item
+from fixtures.codex_server import AppServer, is_item, text_input
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import (
     OWNER,
@@ -20,7 +20,6 @@ from tests.live.daemon_support import (
     Session,
     ruleset_from,
     session,
-    text_input,
     wait_until,
 )
 from tillerman.controller.cli import main
@@ -47,9 +46,7 @@ def settled_by(view: IntentView):
 
 async def steer_into_a_running_turn(s: Session, workspace: Path, *args: str, retain: bool = False) -> IntentView:
     await s.start_daemon(ruleset_from(s.tmp_path, "", OWNER_GRANT), retain_payloads=retain)
-    thread = await s.start_thread(workspace)
-    turn = await s.start_turn(thread, "RUN: sleep 1")
-    await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+    thread, turn = await s.start_command(workspace, "RUN: sleep 1")
     intent_id = propose(s, "--thread", thread, "--expected-turn", turn, "--mode", "steer", *args)
     view = await s.wait_state(intent_id, SETTLED)
     return view if view.intent.verify is None else await s.wait_state(intent_id, SETTLED - {"acknowledged"})
@@ -93,9 +90,7 @@ async def test_interrupt_with_resume_queue_restarts_the_queue_it_paused(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 5")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 5")
         await s.harness.request("thread/queue/add", {"threadId": thread, "clientUserMessageId": "harness-q-1",
                                                      "input": text_input("after the interrupt zq7")})
         intent_id = propose(s, "--thread", thread, "--expected-turn", turn, "--mode", "interrupt",

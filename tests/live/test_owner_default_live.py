@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
-from tests.live.daemon_support import SETTLED, reached_model, session, wait_until
+from tests.live.daemon_support import SETTLED, reached_model, session
 from tillerman.controller.cli import load_rules_or_fail, main
 from tillerman.ledger.events import RulesetLoaded
 from tillerman.rules.config import default_config_path
@@ -45,9 +45,7 @@ async def test_with_no_config_file_the_owners_steer_is_delivered_once_and_the_in
     owner = f"owner:{local_login()}"
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(effective.ruleset, patterns=effective.patterns)
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, "RUN: sleep 2")
 
         interrupt = await propose(s.recorder.path, thread, "interrupt", "Stop now. zq9i")
         refused = await s.wait_state(interrupt, SETTLED)

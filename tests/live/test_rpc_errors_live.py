@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, is_notification, watched_connection
+from fixtures.codex_server import AppServer, is_notification, start_command, text_input, watched_connection
 from tillerman.controller.rpc_errors import _PATTERNS, Refusal, classify
 from tillerman.monitor.appserver_client import AppServerClient
 from tillerman.monitor.jsonrpc import RpcError
@@ -20,10 +20,6 @@ from tillerman.monitor.jsonrpc import RpcError
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
 UNKNOWN_THREAD = "00000000-0000-0000-0000-000000000000"
-
-
-def _text(text: str) -> list[dict[str, str]]:
-    return [{"type": "text", "text": text}]
 
 
 async def _refusal(client: AppServerClient, method: str, params: dict, expected: Refusal) -> str:
@@ -38,22 +34,20 @@ async def _refusal(client: AppServerClient, method: str, params: dict, expected:
 async def test_every_known_refusal_is_recognized_on_this_release(app_server: AppServer, workspace: Path) -> None:
     messages: list[str] = []
     async with watched_connection(app_server.url) as (client, log):
-        thread = (await client.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
-        turn = (await client.request("turn/start", {"threadId": thread, "input": _text("RUN: sleep 3")}))["turn"]["id"]
-        await log.wait_for(is_item("item/started", "commandExecution"))
+        thread, turn = await start_command(client, log, workspace, "RUN: sleep 3", timeout=10)
 
         async def refused(method: str, params: dict, expected: Refusal) -> None:
             messages.append(await _refusal(client, method, params, expected))
 
         # while the turn runs
-        await refused("turn/steer", {"threadId": thread, "expectedTurnId": "stale", "input": _text("x")},
+        await refused("turn/steer", {"threadId": thread, "expectedTurnId": "stale", "input": text_input("x")},
                       Refusal.STALE_TURN)  # the steer form, with backticks
         await refused("turn/interrupt", {"threadId": thread, "turnId": "stale"}, Refusal.STALE_TURN)  # without
         await refused("turn/steer", {"threadId": thread, "expectedTurnId": turn, "input": []}, Refusal.INVALID_INPUT)
-        await refused("turn/steer", {"threadId": UNKNOWN_THREAD, "expectedTurnId": turn, "input": _text("x")},
+        await refused("turn/steer", {"threadId": UNKNOWN_THREAD, "expectedTurnId": turn, "input": text_input("x")},
                       Refusal.THREAD_NOT_FOUND)
         queued = await client.request("thread/queue/add", {"threadId": thread, "clientUserMessageId": "q-1",
-                                                          "input": _text("later")})
+                                                          "input": text_input("later")})
         queued_id = queued["queuedSubmission"]["id"]
         await refused("thread/queue/start", {"threadId": thread, "queuedSubmissionId": queued_id}, Refusal.QUEUE_BUSY)
         await refused("thread/queue/start", {"threadId": thread, "queuedSubmissionId": "bogus"}, Refusal.REFUSED)
@@ -63,7 +57,7 @@ async def test_every_known_refusal_is_recognized_on_this_release(app_server: App
                            and m.params["turn"]["id"] == turn, timeout=30)
 
         # once it has ended
-        await refused("turn/steer", {"threadId": thread, "expectedTurnId": turn, "input": _text("x")},
+        await refused("turn/steer", {"threadId": thread, "expectedTurnId": turn, "input": text_input("x")},
                       Refusal.NO_ACTIVE_TURN)
         await refused("turn/interrupt", {"threadId": thread, "turnId": turn}, Refusal.NO_ACTIVE_TURN)
         await refused("thread/queue/start", {"threadId": thread}, Refusal.REFUSED)  # the queue is empty

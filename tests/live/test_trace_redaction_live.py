@@ -37,9 +37,7 @@ async def test_the_redacted_trace_keeps_structure_and_no_text(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, "", OWNER_GRANT))
-        thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, f"RUN: echo {SECRET} && sleep 1")
-        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
+        thread, turn = await s.start_command(workspace, f"RUN: echo {SECRET} && sleep 1")
         intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text=f"Also note {SECRET}. CREATE: marker.txt {SECRET}")
         await s.wait_state(intent.id, {"acknowledged", "effect_verified", "effect_failed", "expired", "rejected"})

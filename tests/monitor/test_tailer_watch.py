@@ -59,6 +59,15 @@ def _watching(root, body, *, known=()):
         ledger.close()
 
 
+def _sessions_with_a_rollout(tmp_path):
+    """A sessions folder holding one rollout file with its session line and one fact: (folder, file)."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    path = root / rollout_name()
+    append(path, session_meta() + rollout_line(1))
+    return root, path
+
+
 def test_files_and_directories_that_appear_after_start_are_followed(tmp_path):
     root = tmp_path / "sessions"
     root.mkdir()
@@ -85,10 +94,7 @@ def test_files_and_directories_that_appear_after_start_are_followed(tmp_path):
 
 
 def test_the_watcher_sees_deletion_and_rotation(tmp_path):
-    root = tmp_path / "sessions"
-    root.mkdir()
-    path = root / rollout_name()
-    append(path, session_meta() + rollout_line(1))
+    root, path = _sessions_with_a_rollout(tmp_path)
     doomed = root / "doomed.jsonl"
     append(doomed, session_meta("01a229c4-3717-7c10-9d2e-5b7f0c9e1a09"))
 
@@ -109,10 +115,7 @@ def test_the_watcher_sees_deletion_and_rotation(tmp_path):
 
 
 def test_a_watch_restarted_resumes_and_records_what_changed_meanwhile(tmp_path):
-    root = tmp_path / "sessions"
-    root.mkdir()
-    path = root / rollout_name()
-    append(path, session_meta() + rollout_line(1))
+    root, path = _sessions_with_a_rollout(tmp_path)
 
     async def first(ledger):
         await _until(lambda: len(facts(ledger)) == 2)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fixtures.rule_texts import ANN_STEERS
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -29,7 +30,7 @@ def error(tmp_path, text):
 
 def test_defaults_without_a_patterns_table(tmp_path):
     path = tmp_path / "config.toml"
-    path.write_text('[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n')
+    path.write_text(ANN_STEERS)
     assert load_effective(None, path).patterns == DEFAULT
     assert load_effective(None, None).patterns == DEFAULT
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.rule_texts import NO_OWNER_GRANT, grant, rule
 from tillerman.rules.config import load_effective
 from tillerman.rules.decision import Action
 from tillerman.rules.errors import RuleSetError
@@ -20,31 +21,14 @@ from tillerman.rules.ruleset import EMPTY, Grant, RepeatedFailure, Rule, TurnQui
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STALL = """\
-# the stall rule
-[[rule]]
-id = "stall"
-version = 1
-status = "active"
-owner = "platform-team"
-review_by = 2027-03-01
-condition = { kind = "turn_quiet", for = "10m" }
-action = "report_overdue"
-"""
+STALL = "# the stall rule\n" + rule(
+    "stall", review_by="2027-03-01", condition={"kind": "turn_quiet", "for": "10m"}, action="report_overdue")
 
-REPEATED_FAILURE = """\
-[[rule]]
-id = "repeated-failure"
-version = 3
-status = "shadow"
-owner = "platform-team"
-review_by = 2027-03-01
-expires = 2027-06-01
-threads = ["t1", "t2"]
-action = "steer"
-text = "Stop re-running {tool}: it failed {count} times (exit {exit_code})."
-ack_deadline = "2m"
-
+# The condition as a table of its own, the other way a person writes it.
+REPEATED_FAILURE = rule(
+    "repeated-failure", version=3, status="shadow", review_by="2027-03-01", expires="2027-06-01",
+    threads=["t1", "t2"], action="steer", text="Stop re-running {tool}: it failed {count} times (exit {exit_code}).",
+    ack_deadline="2m") + """
 [rule.condition]
 kind = "repeated_failure"
 count = 3
@@ -55,16 +39,8 @@ GRANTS = """\
 [client]
 name = "tillerman"   # other sections belong to other loaders
 
-[[grant]]
-subject = "rule:repeated-failure"
-actions = ["steer"]
-threads = "*"
-
-[[grant]]
-subject = "owner:ann"
-actions = ["interrupt", "interrupt_critical"]
-threads = ["t1"]
-"""
+""" + grant("rule:repeated-failure", ["steer"], threads="*") + "\n" + grant(
+    "owner:ann", ["interrupt", "interrupt_critical"], threads=["t1"])
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -159,9 +135,6 @@ def test_an_empty_rules_file_without_the_owner_grant_is_an_empty_rule_set(tmp_pa
 
 # -- the owner's built-in grant and [defaults] -------------------------------------------
 
-NO_OWNER_GRANT = "[defaults]\nowner_grant = false\n"
-
-
 def test_the_builtin_grant_lets_the_local_owner_steer_and_queue_anywhere_and_nothing_else() -> None:
     ruleset = load_effective(None, None).ruleset
     owner = owner_grant().subject
@@ -188,14 +161,7 @@ def test_owner_grant_true_is_the_same_as_leaving_it_out(tmp_path: Path) -> None:
 
 # -- rules file errors: file, line, rule, field, and what to write -----------------------
 
-RULE_HEAD = """\
-[[rule]]
-id = "stall"
-version = 1
-status = "active"
-owner = "me"
-review_by = 2027-03-01
-"""
+RULE_HEAD = rule("stall", owner="me", review_by="2027-03-01")
 
 
 @pytest.mark.parametrize(
@@ -490,8 +456,7 @@ def test_digest_changes_when_the_owner_grant_is_turned_off(tmp_path: Path) -> No
 
 
 def test_a_file_grant_like_the_builtin_one_still_counts_in_the_digest(tmp_path: Path) -> None:
-    grant = owner_grant()
-    same = f'[[grant]]\nsubject = "{grant.subject}"\nactions = ["steer", "queue"]\nthreads = "*"\n'
+    same = grant(owner_grant().subject, ["steer", "queue"], threads="*")
     assert digest_of(tmp_path, STALL, same) != digest_of(tmp_path, STALL, "")
     assert digest_of(tmp_path, STALL, same + NO_OWNER_GRANT) != digest_of(tmp_path, STALL, "")
 
@@ -522,8 +487,7 @@ def test_digest_is_the_same_in_another_process(tmp_path: Path) -> None:
 
 
 def test_a_rule_may_name_its_readback() -> None:
-    (rule,) = load_rules(
-        '[[rule]]\nid = "fix"\nversion = 1\nstatus = "active"\nowner = "me"\nreview_by = 2027-01-01\n'
-        'condition = { kind = "repeated_failure", count = 3 }\naction = "steer"\ntext = "Stop."\n'
-        'verify = "test -f fixed.txt"\n', "rules.toml")
-    assert rule.verify == "test -f fixed.txt"
+    (loaded,) = load_rules(
+        rule("fix", owner="me", review_by="2027-01-01", condition={"kind": "repeated_failure", "count": 3},
+             action="steer", text="Stop.", verify="test -f fixed.txt"), "rules.toml")
+    assert loaded.verify == "test -f fixed.txt"

@@ -10,27 +10,21 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.rule_texts import ANN_STEERS, rule
 from tillerman.rules.config import load_effective
 from tillerman.rules.durations import parse_duration
 from tillerman.rules.errors import RuleSetError
 from tillerman.rules.file_safety import MAX_FILE_BYTES
 
-RULE = """\
-[[rule]]
-id = "check"
-version = 1
-status = "active"
-owner = "platform-team"
-review_by = 2099-01-01
-condition = {{ kind = "turn_quiet", for = "{quiet}" }}
-action = "report_overdue"
-verify = "true"
-"""
-CONFIG = '[[grant]]\nsubject = "owner:ann"\nactions = ["steer"]\n'
+CONFIG = ANN_STEERS
 NOBODY = pwd.getpwnam("nobody")
 
 
-def rules_file(directory: Path, text: str = RULE.format(quiet="10m"), mode: int = 0o644) -> Path:
+def check_rule(quiet: str) -> str:
+    return rule("check", condition={"kind": "turn_quiet", "for": quiet}, action="report_overdue", verify="true")
+
+
+def rules_file(directory: Path, text: str = check_rule("10m"), mode: int = 0o644) -> Path:
     path = directory / "rules.toml"
     path.write_text(text)
     path.chmod(mode)
@@ -125,16 +119,16 @@ def test_a_directory_is_refused(tmp_path):
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path):
-    path = rules_file(tmp_path, RULE.format(quiet="10m") + "#" * MAX_FILE_BYTES)
+    path = rules_file(tmp_path, check_rule("10m") + "#" * MAX_FILE_BYTES)
     assert refusal(path) == (f"{path}: larger than 1 MiB, the most a rule or config file may hold; check the path"
                              " given")
-    path.write_text(RULE.format(quiet="10m").ljust(MAX_FILE_BYTES, "#"))  # the limit itself is fine
+    path.write_text(check_rule("10m").ljust(MAX_FILE_BYTES, "#"))  # the limit itself is fine
     assert load_effective(path, None).ruleset.rules
 
 
 @pytest.mark.parametrize("nested", ["x = " + "[" * 100_000 + "]" * 100_000, "x = " + "{a = " * 5000 + "1" + "}" * 5000])
 def test_nesting_too_deep_for_the_parser_is_a_line_error(tmp_path, nested):
-    path = rules_file(tmp_path, RULE.format(quiet="10m") + "\n" + nested + "\n")
+    path = rules_file(tmp_path, check_rule("10m") + "\n" + nested + "\n")
     assert refusal(path) == (f"{path}:11: invalid TOML: arrays or tables nested too deeply; rule and config files"
                              " need a few levels at most")
 
@@ -150,7 +144,7 @@ def test_the_longest_duration_is_a_leap_year():
 
 
 def test_an_overflowing_duration_in_a_file_is_a_line_error(tmp_path):
-    path = rules_file(tmp_path, RULE.format(quiet="9" * 400 + "s"))
+    path = rules_file(tmp_path, check_rule("9" * 400 + "s"))
     assert refusal(path) == (f'{path}:7: rule "check" field condition.for: duration "{"9" * 59}…'
                              " is too long; at most 366d")
 

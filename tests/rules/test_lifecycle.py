@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from fixtures.rule_texts import rule
 from tillerman.ledger.events import Entry, Envelope, RulePromoted, RuleProposed
 from tillerman.rules import lifecycle
 from tillerman.rules.files import default_ruleset, load_rules
@@ -18,21 +19,10 @@ from tillerman.rules.ruleset import build_ruleset
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "fixtures" / "disagreement" / "candidate.toml"
 
-ODD = """\
-[[rule]]
-id = "odd"
-version = 4
-status = "shadow"
-owner = "ann"
-review_by = 2027-01-02
-expires = 2027-02-03
-threads = ["t1", "t2"]
-condition = { kind = "repeated_failure", count = 2 }
-action = "steer"
-text = "Stop \\"{tool}\\" now;\\nread {args_digest}."
-ack_deadline = "90s"
-verify = "test -f ok"
-"""
+#: Every key a rule may have, and a text that needs escapes.
+ODD = rule("odd", version=4, status="shadow", owner="ann", review_by="2027-01-02", expires="2027-02-03",
+           threads=["t1", "t2"], condition={"kind": "repeated_failure", "count": 2}, action="steer",
+           text='Stop "{tool}" now;\nread {args_digest}.', ack_deadline="90s", verify="test -f ok")
 
 
 def day(text: str) -> float:
@@ -40,8 +30,8 @@ def day(text: str) -> float:
 
 
 def test_rule_toml_reads_back_as_the_same_rule():
-    for rule in (*default_ruleset().rules, *load_rules(CANDIDATE.read_text(), "c"), *load_rules(ODD, "odd")):
-        assert load_rules(lifecycle.rule_toml(rule), "back") == (rule,)
+    for loaded in (*default_ruleset().rules, *load_rules(CANDIDATE.read_text(), "c"), *load_rules(ODD, "odd")):
+        assert load_rules(lifecycle.rule_toml(loaded), "back") == (loaded,)
     (odd,) = load_rules(ODD, "odd")
     (active,) = load_rules(lifecycle.rule_toml(odd, status="active"), "back")
     assert active.status == "active" and msgspec.structs.replace(active, status="shadow") == odd

@@ -18,6 +18,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
+from fixtures.rule_texts import NO_OWNER_GRANT
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import MODES, Intent
 from tillerman.ledger.snapshot import TURN_STATES, ThreadSnapshot
@@ -376,7 +377,7 @@ def test_invariant_catches_a_broken_decide(invariant, breakage, monkeypatch: pyt
 # -- the owner's built-in grant (no config file, or [defaults] owner_grant = false) ----------
 
 OWNER = owner_grant().subject  # owner:<login of whoever runs the tests>
-OWNER_GRANT_OFF = load_config("[defaults]\nowner_grant = false\n", "config.toml")
+OWNER_GRANT_OFF = load_config(NO_OWNER_GRANT, "config.toml")
 
 
 @st.composite
