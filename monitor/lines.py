@@ -10,11 +10,14 @@ every byte range comes back either as a line or as a skipped range.
 
 ``decode_json`` is the one place untrusted JSON is decoded (file records, the
 app-server's frames, JSON inside their strings); ``decode_object`` turns a line into
-a dict or the reason it is refused.
+a dict or the reason it is refused. ``TypedLines`` reads a format's lines into its
+msgspec Structs, skipping the fields no event uses, and refuses exactly the lines
+``decode_object`` refuses.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 import msgspec
@@ -135,11 +138,17 @@ def decode_json(data: bytes | str) -> Any:
         value = _decoder.decode(data)
     except RecursionError:
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels") from None
-    # Each level opens a bracket: with few brackets the walk cannot find a deep value.
-    opening = ("[", "{") if isinstance(data, str) else (b"[", b"{")
-    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    if _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _brackets(data: bytes | str) -> int:
+    """Opening brackets in ``data``: each level opens one, so with few of them no value
+    can be deep."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -178,3 +187,55 @@ def decode_object(line: Line) -> dict | str | None:
     if not isinstance(value, dict):
         return NOT_AN_OBJECT
     return value
+
+
+# A number a typed decode may skip without reading, and a plain decode refuses as out
+# of range: an exponent of three digits or more, or a very long run of digits.
+_NUMBER_AT_RISK = re.compile(rb"[0-9][eE][-+]?[0-9]{3}|[0-9]{300}")
+
+
+class TypedLines:
+    """Lines decoded into ``line_type``: a msgspec Struct, or a tagged union of them,
+    for the records a format reads. Fields a Struct does not declare are skipped, not
+    decoded, so a record whose type no event uses costs a look at its type.
+
+    ``decode`` returns the Struct; the plain dict when the record does not fit
+    ``line_type`` (an unknown type, a field of a shape the Structs do not take); or what
+    ``decode_object`` returns: None for a blank line, the reason a line is refused.
+    Skipping reads less than decoding: a skipped string's UTF-8 and a skipped number's
+    range go unchecked. So the typed decode is used only on lines where those cannot
+    matter, and any line it does not take is decoded plainly: every line is refused, or
+    not, exactly as ``decode_object`` decides.
+    """
+
+    def __init__(self, line_type: Any) -> None:
+        self._type = line_type
+        self._decode = msgspec.json.Decoder(line_type).decode
+
+    def decode(self, line: Line) -> Any:
+        data = line.data
+        if (
+            b"\x00" not in data
+            and _brackets(data) <= MAX_DEPTH  # nor can skipping recurse past the limit
+            and (data.isascii() or _utf8(data))
+            and not _NUMBER_AT_RISK.search(data)
+        ):
+            try:
+                return self._decode(data)
+            except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
+                pass
+        record = decode_object(line)
+        if not isinstance(record, dict):
+            return record
+        try:
+            return msgspec.convert(record, self._type)
+        except msgspec.ValidationError:
+            return record
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
