@@ -23,6 +23,7 @@ from pathlib import Path
 
 import msgspec
 
+from tillerman.ledger.events import Quarantined
 from tillerman.monitor.formats import PARSERS, detect_format
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ ODD_VALUES = ([], [1, "a"], {}, {"type": 7}, 0, -3, 2.5, True, False, None, "", 
 
 
 def parse_digest(fmt: str, data: bytes, chunk: int = 4096) -> str:
-    parser = PARSERS[fmt](source=f"rollout-2026-11-30T00-00-00-01a229c4-3717-7c10-9d2e-5b7f0c9e1a01.jsonl")
+    parser = PARSERS[fmt](source="rollout-2026-11-30T00-00-00-01a229c4-3717-7c10-9d2e-5b7f0c9e1a01.jsonl")
     out = hashlib.sha256()
     for start in range(0, len(data), chunk):
         for parsed in parser.feed(data[start:start + chunk]):
@@ -111,6 +112,8 @@ def mutated(data: bytes, seed: int) -> bytes:
         text = json.dumps(record, separators=(",", ":")).encode()
         body = text[1:]
         out.append(b'{"zz_skipped":1e400,' + body)  # out of range where nothing reads it
+        out.append(b'{"zz_skipped":[0,-12.5E+309],' + body)
+        out.append(b'{"zz_skipped":' + b"9" * 250 + b"e99," + body)
         out.append(b'{"zz_skipped":"\xff\xfe",' + body)  # invalid UTF-8 where nothing reads it
         out.append(b'{"zz_skipped":' + b"[" * 130 + b"]" * 130 + b"," + body)  # too deep, unread
         out.append(b'{"zz_skipped":' + b"[" * 100 + b"]" * 100 + b"," + body)  # deep, within the limit
@@ -147,7 +150,7 @@ def test_the_mutated_inputs_reach_every_odd_case():
     a typed decode could get wrong, and counted unknown types."""
     fmt, data = fixture_inputs()["codex-rollout/live-0.163-supervised.jsonl"]
     parser = PARSERS[fmt](source="x.jsonl")
-    reasons = {p.event.reason for p in parser.feed(mutated(data, seed=1)) if p.event.kind == "quarantined"}
+    reasons = {p.event.reason for p in parser.feed(mutated(data, seed=1)) if isinstance(p.event, Quarantined)}
     assert {"number_out_of_range", "invalid_utf8", "too_deep", "truncated", "wrong_type"} <= reasons
     assert parser.unknown_types
 
