@@ -2,10 +2,12 @@
 (``bench.sessions``) against the floor (``bench.floor``: read the same file, decode
 every line with one reused ``msgspec.json.Decoder()``, nothing else).
 
-Three processes, alternated and repeated: the floor, ``tillerman replay`` in memory,
-and ``tillerman replay --ledger`` into a fresh SQLite file. Each figure is the ratio
-of median wall times (process start to exit, interpreter start-up included for all
-three). Budgets: in memory ≤ 3×, into a ledger ≤ 5× the floor.
+Four processes, alternated and repeated: the floor, parsing alone (``bench.parse_only``:
+the same file turned into events by its parser, no projection, rules or ledger),
+``tillerman replay`` in memory, and ``tillerman replay --ledger`` into a fresh SQLite
+file. Each figure is the ratio of median wall times (process start to exit,
+interpreter start-up included for all). Budgets: in memory ≤ 3×, into a ledger ≤ 5×
+the floor; parsing alone is reported, the share of replay's time it takes.
 
 Memory: peak RSS of each replay process (``wait4``'s ``ru_maxrss``) at two session
 lengths; streaming means it must not grow with the file (budget ≤ 1.2× from the
@@ -59,6 +61,7 @@ def commands(path: str, ledger: str) -> dict[str, list[str]]:
     py = sys.executable
     return {
         "floor": [py, "-m", "bench.floor", path],
+        "parse": [py, "-m", "bench.parse_only", path],
         "memory": [py, "-m", "tillerman.controller", "replay", "--json", path],
         "ledger": [py, "-m", "tillerman.controller", "replay", "--json", "--ledger", ledger, path],
     }
@@ -104,7 +107,8 @@ def run(quick: bool) -> list[Row]:
     detail = {"lines": lines, "bytes": os.path.getsize(path), "events": events, "repeats": repeats,
               "seconds": wall, "peak_rss_mib": rss_long, "short_lines": short_lines,
               "short_peak_rss_mib": rss_short}
-    rows = []
+    rows = [Row(f"parse only {lines // 1000}k lines (file → events)", fmt_seconds(wall["parse"]),
+                f"floor {fmt_seconds(wall['floor'])}", med["parse"] / med["floor"], "report", INFO, detail)]
     for mode, budget, label in (("memory", IN_MEMORY_BUDGET, "in memory"), ("ledger", LEDGER_BUDGET, "into a ledger")):
         ratio = med[mode] / med["floor"]
         rate = f"{events / med[mode] / 1000:.0f}k ev/s, {size_mb / med[mode]:.1f} MB/s"

@@ -54,14 +54,27 @@ class CommandPatterns:
     def _external_re(self) -> re.Pattern[str] | None:
         return _compile(self.external)
 
+    @cached_property
+    def _classified(self) -> dict[str, tuple[bool, bool]]:
+        return {}
+
     def classify(self, command_text: str) -> tuple[bool, bool]:
         """``(critical, external)`` for one command line."""
-        crit = self._critical_re
-        ext = self._external_re
-        return (
-            bool(crit and crit.search(command_text)),
-            bool(ext and ext.search(command_text)),
-        )
+        # Agents run the same commands again and again (tests, builds, retries): each
+        # distinct line is searched once, up to a bound.
+        classified = self._classified
+        flags = classified.get(command_text)
+        if flags is None:
+            crit = self._critical_re
+            ext = self._external_re
+            flags = (bool(crit and crit.search(command_text)), bool(ext and ext.search(command_text)))
+            if len(classified) >= _REMEMBERED:
+                classified.clear()
+            classified[command_text] = flags
+        return flags
+
+
+_REMEMBERED = 4096
 
 
 def _compile(patterns: tuple[str, ...]) -> re.Pattern[str] | None:

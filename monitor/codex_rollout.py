@@ -18,13 +18,29 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
+from typing import Any, Union
 
 import msgspec
 
 from tillerman.ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.monitor.digest import digest
-from tillerman.monitor.lines import decode_json
-from tillerman.monitor.parser import Call, OpenCalls, Parser, command_text, integer, iso_time, items, obj, text, workdir
+from tillerman.monitor.lines import TypedLines, decode_json
+from tillerman.monitor.parser import (
+    Call,
+    OpenCalls,
+    Parser,
+    as_integer,
+    as_obj,
+    as_text,
+    command_text,
+    integer,
+    iso_time,
+    items,
+    obj,
+    text,
+    workdir,
+)
 
 _THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
@@ -42,8 +58,165 @@ _QUIET_EVENTS = frozenset({
 _QUIET_ITEMS = frozenset({"message", "reasoning", "ghost_snapshot", "compaction"})
 
 
+# -- the records, as Structs ---------------------------------------------------------
+# A Struct per record type that yields events, tagged by ``type``, declaring only the
+# fields read. Fields are ``Any`` and checked where they are read, exactly as a dict's
+# would be (a wrong type quarantines the record only when the reading reaches it).
+# Quiet types are Structs with no fields: their bodies are skipped, not decoded.
+# Anything else (an unknown type, a body that is no object) stays a dict: ``_untyped``.
+
+
+class _Object(msgspec.Struct):
+    """Any JSON object, its fields unread."""
+
+
+class _Tagged(msgspec.Struct, tag_field="type"):
+    pass
+
+
+def _quiet(tags: frozenset[str], base: type = _Tagged) -> tuple[type, ...]:
+    """A Struct with no fields of its own for each of ``tags``."""
+    return tuple(msgspec.defstruct(f"Quiet_{tag}", [], bases=(base,), tag=tag) for tag in sorted(tags))
+
+
+# event_msg bodies
+class _TaskStarted(_Tagged, tag="task_started"):
+    turn_id: Any = None
+
+
+class _TaskComplete(_Tagged, tag="task_complete"):
+    turn_id: Any = None
+    duration_ms: Any = None
+
+
+class _TurnAborted(_TaskComplete, tag="turn_aborted"):
+    pass
+
+
+class _UserMessage(_Tagged, tag="user_message"):
+    message: Any = None
+
+
+class _AgentMessage(_UserMessage, tag="agent_message"):
+    pass
+
+
+class _ErrorMsg(_UserMessage, tag="error"):
+    pass
+
+
+class _StreamError(_UserMessage, tag="stream_error"):
+    pass
+
+
+class _ItemCompleted(_Tagged, tag="item_completed"):
+    item: Any = None
+
+
+class _ExecBegin(_Tagged, tag="exec_command_begin"):
+    call_id: Any = None
+    command: Any = None
+
+
+class _PatchBegin(_Tagged, tag="patch_apply_begin"):
+    call_id: Any = None
+
+
+class _McpBegin(_PatchBegin, tag="mcp_tool_call_begin"):
+    pass
+
+
+class _ExecEnd(_Tagged, tag="exec_command_end"):
+    call_id: Any = None
+    aggregated_output: Any = None
+    formatted_output: Any = None
+    stdout: Any = None
+    exit_code: Any = None
+
+
+class _PatchEnd(_Tagged, tag="patch_apply_end"):
+    call_id: Any = None
+    success: Any = None
+
+
+class _McpEnd(_PatchBegin, tag="mcp_tool_call_end"):
+    pass
+
+
+# response_item bodies
+class _FunctionCall(_Tagged, tag="function_call"):
+    name: Any = None
+    arguments: Any = None
+    call_id: Any = None
+
+
+class _LocalShellCall(_Tagged, tag="local_shell_call"):
+    call_id: Any = None
+    id: Any = None
+    action: Any = None
+
+
+class _CustomToolCall(_Tagged, tag="custom_tool_call"):
+    call_id: Any = None
+    name: Any = None
+    input: Any = None
+
+
+class _FunctionCallOutput(_Tagged, tag="function_call_output"):
+    call_id: Any = None
+    output: Any = None
+
+
+class _CustomToolCallOutput(_FunctionCallOutput, tag="custom_tool_call_output"):
+    pass
+
+
+class _WebSearchCall(_Tagged, tag="web_search_call"):
+    id: Any = None
+    status: Any = None
+
+
+class _SessionMetaBody(msgspec.Struct):
+    id: Any = None
+    forked_from_id: Any = None
+    parent_thread_id: Any = None
+    source: Any = None
+    originator: Any = None
+    cli_version: Any = None
+    cwd: Any = None
+
+
+class _Line(_Tagged):
+    timestamp: Any = None
+
+
+class _SessionMeta(_Line, tag="session_meta"):
+    payload: _SessionMetaBody | None = None
+
+
+class _EventMsg(_Line, tag="event_msg", kw_only=True):
+    payload: Union[_EVENT_BODIES]  # noqa: UP007 (a union built from a tuple)
+
+
+class _ResponseItem(_Line, tag="response_item", kw_only=True):
+    payload: Union[_ITEM_BODIES]  # noqa: UP007
+
+
+class _QuietLine(_Line):
+    payload: _Object | None = None  # read by no event, but a body that is no object is refused
+
+
+_EVENT_BODIES = (_TaskStarted, _TaskComplete, _TurnAborted, _UserMessage, _AgentMessage, _ErrorMsg, _StreamError,
+                 _ItemCompleted, _ExecBegin, _PatchBegin, _McpBegin, _ExecEnd, _PatchEnd, _McpEnd,
+                 *_quiet(_QUIET_EVENTS))
+_ITEM_BODIES = (_FunctionCall, _LocalShellCall, _CustomToolCall, _FunctionCallOutput, _CustomToolCallOutput,
+                _WebSearchCall, *_quiet(_QUIET_ITEMS))
+_LINES = TypedLines(Union[(_SessionMeta, _EventMsg, _ResponseItem, *_quiet(_QUIET_TYPES, _QuietLine))])  # noqa: UP007
+
+
 class CodexRolloutParser(Parser):
     format = "codex-rollout"
+    lines = _LINES
 
     def __init__(self, source: str, **options) -> None:
         super().__init__(source, **options)
@@ -55,19 +228,29 @@ class CodexRolloutParser(Parser):
         # Messages reported in the open turn, to recognise a second copy (``_first_report``).
         self._said: Counter[tuple[tuple[str, str], bool]] = Counter()
 
-    def _time(self, record: dict) -> float | None:
-        return iso_time(record.get("timestamp"))
+    def _time(self, record: _Line | dict) -> float | None:
+        return iso_time(record.get("timestamp") if isinstance(record, dict) else record.timestamp)
 
-    def _events(self, record: dict) -> list[Event]:
+    def _events(self, record: _Line | dict) -> list[Event]:
+        if isinstance(record, _EventMsg):
+            handler = _EVENT_HANDLERS.get(type(record.payload))
+            return handler(self, record.payload) if handler else []
+        if isinstance(record, _ResponseItem):
+            handler = _ITEM_HANDLERS.get(type(record.payload))
+            return handler(self, record.payload) if handler else []
+        if isinstance(record, _SessionMeta):
+            return self._session_meta(record.payload or _SessionMetaBody())
+        if isinstance(record, dict):
+            return self._untyped(record)
+        return []  # a quiet type
+
+    def _untyped(self, record: dict) -> list[Event]:
+        """A record outside the Structs: an unknown type, or a body that is no object."""
         kind = text(record, "type")
         body = obj(record, "payload")
-        if kind == "session_meta":
-            return self._session_meta(body)
-        if kind == "event_msg":
-            return self._event_msg(body)
-        if kind == "response_item":
-            return self._response_item(body)
-        if kind not in _QUIET_TYPES:
+        if kind in ("event_msg", "response_item"):
+            self.unknown_types[f"{kind}:{text(body, 'type')}"] += 1
+        elif kind not in _QUIET_TYPES:
             self.unknown_types[str(kind)] += 1
         return []
 
@@ -76,17 +259,17 @@ class CodexRolloutParser(Parser):
 
     # -- session and turns -------------------------------------------------------
 
-    def _session_meta(self, body: dict) -> list[Event]:
-        self._thread = text(body, "id") or self._thread
-        parent = text(body, "forked_from_id") or text(body, "parent_thread_id")
-        source = body.get("source")
+    def _session_meta(self, body: _SessionMetaBody) -> list[Event]:
+        self._thread = as_text(body.id, "id") or self._thread
+        parent = as_text(body.forked_from_id, "forked_from_id") or as_text(body.parent_thread_id, "parent_thread_id")
+        source = body.source
         if isinstance(source, dict):  # subagents: {"subagent": {"thread_spawn": {"parent_thread_id"}}}
             spawn = obj(obj(source, "subagent"), "thread_spawn")
             parent = parent or text(spawn, "parent_thread_id")
         return [ThreadStarted(
-            thread_id=self._thread, parent_thread_id=parent, originator=text(body, "originator"),
-            cli_version=text(body, "cli_version"), source_format=self.format,
-            **workdir(text(body, "cwd"), retain=self.retain_payloads),
+            thread_id=self._thread, parent_thread_id=parent, originator=as_text(body.originator, "originator"),
+            cli_version=as_text(body.cli_version, "cli_version"), source_format=self.format,
+            **workdir(as_text(body.cwd, "cwd"), retain=self.retain_payloads),
         )]
 
     def _start_turn(self, turn_id: str) -> list[Event]:
@@ -104,30 +287,25 @@ class CodexRolloutParser(Parser):
 
     # -- event_msg -------------------------------------------------------------------
 
-    def _event_msg(self, body: dict) -> list[Event]:
-        kind = text(body, "type")
-        if kind == "task_started":
-            self._explicit_turns = True
-            return self._start_turn(text(body, "turn_id") or f"turn@{self._offset}")
-        if kind == "task_complete":
-            return self._end_turn(text(body, "turn_id"), "completed", integer(body, "duration_ms"))
-        if kind == "turn_aborted":
-            return self._end_turn(text(body, "turn_id"), "interrupted", integer(body, "duration_ms"))
-        if kind == "user_message":
-            return self._user_input(text(body, "message") or "", client_id=None, item_id=None)
-        if kind == "agent_message":
-            return self._agent_output(text(body, "message") or "", item_id=None)
-        if kind == "item_completed":
-            return self._item_completed_msg(obj(body, "item"))
-        if kind in ("exec_command_begin", "patch_apply_begin", "mcp_tool_call_begin"):
-            return self._begin(body, kind)
-        if kind in ("exec_command_end", "patch_apply_end", "mcp_tool_call_end"):
-            return self._end(body, kind)
-        if kind in ("error", "stream_error"):
-            return [Error(message_digest=digest(text(body, "message") or ""), **self._ids())]
-        if kind not in _QUIET_EVENTS:
-            self.unknown_types[f"event_msg:{kind}"] += 1
-        return []
+    def _task_started(self, body: _TaskStarted) -> list[Event]:
+        self._explicit_turns = True
+        return self._start_turn(as_text(body.turn_id, "turn_id") or f"turn@{self._offset}")
+
+    def _task_complete(self, body: _TaskComplete) -> list[Event]:
+        status = "interrupted" if isinstance(body, _TurnAborted) else "completed"
+        return self._end_turn(as_text(body.turn_id, "turn_id"), status, as_integer(body.duration_ms, "duration_ms"))
+
+    def _user_message_msg(self, body: _UserMessage) -> list[Event]:
+        return self._user_input(as_text(body.message, "message") or "", client_id=None, item_id=None)
+
+    def _agent_message_msg(self, body: _AgentMessage) -> list[Event]:
+        return self._agent_output(as_text(body.message, "message") or "", item_id=None)
+
+    def _error_msg(self, body: _ErrorMsg | _StreamError) -> list[Event]:
+        return [Error(message_digest=digest(as_text(body.message, "message") or ""), **self._ids())]
+
+    def _item_completed_event(self, body: _ItemCompleted) -> list[Event]:
+        return self._item_completed_msg(as_obj(body.item, "item"))
 
     def _item_completed_msg(self, item: dict) -> list[Event]:
         """0.163 writes user input, agent output and commands as completed items."""
@@ -200,59 +378,81 @@ class CodexRolloutParser(Parser):
             thread_id=self._thread, turn_id=turn,
         )]
 
-    def _begin(self, body: dict, kind: str) -> list[Event]:
-        call_id = text(body, "call_id") or f"call@{self._offset}"
-        if kind == "exec_command_begin":
-            command = command_text(body.get("command"))
-            return self._call_started(call_id, "commandExecution", "shell", command, body.get("command"))
-        item_type = "fileChange" if kind == "patch_apply_begin" else "mcpToolCall"
-        return self._call_started(call_id, item_type, None, None, None)
+    def _call_id(self, body: Any) -> str:
+        return as_text(body.call_id, "call_id") or f"call@{self._offset}"
 
-    def _end(self, body: dict, kind: str) -> list[Event]:
-        call_id = text(body, "call_id") or f"call@{self._offset}"
-        if kind == "exec_command_end":
-            output = text(body, "aggregated_output") or text(body, "formatted_output") or text(body, "stdout")
-            return self._call_ended(call_id, "commandExecution", output, integer(body, "exit_code"),
-                                    authoritative=True)
-        if kind == "patch_apply_end":
-            ok = body.get("success")
-            return self._call_ended(call_id, "fileChange", None, None, authoritative=True,
-                                    status="failed" if ok is False else "completed")
-        return self._call_ended(call_id, "mcpToolCall", None, None, authoritative=True)
+    def _exec_begin(self, body: _ExecBegin) -> list[Event]:
+        call_id = self._call_id(body)
+        return self._call_started(call_id, "commandExecution", "shell", command_text(body.command), body.command)
 
-    def _response_item(self, body: dict) -> list[Event]:
-        kind = text(body, "type")
-        if kind == "function_call":
-            name = text(body, "name")
-            arguments = body.get("arguments")
-            call_id = text(body, "call_id") or f"call@{self._offset}"
-            shell = name in SHELL_TOOLS
-            command = _command_from_arguments(arguments) if shell else None
-            return self._call_started(call_id, "commandExecution" if shell else "functionCall",
-                                      name, command, arguments)
-        if kind == "local_shell_call":
-            call_id = text(body, "call_id") or text(body, "id") or f"call@{self._offset}"
-            action = obj(body, "action")
-            return self._call_started(call_id, "commandExecution", "local_shell",
-                                      command_text(action.get("command")), action)
-        if kind == "custom_tool_call":
-            call_id = text(body, "call_id") or f"call@{self._offset}"
-            return self._call_started(call_id, "customToolCall", text(body, "name"), None, body.get("input"))
-        if kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = text(body, "call_id") or f"call@{self._offset}"
-            output = body.get("output")
-            if _still_running(output):
-                # The tool answered the model, but its process goes on (unified exec
-                # yields; an interrupt does not kill it): the end comes later or never.
-                return []
-            return self._call_ended(call_id, "functionCall", output, _exit_code(output), authoritative=False)
-        if kind == "web_search_call":
-            item_id = text(body, "id") or f"search@{self._offset}"
-            return [self._item_completed(item_id, "webSearch", status=text(body, "status") or "completed",
-                                         **self._ids())]
-        if kind not in _QUIET_ITEMS:
-            self.unknown_types[f"response_item:{kind}"] += 1
-        return []
+    def _patch_begin(self, body: _PatchBegin) -> list[Event]:
+        return self._call_started(self._call_id(body), "fileChange", None, None, None)
+
+    def _mcp_begin(self, body: _McpBegin) -> list[Event]:
+        return self._call_started(self._call_id(body), "mcpToolCall", None, None, None)
+
+    def _exec_end(self, body: _ExecEnd) -> list[Event]:
+        call_id = self._call_id(body)
+        output = (as_text(body.aggregated_output, "aggregated_output")
+                  or as_text(body.formatted_output, "formatted_output") or as_text(body.stdout, "stdout"))
+        return self._call_ended(call_id, "commandExecution", output, as_integer(body.exit_code, "exit_code"),
+                                authoritative=True)
+
+    def _patch_end(self, body: _PatchEnd) -> list[Event]:
+        return self._call_ended(self._call_id(body), "fileChange", None, None, authoritative=True,
+                                status="failed" if body.success is False else "completed")
+
+    def _mcp_end(self, body: _McpEnd) -> list[Event]:
+        return self._call_ended(self._call_id(body), "mcpToolCall", None, None, authoritative=True)
+
+    # -- response_item -----------------------------------------------------------------
+
+    def _function_call(self, body: _FunctionCall) -> list[Event]:
+        name = as_text(body.name, "name")
+        arguments = body.arguments
+        call_id = self._call_id(body)
+        shell = name in SHELL_TOOLS
+        command = _command_from_arguments(arguments) if shell else None
+        return self._call_started(call_id, "commandExecution" if shell else "functionCall", name, command, arguments)
+
+    def _local_shell_call(self, body: _LocalShellCall) -> list[Event]:
+        call_id = as_text(body.call_id, "call_id") or as_text(body.id, "id") or f"call@{self._offset}"
+        action = as_obj(body.action, "action")
+        return self._call_started(call_id, "commandExecution", "local_shell", command_text(action.get("command")),
+                                  action)
+
+    def _custom_tool_call(self, body: _CustomToolCall) -> list[Event]:
+        call_id = self._call_id(body)
+        return self._call_started(call_id, "customToolCall", as_text(body.name, "name"), None, body.input)
+
+    def _function_call_output(self, body: _FunctionCallOutput) -> list[Event]:
+        call_id = self._call_id(body)
+        output = body.output
+        if _still_running(output):
+            # The tool answered the model, but its process goes on (unified exec
+            # yields; an interrupt does not kill it): the end comes later or never.
+            return []
+        return self._call_ended(call_id, "functionCall", output, _exit_code(output), authoritative=False)
+
+    def _web_search_call(self, body: _WebSearchCall) -> list[Event]:
+        item_id = as_text(body.id, "id") or f"search@{self._offset}"
+        return [self._item_completed(item_id, "webSearch", status=as_text(body.status, "status") or "completed",
+                                     **self._ids())]
+
+
+_P = CodexRolloutParser
+_EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
+    _TaskStarted: _P._task_started, _TaskComplete: _P._task_complete, _TurnAborted: _P._task_complete,
+    _UserMessage: _P._user_message_msg, _AgentMessage: _P._agent_message_msg, _ErrorMsg: _P._error_msg,
+    _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_event, _ExecBegin: _P._exec_begin,
+    _PatchBegin: _P._patch_begin, _McpBegin: _P._mcp_begin, _ExecEnd: _P._exec_end, _PatchEnd: _P._patch_end,
+    _McpEnd: _P._mcp_end,
+}
+_ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
+    _FunctionCall: _P._function_call, _LocalShellCall: _P._local_shell_call, _CustomToolCall: _P._custom_tool_call,
+    _FunctionCallOutput: _P._function_call_output, _CustomToolCallOutput: _P._function_call_output,
+    _WebSearchCall: _P._web_search_call,
+}
 
 
 def _command_from_arguments(arguments) -> str | None:

@@ -10,7 +10,9 @@ every byte range comes back either as a line or as a skipped range.
 
 ``decode_json`` is the one place untrusted JSON is decoded (file records, the
 app-server's frames, JSON inside their strings); ``decode_object`` turns a line into
-a dict or the reason it is refused.
+a dict or the reason it is refused. ``TypedLines`` reads a format's lines into its
+msgspec Structs, skipping the fields no event uses, and refuses exactly the lines
+``decode_object`` refuses.
 """
 
 from __future__ import annotations
@@ -135,11 +137,17 @@ def decode_json(data: bytes | str) -> Any:
         value = _decoder.decode(data)
     except RecursionError:
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels") from None
-    # Each level opens a bracket: with few brackets the walk cannot find a deep value.
-    opening = ("[", "{") if isinstance(data, str) else (b"[", b"{")
-    if sum(data.count(bracket) for bracket in opening) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    if _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _brackets(data: bytes | str) -> int:
+    """Opening brackets in ``data``: each level opens one, so with few of them no value
+    can be deep."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -178,3 +186,72 @@ def decode_object(line: Line) -> dict | str | None:
     if not isinstance(value, dict):
         return NOT_AN_OBJECT
     return value
+
+
+class TypedLines:
+    """Lines decoded into ``line_type``: a msgspec Struct, or a tagged union of them,
+    for the records a format reads. Fields a Struct does not declare are skipped, not
+    decoded, so a record whose type no event uses costs a look at its type.
+
+    ``decode`` returns the Struct; the plain dict when the record does not fit
+    ``line_type`` (an unknown type, a field of a shape the Structs do not take); or what
+    ``decode_object`` returns: None for a blank line, the reason a line is refused.
+    Skipping checks the JSON's syntax, but not a skipped string's UTF-8, a skipped
+    number's range nor the depth of what it skips: the typed decode is used only on
+    lines where those cannot matter, and a line it does not take is decoded plainly, so
+    every line is refused, or not, exactly as ``decode_object`` decides.
+    """
+
+    def __init__(self, line_type: Any) -> None:
+        self._type = line_type
+        self._decode = msgspec.json.Decoder(line_type).decode
+
+    def decode(self, line: Line) -> Any:
+        data = line.data
+        if (
+            b"\x00" not in data
+            and _brackets(data) <= MAX_DEPTH  # nor can skipping recurse past the limit
+            and (data.isascii() or _utf8(data))
+            and not _number_at_risk(data)
+        ):
+            try:
+                return self._decode(data)
+            except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
+                pass
+        record = decode_object(line)
+        if not isinstance(record, dict):
+            return record
+        try:
+            return msgspec.convert(record, self._type)
+        except msgspec.ValidationError:
+            return record
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# Numbers in canonical form: digits (and the point) as 0, exponents as e, a value's
+# opening (after ``:``, ``,`` or ``[``) as ``:``; signs and whitespace dropped.
+_NUMBERS = bytes.maketrans(b"0123456789.E,[", b"00000000000e::")
+_DROPPED = b"+- \t\r\n"
+_LONG_MANTISSA = b"0" * 200
+
+
+def _number_at_risk(data: bytes) -> bool:
+    """Whether ``data`` may hold a number beyond a double's range: an exponent of three
+    digits, or a mantissa of 200 digits or more (with an exponent of two). Cheap (byte
+    operations, no regular expression) and never wrong the unsafe way: a hex string
+    such as ``7e123`` inside text is no number, but may be taken for one."""
+    canonical = data.translate(_NUMBERS, _DROPPED)
+    at = canonical.find(b"e000")
+    while at >= 0:
+        start = canonical.rfind(b":", 0, at) + 1
+        if 0 < start < at and not canonical[start:at].strip(b"0"):
+            return True
+        at = canonical.find(b"e000", at + 4)
+    return _LONG_MANTISSA in canonical

@@ -8,7 +8,11 @@ Record types a parser does not know are counted in ``unknown_types``.
 
 A subclass implements ``_events(record)`` (and ``_time(record)`` when its format
 has timestamps). Helpers ``text``/``obj``/``items`` read a field and raise
-``WrongType`` when it has the wrong type, which quarantines the whole record.
+``WrongType`` when it has the wrong type, which quarantines the whole record
+(``as_text``/``as_obj``/``as_integer`` check a value already read, such as a Struct's
+field). A format whose records are read into msgspec Structs sets ``lines``
+(``TypedLines``); its ``_events`` then gets the Struct, or the plain dict of a record
+outside its Structs.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import msgspec
 from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.digest import digest, payload, size
-from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, decode_object
+from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, TypedLines, decode_object
 
 
 class Parsed(msgspec.Struct, frozen=True):
@@ -46,6 +50,8 @@ LATEST = datetime.max.replace(tzinfo=timezone.utc).timestamp()
 
 def ack_tokens(text: str) -> tuple[str, ...]:
     """Every intent id the text mentions, in order, without repeats."""
+    if "in-" not in text:  # the common case, found without the regular expression
+        return ()
     return tuple(dict.fromkeys(_INTENT_ID.findall(text)))
 
 
@@ -60,6 +66,7 @@ def workdir(path: str | None, *, retain: bool) -> dict[str, str | None]:
 class Parser:
     format: ClassVar[str]
     untimed: ClassVar[bool] = False  # the format carries no source times: ``at`` is always None
+    lines: ClassVar[TypedLines | None] = None  # the format's Structs; None: every record is a dict
 
     def __init__(
         self,
@@ -96,12 +103,13 @@ class Parser:
 
     def _parse(self, frames: list[Line | Skipped]) -> list[Parsed]:
         out: list[Parsed] = []
+        decode = decode_object if self.lines is None else self.lines.decode
         for frame in frames:
             if isinstance(frame, Skipped):
                 self.records += 1
                 out.append(self._quarantine(frame.offset, frame.length, frame.reason))
                 continue
-            record = decode_object(frame)
+            record = decode(frame)
             if record is None:
                 continue  # blank line: whitespace needs no account
             self.records += 1
@@ -116,9 +124,8 @@ class Parser:
                 # Wrong types deep inside a record: refuse the record, keep going.
                 out.append(self._quarantine(frame.offset, frame.length, WRONG_TYPE))
                 continue
-            out.extend(
-                Parsed(event, frame.offset, frame.length, i, at) for i, event in enumerate(events)
-            )
+            if events:
+                out.extend(Parsed(event, frame.offset, frame.length, i, at) for i, event in enumerate(events))
         return out
 
     def _quarantine(self, offset: int, length: int, reason: str) -> Parsed:
@@ -177,7 +184,10 @@ class Parser:
 
 
 def text(record: dict, key: str, default: str | None = None) -> str | None:
-    value = record.get(key, default)
+    return as_text(record.get(key, default), key)
+
+
+def as_text(value: Any, key: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise WrongType(key)
@@ -185,7 +195,10 @@ def text(record: dict, key: str, default: str | None = None) -> str | None:
 
 def obj(record: dict, key: str) -> dict:
     """A nested object; a missing one reads as empty."""
-    value = record.get(key)
+    return as_obj(record.get(key), key)
+
+
+def as_obj(value: Any, key: str) -> dict:
     if value is None:
         return {}
     if isinstance(value, dict):
@@ -203,7 +216,10 @@ def items(record: dict, key: str) -> list:
 
 
 def integer(record: dict, key: str) -> int | None:
-    value = record.get(key)
+    return as_integer(record.get(key), key)
+
+
+def as_integer(value: Any, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):

@@ -43,3 +43,15 @@ def test_configured_patterns_replace_the_defaults():
 def test_patterns_are_case_insensitive_and_hashable():
     assert DEFAULT.classify("GIT PUSH") == (True, True)
     assert hash(DEFAULT) == hash(CommandPatterns(DEFAULT.critical, DEFAULT.external))
+
+
+def test_classification_is_remembered_per_command_line_within_a_bound():
+    from tillerman.monitor.commands import _REMEMBERED, CommandPatterns
+
+    patterns = CommandPatterns(critical=(r"\bdeploy\b",), external=())
+    assert patterns.classify("make deploy") == (True, False)
+    assert patterns.classify("make deploy") == (True, False)  # from memory
+    for i in range(_REMEMBERED + 10):
+        patterns.classify(f"echo {i}")
+    assert len(patterns._classified) <= _REMEMBERED
+    assert patterns.classify("make deploy") == (True, False)
