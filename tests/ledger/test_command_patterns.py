@@ -46,7 +46,7 @@ def test_patterns_are_case_insensitive_and_hashable():
 
 
 def test_classification_is_remembered_per_command_line_within_a_bound():
-    from tillerman.monitor.commands import _REMEMBERED, CommandPatterns
+    from tillerman.ledger.command_patterns import _REMEMBERED, CommandPatterns
 
     patterns = CommandPatterns(critical=(r"\bdeploy\b",), external=())
     assert patterns.classify("make deploy") == (True, False)
