@@ -150,7 +150,11 @@ class GuardedAdapter:
             return NoAnswer(command, "timeout", self.clock(), {"timeout": self.timeout})
         except AppServerDisconnected as lost:
             return NoAnswer(command, "disconnected", self.clock(), {"detail": str(lost)})
-        return Replied(command, REPLY_PARSERS[type(command)](result), self.clock())
+        reply = REPLY_PARSERS[type(command)](result)
+        if not getattr(reply, "readable", True):
+            # A listing without its list proves nothing absent: the outcome stays unknown.
+            return NoAnswer(command, "unreadable_reply", self.clock(), {"detail": "no data list in the reply"})
+        return Replied(command, reply, self.clock())
 
     def check(self, command: Command) -> IntentView:
         """Every boundary check for one command, against the ledger's record of its intent

@@ -486,7 +486,11 @@ class Daemon:
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)
             return None
-        return wire.parse_turn_page(page).turns
+        listed = wire.parse_turn_page(page)
+        if not listed.readable:
+            log.info("the turns of thread %s came back without a list: nothing concluded from them", thread_id)
+            return None
+        return listed.turns
 
     def _drive(self, tg, intent_id: str, fact) -> None:
         tg.start_soon(self._carry_out, intent_id, fact)

@@ -205,7 +205,8 @@ class Refused:
 
 @dataclass(frozen=True)
 class NoAnswer:
-    """Unknown outcome: ``cause`` is timeout, disconnected or unrecognized_error."""
+    """Unknown outcome: ``cause`` is timeout, disconnected, unrecognized_error or
+    unreadable_reply (a listing that came back without its list)."""
 
     command: Command
     cause: str

@@ -126,6 +126,7 @@ class QueuePage(msgspec.Struct, frozen=True):
     """``thread/queue/list`` → ``{"data": [entry, …], "nextCursor"}``."""
 
     entries: tuple[QueueEntry, ...] = ()
+    readable: bool = True  # False: no ``data`` list, so the reply proves no absence
 
 
 class TurnItem(msgspec.Struct, frozen=True):
@@ -150,6 +151,7 @@ class TurnPage(msgspec.Struct, frozen=True):
 
     turns: tuple[Turn, ...] = ()
     next_cursor: str | None = None  # None (or empty on the wire): no older page
+    readable: bool = True  # False: no ``data`` list, so the reply proves no absence
 
 
 class Terminal(msgspec.Struct, frozen=True):
@@ -161,6 +163,7 @@ class TerminalList(msgspec.Struct, frozen=True):
     """``thread/backgroundTerminals/list`` → ``{"data": [terminal, …]}``."""
 
     terminals: tuple[Terminal, ...] = ()
+    readable: bool = True  # False: no ``data`` list, so the reply proves no absence
 
 
 class Terminated(msgspec.Struct, frozen=True):
@@ -192,19 +195,21 @@ def parse_queued_submission(result: object) -> QueuedSubmission:
 
 
 def parse_queue_page(result: object) -> QueuePage:
+    data = _object(result).get("data")
     return QueuePage(tuple(QueueEntry(_text(entry.get("id")), _text(entry.get("clientUserMessageId")))
-                           for entry in _objects(_object(result).get("data"))))
+                           for entry in _objects(data)), _listed(data))
 
 
 def parse_turn_page(result: object) -> TurnPage:
     page = _object(result)
     return TurnPage(tuple(_turn(turn) for turn in _objects(page.get("data"))),
-                    _text(page.get("nextCursor")) or None)
+                    _text(page.get("nextCursor")) or None, _listed(page.get("data")))
 
 
 def parse_terminal_list(result: object) -> TerminalList:
+    data = _object(result).get("data")
     return TerminalList(tuple(Terminal(_text(terminal.get("itemId")), _process_id(terminal.get("processId")))
-                              for terminal in _objects(_object(result).get("data"))))
+                              for terminal in _objects(data)), _listed(data))
 
 
 def parse_terminated(result: object) -> Terminated:
@@ -232,6 +237,12 @@ def _turn(turn: dict) -> Turn:
 
 def _object(value: object) -> dict:
     return value if isinstance(value, dict) else {}
+
+
+def _listed(data: object) -> bool:
+    """A listing is read only when its ``data`` is a list: an absent or garbled one says
+    nothing about what the server holds, so nothing may be concluded missing from it."""
+    return isinstance(data, list)
 
 
 def _objects(value: object) -> list[dict]:

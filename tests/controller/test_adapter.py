@@ -271,6 +271,24 @@ async def test_each_transport_outcome_becomes_a_fact(answer, expected):
     assert type(fact) is expected
 
 
+@pytest.mark.parametrize("page", [{}, {"data": None, "nextCursor": None}, {"data": {"id": TURN}}, "garbage", None])
+async def test_a_readback_without_its_list_settles_nothing(page):
+    """A timed-out steer is read back once its turn ended; a reply with no turn list
+    proves no absence, so the intent stays of unknown outcome (evidence only) rather
+    than expiring as not delivered, and nothing is resent."""
+    intent = make_intent()
+    recorder = ledger_with(intent)
+    server = FakeAppServer(turn__steer=TimeoutError(), thread__turns__list=page)
+    adapter = adapter_for(recorder, server, grants("steer"))
+    machine = Delivery(intent)
+    await carry_out(machine, Dispatch(NOW, "a1"), recorder, adapter)
+    await carry_out(machine, Observed(TurnCompleted(thread_id=THREAD, turn_id=TURN), NOW + 2), recorder, adapter)
+    view = intent_view(recorder, intent.id)
+    assert view.state == "dispatch_unknown"
+    assert view.history[-1].reason == "unreadable_reply"
+    assert server.methods() == ["turn/steer", "thread/turns/list"]
+
+
 async def test_stale_turn_through_the_pair_is_rejected_and_sent_once():
     intent = make_intent()
     recorder = ledger_with(intent)

@@ -118,10 +118,10 @@ def test_thread_read_request_and_its_working_directory():
     (wire.parse_steer_accepted, {"turnId": 7}, SteerAccepted()),
     (wire.parse_queued_submission, {"queuedSubmission": "q1"}, QueuedSubmission()),
     (wire.parse_queued_submission, [], QueuedSubmission()),
-    (wire.parse_queue_page, {"data": {"id": "q1"}}, QueuePage()),
+    (wire.parse_queue_page, {"data": {"id": "q1"}}, QueuePage(readable=False)),
     (wire.parse_queue_page, {"data": ["q1", None, {"id": 1, "clientUserMessageId": "c"}]},
      QueuePage((QueueEntry(None, "c"),))),  # only objects are entries; a numeric id reads as absent
-    (wire.parse_turn_page, {"data": 5, "nextCursor": ""}, TurnPage()),
+    (wire.parse_turn_page, {"data": 5, "nextCursor": ""}, TurnPage(readable=False)),
     (wire.parse_turn_page, {"data": [{"id": "T", "status": ["x"], "items": "all"}], "nextCursor": 3},
      TurnPage((Turn("T"),))),
     (wire.parse_turn_page, {"data": [{"items": [1, {"type": "userMessage", "clientId": {"c": 1}}]}]},
