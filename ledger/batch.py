@@ -17,8 +17,8 @@ import msgspec
 
 from tillerman.ledger import events
 from tillerman.ledger.errors import IllegalTransition
-from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
-from tillerman.ledger.intent_states import State, check_transition
+from tillerman.ledger.events import Entry, Envelope, IntentEvidence, IntentProposed, IntentTransition
+from tillerman.ledger.intent_states import State, check_transition, known_state
 from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
 
 DigestLookup = Callable[[Iterable[str]], dict[str, str]]  # event ids -> stored content digests
@@ -36,6 +36,10 @@ class Row(msgspec.Struct, frozen=True):
     @property
     def intent_id(self) -> str | None:
         return intent_id_of(self.envelope.event)
+
+    def entry(self) -> Entry:
+        """The row as ``Recorder.read`` yields it."""
+        return Entry(seq=self.seq, envelope=self.envelope, prev_hash=self.prev_hash, hash=self.hash)
 
 
 class Prepared(msgspec.Struct, frozen=True):
@@ -105,8 +109,9 @@ def _check_intent(event: events.Event, state_of: StateLookup, states: dict[str, 
             raise IllegalTransition(
                 f"intent {event.intent_id} is {current}, not {event.from_state}: it moved meanwhile"
             )
-        check_transition(current, State(event.to_state), event.reason)
-        states[event.intent_id] = State(event.to_state)
+        to_state = known_state(event.to_state, event.intent_id)
+        check_transition(current, to_state, event.reason)
+        states[event.intent_id] = to_state
     elif isinstance(event, IntentEvidence):
         if state_of(event.intent_id) is None:
             raise IllegalTransition(f"no intent {event.intent_id} to record evidence for")

@@ -34,7 +34,7 @@ from tillerman.ledger.batch import prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
-from tillerman.ledger.intent_states import State
+from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
 from tillerman.ledger.recorder import (
     CHAIN_VERSION,
@@ -88,6 +88,7 @@ class SQLiteRecorder(Recorder):
         self.anchor_error: str | None = None
         #: A reader's finding that the file itself is cut (then it reads the whole pages left).
         self.damage: str | None = None
+        self._bulk: sqlite3.Connection | None = None  # the open transaction of a ``bulk()`` block
         try:
             if self.readonly:
                 self._db, self.damage = _connect_readonly(self.path)
@@ -115,6 +116,10 @@ class SQLiteRecorder(Recorder):
 
     @contextlib.contextmanager
     def _transaction(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        if self._bulk is not None:
+            with self._savepoint(durable) as db:
+                yield db
+            return
         db = self._db
         try:
             if durable:
@@ -135,6 +140,48 @@ class SQLiteRecorder(Recorder):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("PRAGMA synchronous = NORMAL")
 
+    @contextlib.contextmanager
+    def _savepoint(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """A write inside ``bulk``: atomic on its own, committed with the bulk."""
+        if durable:
+            raise ValueError("a durable append commits at once; it cannot wait inside bulk()")
+        db = self._db
+        try:
+            db.execute("SAVEPOINT write")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK TO write")
+                db.execute("RELEASE write")
+                raise
+            db.execute("RELEASE write")
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Many appends in one transaction: one commit and one anchor move for all of
+        them instead of one each. Each append inside stays atomic (a savepoint) and
+        returns its entries at once; what was appended is committed even when the block
+        raises. Other writers wait until the block ends (the busy timeout)."""
+        if self._bulk is not None:  # nested: the outer block commits
+            yield
+            return
+        failure: BaseException | None = None
+        with self._transaction() as db:
+            anchor = self._check_anchor(db)
+            self._bulk = db
+            try:
+                yield
+            except BaseException as exc:  # committed all the same: every append in it was whole
+                failure = exc
+            finally:
+                self._bulk = None
+            head = self._head(db)
+        self._move_anchor(anchor, *head)
+        if failure is not None:
+            raise failure
+
     # -- append -----------------------------------------------------------------
 
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
@@ -143,8 +190,9 @@ class SQLiteRecorder(Recorder):
         events read from those spans (the last one per identity wins)."""
         if not batch and not offsets:
             return AppendResult()
+        in_bulk = self._bulk is not None
         with self._transaction(durable) as db:
-            anchor = self._check_anchor(db)
+            anchor = None if in_bulk else self._check_anchor(db)  # bulk() checked it for all
             if offsets:
                 self._save_offsets(db, offsets, time.time())
             head_seq, head_hash = self._head(db)
@@ -153,12 +201,16 @@ class SQLiteRecorder(Recorder):
                                lambda intent_id: self._intent_state(db, intent_id))
             db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
                            [row_columns(row) for row in prepared.rows])
-        if prepared.rows:
-            head_seq, head_hash = prepared.rows[-1].seq, prepared.rows[-1].hash
+        if not in_bulk:
+            if prepared.rows:
+                head_seq, head_hash = prepared.rows[-1].seq, prepared.rows[-1].hash
+            self._move_anchor(anchor, head_seq, head_hash)
+        return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+
+    def _move_anchor(self, anchor: tuple[int, str] | None, head_seq: int, head_hash: str) -> None:
         if self.head_path is not None and head_seq and (anchor is None or anchor[0] < head_seq):
             # also catches up an anchor a full disk or a crash left behind
             self._write_anchor(head_seq, head_hash)
-        return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     def _check_anchor(self, db: sqlite3.Connection) -> tuple[int, str] | None:
         """Inside the write transaction, before anything is written: the table must
@@ -277,7 +329,7 @@ class SQLiteRecorder(Recorder):
         ).fetchone()
         if row is None:
             return None
-        return State.PROPOSED if row[0] == "intent_proposed" else State(events.decode(row[1]).to_state)
+        return State.PROPOSED if row[0] == "intent_proposed" else known_state(events.decode(row[1]).to_state, intent_id)
 
     # -- read -------------------------------------------------------------------
 
