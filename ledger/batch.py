@@ -53,13 +53,8 @@ def prepare(
     batch: Sequence[Envelope], head_seq: int, head_hash: str, observed: float,
     stored_digests: DigestLookup, stored_state: StateLookup,
 ) -> Prepared:
-    known = stored_digests(e.event_id for e in batch)
-    states: dict[str, State | None] = {}
-
-    def state_of(intent_id: str) -> State | None:
-        if intent_id not in states:
-            states[intent_id] = stored_state(intent_id)
-        return states[intent_id]
+    known = stored_digests([e.event_id for e in batch])
+    states: dict[str, State | None] = {}  # the intents this batch touches: stored, then moved
 
     rows: list[Row] = []
     conflicts: list[str] = []
@@ -85,7 +80,8 @@ def prepare(
                 known.update(stored_digests([record.event_id]))
                 pending.append(record)
             continue
-        _check_intent(env.event, state_of, states)
+        if isinstance(env.event, _INTENT_EVENTS):
+            _check_intent(env.event, stored_state, states)
         seq += 1
         link = row_hash(prev, seq, env, payload, digest)
         rows.append(Row(seq, env, payload, digest, prev, link))
@@ -95,8 +91,17 @@ def prepare(
     return Prepared(rows, duplicates, tuple(conflicts), moved)
 
 
-def _check_intent(event: events.Event, state_of: StateLookup, states: dict[str, State | None]) -> None:
+_INTENT_EVENTS = (IntentProposed, IntentTransition, IntentEvidence)
+
+
+def _check_intent(event: events.Event, stored_state: StateLookup, states: dict[str, State | None]) -> None:
     """Refuse, before anything is stored, an intent event the table does not allow."""
+
+    def state_of(intent_id: str) -> State | None:
+        if intent_id not in states:
+            states[intent_id] = stored_state(intent_id)
+        return states[intent_id]
+
     if isinstance(event, IntentProposed):
         if state_of(event.intent.id) is not None:
             raise IllegalTransition(f"intent {event.intent.id} already exists")

@@ -51,9 +51,10 @@ class MemoryRecorder(Recorder):
             if row.intent_id is not None:
                 self._intent_rows.setdefault(row.intent_id, []).append(row.seq)
         self._intent_states.update(prepared.intent_states)
-        now = time.time()
-        self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
-                             for o in offsets)
+        if offsets:
+            now = time.time()
+            self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
+                                 for o in offsets)
         return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     # -- read -------------------------------------------------------------------

@@ -153,3 +153,20 @@ class RecorderContract:
         assert [e.seq for e in returned] == [2, 3, 4, 5, 6]  # duplicates write nothing, a conflict is a row
         assert returned == list(recorder.read(after_seq=1))
         assert all(e.envelope.observed_at is not None for e in returned)
+
+    def test_appends_in_bulk_are_whole_and_kept(self, recorder):
+        """``bulk()``: one commit for many appends; each returns its entries at once, a
+        refused one adds nothing, and the rest are kept even when the block raises."""
+        intent = make_intent()
+        returned = []
+        with pytest.raises(IllegalTransition), recorder.bulk():
+            returned += recorder.append([turn(1)]).entries
+            returned += recorder.append([turn(1), turn(2)]).entries  # a duplicate within the block
+            returned += recorder.append([proposed(intent)]).entries
+            returned += recorder.append([moved(intent, "proposed", "dispatch_unknown", "dispatching")]).entries
+            recorder.append([turn(3), moved(intent, "proposed", "expired", "cancelled")])  # moved meanwhile
+        assert [e.seq for e in returned] == [1, 2, 3, 4]
+        assert returned == list(recorder.read())
+        with recorder.bulk():
+            assert recorder.append([turn(3)]).seqs == (5,)
+        assert recorder.max_seq() == 5
