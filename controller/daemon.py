@@ -26,7 +26,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from tillerman.controller.supervisor import Step, next_round_due
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, OperationalError
-from tillerman.ledger.events import Envelope
+from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.lock import LedgerLock
@@ -369,11 +369,10 @@ class Daemon:
 
     def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
         now = self.clock()
-        if offsets:
-            self.recorder.append(batch, offsets=offsets)  # one transaction: events and file positions
-        elif batch:
-            self.recorder.append(batch)
-        self._refold(tg, now)
+        if batch or offsets:  # one transaction: events and file positions
+            self._fold_own(tg, now, self.recorder.append(batch, offsets=offsets or ()).entries)
+        if self._ledger_changed():
+            self._refold(tg, now)  # what other writers added after (or instead of) ours
         try:
             self._decide(tg, now)
         except IllegalTransition as exc:
@@ -391,27 +390,41 @@ class Daemon:
             return
         threads = list(self.projection.threads) if timer_due else sorted(self._unjudged)
         self._unjudged.clear()  # what the folds below add is judged by the next round
-        self._write(self.step.step(self.projection, threads, now))
-        self._refold(tg, now)
+        self._fold_own(tg, now, self._write(self.step.step(self.projection, threads, now)))
         wanted = set(threads)
         views = [v for v in self.projection.open_intents() if timer_due or v.intent.thread_id in wanted]
         envelopes, decided = self.step.decide_intents(self.projection, views, now)
-        self._write(envelopes)
-        self._refold(tg, now)
+        self._fold_own(tg, now, self._write(envelopes))
         for view, decision in decided:
             self._act(tg, view, decision, now)
         self.notifier.update(self.projection, now)
         self._due = self._next_due(now)
 
-    def _write(self, envelopes: list[Envelope]) -> None:
-        if envelopes:
-            self.recorder.append(envelopes)
+    def _write(self, envelopes: list[Envelope]) -> tuple[Entry, ...]:
+        """Append; the rows written, for the brain to fold (``_fold_own``). A writer
+        outside the brain (the rule watcher) leaves them to the brain's next read."""
+        return self.recorder.append(envelopes).entries if envelopes else ()
+
+    def _fold_own(self, tg, now: float, entries: tuple[Entry, ...]) -> None:
+        """Fold the rows this brain just appended, without reading them back. Rows of
+        other writers (another process, this daemon's delivery tasks) committed since the
+        last fold sit before ours: a gap between the fold and our first seq, read first."""
+        if not entries:
+            return
+        if (missing := entries[0].seq - 1 - self.projection.seq) > 0:
+            self._fold(tg, now, self.recorder.read(after_seq=self.projection.seq, limit=missing))
+        self._fold(tg, now, entries)
 
     def _refold(self, tg, now: float) -> None:
-        """Fold what the ledger gained (ours, or another process's), mark its threads for
+        """Fold every row past the fold: what other writers added since (another process,
+        the delivery tasks, the rule watcher), or what the ledger holds at a start."""
+        self._fold(tg, now, self.recorder.read(after_seq=self.projection.seq))
+
+    def _fold(self, tg, now: float, entries: Iterable[Entry]) -> None:
+        """Fold entries (ours or another writer's, the same way), mark their threads for
         the next decision round (``_unjudged``), and hand each new observation to the
         delivery machines of its thread."""
-        for entry in self.recorder.read(after_seq=self.projection.seq):
+        for entry in entries:
             self.projection.apply(entry)
             event = entry.envelope.event
             if isinstance(event, ev.Undecodable):

@@ -283,7 +283,7 @@ class Delivery:
     @classmethod
     def from_view(cls, view: IntentView, *, turn_items: frozenset[str] = frozenset()) -> Delivery:
         """Rebuild from the ledger after a restart or a lost race."""
-        machine = cls(view.intent, S(view.state), turn_items=turn_items)
+        machine = cls(view.intent, view.state, turn_items=turn_items)
         machine._behind_turn = behind_turn(view)
         machine._ack_turn = ack_turn(view)
         for item in view.history:

@@ -190,7 +190,7 @@ def transition(
     table does not allow it from the state the intent is in now. ``LostRace``: another
     writer moved it between our read and our write, so the move was not made."""
     view = intent_view(recorder, intent_id)
-    current = State(view.state)
+    current = view.state
     check_transition(current, to_state, reason)  # a move outside the table is no race
     envelope = transition_envelope(view.intent, current, to_state, reason, evidence, at)
     try:

@@ -15,7 +15,7 @@ import anyio
 
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
-from tillerman.ledger.intent_states import State, is_terminal
+from tillerman.ledger.intent_states import is_terminal
 from tillerman.ledger.projections import Projection
 
 log = logging.getLogger("tillerman")
@@ -39,7 +39,7 @@ class OverdueNotifier:
                 self._queue(notice)
         for intent_id, notice in list(self.notified.items()):
             view = projection.intents.get(intent_id)
-            if view is not None and is_terminal(State(view.state), view.intent):
+            if view is not None and is_terminal(view.state, view.intent):
                 del self.notified[intent_id]
                 log.info("resolved: overdue intent %s settled as %s", intent_id, view.state)
                 self._queue({**notice, "resolved": True, "state": view.state})

@@ -42,7 +42,7 @@ def overdue(projection: Projection, now: float) -> list[Overdue]:
         due = _due(view)
         if due is None or now < due[1]:
             continue
-        intent, state = view.intent, State(view.state)
+        intent, state = view.intent, view.state
         why = _WHY.get(state, state.value)
         if view.last_decision:
             why += f"; last decision: {view.last_decision[0]} ({view.last_decision[1]})"
@@ -55,9 +55,8 @@ def overdue(projection: Projection, now: float) -> list[Overdue]:
 
 
 def _due(view: IntentView) -> tuple[str, float] | None:
-    state = State(view.state)
-    if state in _AWAITING_ACK:
+    if view.state in _AWAITING_ACK:
         return "ack", view.intent.ack_deadline
-    if state in _AWAITING_EFFECT and view.intent.effect_deadline is not None:
+    if view.state in _AWAITING_EFFECT and view.intent.effect_deadline is not None:
         return "effect", view.intent.effect_deadline
     return None

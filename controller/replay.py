@@ -12,10 +12,9 @@ replays of the same input print the same ``decisions_digest``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
-import os
-import sqlite3
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -175,11 +174,10 @@ class Replayer:
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
-        # Batched observations (see ``_observe_batched``): appended once BATCH are
-        # waiting, or before anything of tillerman's own is recorded.
-        self._pending: list[Envelope] = []
-        self._batching = False  # the ledger was empty at the start: seqs are predictable
-        self._identities: set[str] = set()  # files replayed in this run
+        # The open ``Recorder.bulk`` block: every event is appended (and folded) on its
+        # own, and committed with up to BATCH others (``_record``).
+        self._bulk = contextlib.ExitStack()
+        self._uncommitted = 0
         self.now: float | None = None
         self.end: float | None = None  # the latest virtual time any file reached
         self._digest = hashlib.sha256()
@@ -205,11 +203,11 @@ class Replayer:
 
     def _run(self, paths: list[str]) -> ReplaySummary:
         found = collect_files(paths)
-        self._batching = self.recorder.max_seq() == 0 and self.projection.seq == 0
         files = []
-        for path in found:
-            files.append(self._replay_file(path))
-            self._flush()
+        with self._bulk:
+            self._bulk.enter_context(self.recorder.bulk())
+            for path in found:
+                files.append(self._replay_file(path))
         now = self.end or 0.0
         return ReplaySummary(
             files=files,
@@ -245,18 +243,16 @@ class Replayer:
         else:
             source = file_source(path)
             parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)
+            # A second copy of a file replayed in the same run repeats its event ids: the
+            # ledger drops them (``append`` returns no entry), so they are not folded twice.
             identity = file_identity(path, read_first_line(path))
-            # A second copy of a file replayed in the same run repeats its event ids:
-            # it goes one event at a time, so the ledger can drop the duplicates.
-            batched = self._batching and identity not in self._identities
-            self._identities.add(identity)
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
                 at = parsed.at
                 if at is None and parser.untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
                 # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
-                self._observe(file_envelope(identity, source, parsed), at, batched=batched)
+                self._observe(file_envelope(identity, source, parsed), at)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
                            **msgspec.structs.asdict(counter.counts()))
@@ -276,17 +272,14 @@ class Replayer:
 
     # -- one event on the virtual clock --------------------------------------------
 
-    def _observe(self, env: Envelope, at: float | None, *, batched: bool = False) -> None:
+    def _observe(self, env: Envelope, at: float | None) -> None:
         if at is not None:
             self._fire_timers(until=at)
             self.now = at if self.now is None else max(self.now, at)
         now = self.now if self.now is not None else 0.0
         env = msgspec.structs.replace(env, observed_at=now)
         self.events += not isinstance(env.event, ev.Quarantined)
-        if batched:
-            self._observe_batched(env)
-        else:
-            self._record([env])
+        self._record([env])
         thread = env.event.thread_id
         if thread is not None:
             self._evaluate([thread], now)
@@ -317,35 +310,12 @@ class Replayer:
         views = [v for v in self._open.values() if v.intent.thread_id in wanted]
         self._record(self.step.decide_intents(self.projection, views, now)[0])
 
-    def _observe_batched(self, env: Envelope) -> None:
-        """Fold an observation now and append it later, with up to BATCH others in one
-        transaction (one per event made replay into a ledger pay a commit and a head
-        anchor per event). Exact only because nothing else can take its seq: this run
-        started on an empty ledger, file event ids never repeat within a file, and a
-        file seen twice goes the slow way; ``_flush`` checks the seqs it predicted."""
-        self._pending.append(env)
-        entry = Entry(seq=self.projection.seq + 1, envelope=env, prev_hash="", hash="")
-        self._account(entry)
-        self.projection.apply(entry)
-        if len(self._pending) >= BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        first = self.projection.seq - len(pending) + 1
-        result = self.recorder.append(pending)
-        if result.seqs != tuple(range(first, first + len(pending))):
-            raise ReplayError("the ledger changed under the replay (another writer?): its seqs are not"
-                              " the ones the replay folded; replay into a ledger nothing else writes to")
-
     def _record(self, batch: list[Envelope]) -> None:
+        """Append, and fold the entries ``append`` returns (nothing is read back)."""
         if not batch:
             return
-        self._flush()
-        self.recorder.append(batch)
-        for entry in self.recorder.read(after_seq=self.projection.seq):
+        entries = self.recorder.append(batch).entries
+        for entry in entries:
             self._account(entry)
             self.projection.apply(entry)
             event = entry.envelope.event
@@ -356,6 +326,11 @@ class Replayer:
                     self._open[intent_id] = view
                 else:
                     self._open.pop(intent_id, None)
+        self._uncommitted += len(entries)
+        if self._uncommitted >= BATCH:  # a commit now and then: a reader sees progress, a crash loses little
+            self._uncommitted = 0
+            self._bulk.close()
+            self._bulk.enter_context(self.recorder.bulk())
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event
@@ -376,55 +351,56 @@ def _read_head(path: Path) -> bytes:
 _entry_decoder = msgspec.json.Decoder(Entry)
 
 
-def _check_intact(path: Path) -> None:
+def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
+    """The observations of a tillerman ledger (a SQLite file, opened read-only, or a
+    ``ledger export``): replay re-derives every decision from them, so tillerman's own
+    rows are skipped. An observation row this version cannot decode is kept as
+    quarantined input (its seq and size), and the replay goes on."""
+    if _read_head(path).startswith(_SQLITE_MAGIC):
+        yield from _observations(path, _stored_entries(path))
+        return
+    yield from _observations(path, _exported_entries(path))
+
+
+def _stored_entries(path: Path) -> Iterator[Entry]:
     try:
-        with SQLiteRecorder(path, readonly=True) as ledger:
-            report = ledger.verify()
+        ledger: Recorder = SQLiteRecorder(path, readonly=True)
     except LedgerError as exc:
         raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
-    if not report.ok:
-        raise DamagedLedger(f"{path}: the ledger is damaged ({report.problems[0]}); a replay of it would not be"
-                            f" the recorded history. `tillerman ledger verify --ledger {path}` says more")
-
-
-def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
-    """The observations of a tillerman ledger (a SQLite file, read-only, or a
-    ``ledger export``): replay re-derives every decision from them. tillerman's own
-    rows are not decoded at all; an observation row this version cannot decode is
-    kept as quarantined input (its seq and size), and the replay goes on."""
-    wanted = ev.OBSERVATION_KINDS | {ev.Quarantined.__struct_config__.tag}
-    if _read_head(path).startswith(_SQLITE_MAGIC):
-        _check_intact(path)
+    with ledger:
+        report = ledger.verify()
+        if not report.ok:
+            raise DamagedLedger(f"{path}: the ledger is damaged ({report.problems[0]}); a replay of it would not"
+                                f" be the recorded history. `tillerman ledger verify --ledger {path}` says more")
         try:
-            db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
-            rows = db.execute("SELECT seq, event_id, at, observed_at, source, offset, length, kind, thread_id,"
-                              " turn_id, payload FROM events ORDER BY seq")
-            for seq, event_id, at, observed_at, source, offset, length, kind, thread, turn, payload in rows:
-                if kind not in wanted:
-                    continue
-                event = _readable(ev.decode_stored(payload, kind, thread, turn), path, seq, len(payload or b""))
-                yield Envelope(event_id=event_id, event=event, source=source, at=at,
-                               observed_at=observed_at, offset=offset, length=length)
-        except sqlite3.Error as exc:
+            yield from ledger.read()
+        except LedgerError as exc:
             raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
-        return
+
+
+def _exported_entries(path: Path) -> Iterator[Entry]:
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                entry = _entry_decoder.decode(line)
+                yield _entry_decoder.decode(line)
             except msgspec.DecodeError as exc:
                 raise ReplayError(f"{path}:{number}: not a ledger export line ({exc})") from exc
-            env = entry.envelope
-            if isinstance(env.event, ev.Undecodable) and env.event.stored_kind in wanted:
-                yield msgspec.structs.replace(env, event=_readable(env.event, path, entry.seq, len(env.event.raw)))
-            elif ev.kind_of(env.event) in wanted:
-                yield env
 
 
-def _readable(event: ev.AnyEvent, path: Path, seq: int, size: int) -> ev.AnyEvent:
-    if not isinstance(event, ev.Undecodable):
-        return event
+def _observations(path: Path, entries: Iterator[Entry]) -> Iterator[Envelope]:
+    wanted = ev.OBSERVATION_KINDS | {ev.Quarantined.__struct_config__.tag}
+    for entry in entries:
+        env = entry.envelope
+        if isinstance(env.event, ev.Undecodable):
+            if env.event.stored_kind in wanted:
+                yield msgspec.structs.replace(env, event=_readable(env.event, path, entry.seq))
+        elif ev.kind_of(env.event) in wanted:
+            yield env
+
+
+def _readable(event: ev.Undecodable, path: Path, seq: int) -> ev.Quarantined:
     return ev.Quarantined(thread_id=event.thread_id, turn_id=event.turn_id, source=str(path), offset=seq,
-                          length=size, reason=f"undecodable ledger row seq {seq} ({event.stored_kind})")
+                          length=len(event.raw.encode()),
+                          reason=f"undecodable ledger row seq {seq} ({event.stored_kind})")

@@ -72,14 +72,14 @@ class Step:
             thread_id = view.intent.thread_id
             if thread_id not in snapshots:
                 snapshots[thread_id] = projection.snapshot(thread_id)
-            decision = decide(view.intent, State(view.state), snapshots[thread_id], now, self.ruleset)
+            decision = decide(view.intent, view.state, snapshots[thread_id], now, self.ruleset)
             decided.append((view, decision))
             if view.last_decision == (decision.action, decision.reason):
                 continue
             out.append(self._decision_envelope(view, decision, now))
             settled = self._settle(view, decision)
             if settled is not None:
-                out.append(transition_envelope(view.intent, State(view.state), settled[0], settled[1],
+                out.append(transition_envelope(view.intent, view.state, settled[0], settled[1],
                                                {"decision": decision.action.value}, now))
         return out, decided
 
@@ -87,7 +87,7 @@ class Step:
     def _settle(view: IntentView, decision: Decision) -> tuple[State, str] | None:
         """A terminal move the decision itself settles, before any transport."""
         if decision.action is Action.EXPIRE and decision.reason in _EXPIRY_REASONS:
-            if (State(view.state), State.EXPIRED) in _MOVES:
+            if (view.state, State.EXPIRED) in _MOVES:
                 return State.EXPIRED, _EXPIRY_REASONS[decision.reason]
         if decision.action is Action.ESCALATE and view.state == State.PROPOSED and decision.reason in _REFUSAL_REASONS:
             return State.REJECTED, _REFUSAL_REASONS[decision.reason]

@@ -17,8 +17,8 @@ import msgspec
 
 from tillerman.ledger import events
 from tillerman.ledger.errors import IllegalTransition
-from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
-from tillerman.ledger.intent_states import State, check_transition
+from tillerman.ledger.events import Entry, Envelope, IntentEvidence, IntentProposed, IntentTransition
+from tillerman.ledger.intent_states import State, check_transition, known_state
 from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
 
 DigestLookup = Callable[[Iterable[str]], dict[str, str]]  # event ids -> stored content digests
@@ -37,6 +37,10 @@ class Row(msgspec.Struct, frozen=True):
     def intent_id(self) -> str | None:
         return intent_id_of(self.envelope.event)
 
+    def entry(self) -> Entry:
+        """The row as ``Recorder.read`` yields it."""
+        return Entry(seq=self.seq, envelope=self.envelope, prev_hash=self.prev_hash, hash=self.hash)
+
 
 class Prepared(msgspec.Struct, frozen=True):
     rows: list[Row]
@@ -49,13 +53,8 @@ def prepare(
     batch: Sequence[Envelope], head_seq: int, head_hash: str, observed: float,
     stored_digests: DigestLookup, stored_state: StateLookup,
 ) -> Prepared:
-    known = stored_digests(e.event_id for e in batch)
-    states: dict[str, State | None] = {}
-
-    def state_of(intent_id: str) -> State | None:
-        if intent_id not in states:
-            states[intent_id] = stored_state(intent_id)
-        return states[intent_id]
+    known = stored_digests([e.event_id for e in batch])
+    states: dict[str, State | None] = {}  # the intents this batch touches: stored, then moved
 
     rows: list[Row] = []
     conflicts: list[str] = []
@@ -81,7 +80,8 @@ def prepare(
                 known.update(stored_digests([record.event_id]))
                 pending.append(record)
             continue
-        _check_intent(env.event, state_of, states)
+        if isinstance(env.event, _INTENT_EVENTS):
+            _check_intent(env.event, stored_state, states)
         seq += 1
         link = row_hash(prev, seq, env, payload, digest)
         rows.append(Row(seq, env, payload, digest, prev, link))
@@ -91,8 +91,17 @@ def prepare(
     return Prepared(rows, duplicates, tuple(conflicts), moved)
 
 
-def _check_intent(event: events.Event, state_of: StateLookup, states: dict[str, State | None]) -> None:
+_INTENT_EVENTS = (IntentProposed, IntentTransition, IntentEvidence)
+
+
+def _check_intent(event: events.Event, stored_state: StateLookup, states: dict[str, State | None]) -> None:
     """Refuse, before anything is stored, an intent event the table does not allow."""
+
+    def state_of(intent_id: str) -> State | None:
+        if intent_id not in states:
+            states[intent_id] = stored_state(intent_id)
+        return states[intent_id]
+
     if isinstance(event, IntentProposed):
         if state_of(event.intent.id) is not None:
             raise IllegalTransition(f"intent {event.intent.id} already exists")
@@ -105,8 +114,9 @@ def _check_intent(event: events.Event, state_of: StateLookup, states: dict[str, 
             raise IllegalTransition(
                 f"intent {event.intent_id} is {current}, not {event.from_state}: it moved meanwhile"
             )
-        check_transition(current, State(event.to_state), event.reason)
-        states[event.intent_id] = State(event.to_state)
+        to_state = known_state(event.to_state, event.intent_id)
+        check_transition(current, to_state, event.reason)
+        states[event.intent_id] = to_state
     elif isinstance(event, IntentEvidence):
         if state_of(event.intent_id) is None:
             raise IllegalTransition(f"no intent {event.intent_id} to record evidence for")

@@ -67,6 +67,15 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
 ALWAYS_TERMINAL = frozenset({S.EFFECT_VERIFIED, S.EFFECT_FAILED, S.EXPIRED, S.REJECTED})
 
 
+def known_state(name: str, intent_id: str) -> State:
+    """A state named by an event (offered, or stored by a newer or forged writer);
+    ``IllegalTransition`` for a name this version does not know: no move to or from it."""
+    try:
+        return State(name)
+    except ValueError:
+        raise IllegalTransition(f"intent {intent_id}: {name!r} is not an intent state this tillerman knows") from None
+
+
 def is_terminal(state: State, intent: Intent) -> bool:
     """``acknowledged`` is terminal only for an intent with nothing left to check."""
     if state in ALWAYS_TERMINAL:

@@ -51,10 +51,11 @@ class MemoryRecorder(Recorder):
             if row.intent_id is not None:
                 self._intent_rows.setdefault(row.intent_id, []).append(row.seq)
         self._intent_states.update(prepared.intent_states)
-        now = time.time()
-        self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
-                             for o in offsets)
-        return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+        if offsets:
+            now = time.time()
+            self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
+                                 for o in offsets)
+        return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     # -- read -------------------------------------------------------------------
 
@@ -62,8 +63,7 @@ class MemoryRecorder(Recorder):
         start = max(after_seq, 0)
         stop = len(self._rows) if limit is None else min(len(self._rows), start + max(limit, 0))
         for index in range(start, stop):
-            row = self._rows[index]
-            yield Entry(seq=row.seq, envelope=row.envelope, prev_hash=row.prev_hash, hash=row.hash)
+            yield self._rows[index].entry()
 
     def file_offsets(self) -> list[FileOffset]:
         return sorted(self._offsets.values(), key=lambda o: (o.path, o.identity))

@@ -17,7 +17,7 @@ import msgspec
 
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, QueueEntry
-from tillerman.ledger.intent_states import ALWAYS_TERMINAL, State
+from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
@@ -67,7 +67,7 @@ class HistoryItem(msgspec.Struct, frozen=True):
 
 class IntentView(msgspec.Struct):
     intent: Intent
-    state: str = "proposed"
+    state: State = State.PROPOSED
     updated_at: float | None = None
     history: list[HistoryItem] = []
     last_decision: tuple[str, str] | None = None
@@ -140,15 +140,8 @@ class Projection(msgspec.Struct):
         return [v for v in self.intents.values() if is_open(v)]
 
 
-_ALWAYS_TERMINAL = frozenset(s.value for s in ALWAYS_TERMINAL)
-
-
 def is_open(view: IntentView) -> bool:
-    """``not is_terminal(...)`` without building a ``State`` per intent per call."""
-    state = view.state
-    if state in _ALWAYS_TERMINAL:
-        return False
-    return state != State.ACKNOWLEDGED or view.intent.has_check
+    return not is_terminal(view.state, view.intent)
 
 
 # -- per-kind steps --------------------------------------------------------------
@@ -282,16 +275,25 @@ def _status_changed(p, e: ev.StatusChanged, at, seq, source) -> None:
 
 def _intent_proposed(p, e: ev.IntentProposed, at, seq, source) -> None:
     p.intents[e.intent.id] = IntentView(
-        intent=e.intent, state="proposed", updated_at=at,
+        intent=e.intent, state=State.PROPOSED, updated_at=at,
         history=[HistoryItem(seq, at, "proposed", "proposed", e.intent.producer)],
     )
 
 
 def _intent_transition(p, e: ev.IntentTransition, at, seq, source) -> None:
     view = p.intents.get(e.intent_id)
-    if view is not None:
-        view.state, view.updated_at = e.to_state, at
-        view.history.append(HistoryItem(seq, at, "transition", e.to_state, e.reason, e.evidence))
+    if view is None:
+        return
+    try:
+        state = State(e.to_state)
+    except ValueError:
+        # A state this version does not know (a newer tillerman, or a forged row): the
+        # ledger never writes one, so the row is reported and skipped like an undecodable
+        # one; the intent stays where the last known move left it.
+        p.undecodable[seq] = f"intent_transition: unknown intent state {e.to_state!r}"
+        return
+    view.state, view.updated_at = state, at
+    view.history.append(HistoryItem(seq, at, "transition", state, e.reason, e.evidence))
 
 
 def _intent_evidence(p, e: ev.IntentEvidence, at, seq, source) -> None:

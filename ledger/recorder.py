@@ -8,6 +8,7 @@ and translates its driver's errors into ``tillerman.ledger.errors`` in exactly o
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 
@@ -25,9 +26,16 @@ CHAIN_VERSION = 1
 
 
 class AppendResult(msgspec.Struct, frozen=True):
-    seqs: tuple[int, ...] = ()  # seqs of the rows written, in order
+    #: The rows written, in order: the entries ``read`` yields for their seqs (the envelope
+    #: as stored: ``observed_at`` filled in, a conflict record in place of a changed offer).
+    #: A writer folds these instead of reading back what it just wrote.
+    entries: tuple[Entry, ...] = ()
     duplicates: int = 0  # identical events already present: silent no-ops
     conflicts: tuple[str, ...] = ()  # event ids offered again with different content
+
+    @property
+    def seqs(self) -> tuple[int, ...]:
+        return tuple(entry.seq for entry in self.entries)
 
 
 class VerifyReport(msgspec.Struct, frozen=True):
@@ -70,10 +78,19 @@ class Recorder(abc.ABC):
     @abc.abstractmethod
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
                offsets: Sequence[FileOffset] = ()) -> AppendResult:
-        """Write the batch atomically, in order. ``durable`` forces a full fsync
-        (dispatch records must be on disk before the transport is called).
+        """Write the batch atomically, in order, and return the rows written as entries.
+        ``durable`` forces a full fsync (dispatch records must be on disk before the
+        transport is called).
         ``offsets``: file tailer positions, stored in the same transaction as the events
         read from those spans (the last one per file identity wins)."""
+
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Appends inside the block share one commit (a replay appends one event at a
+        time). Each stays atomic and returns its entries at once; what was appended is
+        kept even when the block raises. A backend without commits to save (in memory)
+        has nothing to do."""
+        yield
 
     @abc.abstractmethod
     def file_offsets(self) -> list[FileOffset]:

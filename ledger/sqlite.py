@@ -30,11 +30,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tillerman.ledger import events
-from tillerman.ledger.batch import prepare, row_columns
+from tillerman.ledger.batch import Prepared, Row, prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
-from tillerman.ledger.intent_states import State
+from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
 from tillerman.ledger.recorder import (
     CHAIN_VERSION,
@@ -88,6 +88,7 @@ class SQLiteRecorder(Recorder):
         self.anchor_error: str | None = None
         #: A reader's finding that the file itself is cut (then it reads the whole pages left).
         self.damage: str | None = None
+        self._bulk: _Bulk | None = None  # inside ``bulk()``: the rows prepared so far
         try:
             if self.readonly:
                 self._db, self.damage = _connect_readonly(self.path)
@@ -115,6 +116,8 @@ class SQLiteRecorder(Recorder):
 
     @contextlib.contextmanager
     def _transaction(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        if self._bulk is not None:
+            raise ValueError("inside bulk() only appends are made, and none durable")
         db = self._db
         try:
             if durable:
@@ -135,6 +138,37 @@ class SQLiteRecorder(Recorder):
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("PRAGMA synchronous = NORMAL")
 
+    @contextlib.contextmanager
+    def bulk(self) -> Iterator[None]:
+        """Many appends in one transaction: one insert, one commit and one anchor move
+        for all of them instead of one each (a replay appends one event at a time).
+        This connection holds the write lock throughout, so each append is prepared on
+        the rows before it (stored, or earlier in the block) and returns its entries at
+        once; the rows are inserted when the block ends (a read inside it does not see
+        them yet). A refused append (``IllegalTransition``) adds nothing, and what was
+        appended before is committed even when the block raises — unless the ledger
+        itself failed (the disk), which rolls back the whole block. Other writers wait
+        until it ends (the busy timeout)."""
+        if self._bulk is not None:  # nested: the outer block commits
+            yield
+            return
+        failure: BaseException | None = None
+        with self._transaction() as db:
+            anchor = self._check_anchor(db)
+            bulk = self._bulk = _Bulk(self._head(db))
+            try:
+                yield
+            except BaseException as exc:
+                if bulk.broken:
+                    raise  # the transaction rolls back
+                failure = exc
+            finally:
+                self._bulk = None
+            self._insert(db, bulk.rows)
+        self._move_anchor(anchor, *bulk.head)
+        if failure is not None:
+            raise failure
+
     # -- append -----------------------------------------------------------------
 
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
@@ -143,22 +177,52 @@ class SQLiteRecorder(Recorder):
         events read from those spans (the last one per identity wins)."""
         if not batch and not offsets:
             return AppendResult()
+        if self._bulk is not None and not durable:
+            return self._append_in_bulk(batch, offsets)
         with self._transaction(durable) as db:
             anchor = self._check_anchor(db)
             if offsets:
                 self._save_offsets(db, offsets, time.time())
             head_seq, head_hash = self._head(db)
-            prepared = prepare(batch, head_seq, head_hash, time.time(),
-                               lambda ids: self._known_digests(db, ids),
+            prepared = prepare(batch, head_seq, head_hash, time.time(), lambda ids: self._known_digests(db, ids),
                                lambda intent_id: self._intent_state(db, intent_id))
-            db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
-                           [row_columns(row) for row in prepared.rows])
+            self._insert(db, prepared.rows)
         if prepared.rows:
             head_seq, head_hash = prepared.rows[-1].seq, prepared.rows[-1].hash
+        self._move_anchor(anchor, head_seq, head_hash)
+        return _result(prepared)
+
+    def _append_in_bulk(self, batch: Sequence[Envelope], offsets: Sequence[FileOffset]) -> AppendResult:
+        bulk, db = self._bulk, self._db
+        assert bulk is not None
+
+        def stored_digests(ids: Iterable[str]) -> dict[str, str]:
+            ids = list(ids)
+            found = {i: bulk.digests[i] for i in ids if i in bulk.digests}
+            return found | self._known_digests(db, [i for i in ids if i not in found])
+
+        def stored_state(intent_id: str) -> State | None:
+            return bulk.states[intent_id] if intent_id in bulk.states else self._intent_state(db, intent_id)
+
+        try:
+            prepared = prepare(batch, *bulk.head, time.time(), stored_digests, stored_state)
+            if offsets:
+                self._save_offsets(db, offsets, time.time())
+        except sqlite3.Error as exc:
+            bulk.broken = True
+            raise _translate(exc) from exc
+        bulk.add(prepared)
+        return _result(prepared)
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, rows: Sequence[Row]) -> None:
+        db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+                       [row_columns(row) for row in rows])
+
+    def _move_anchor(self, anchor: tuple[int, str] | None, head_seq: int, head_hash: str) -> None:
         if self.head_path is not None and head_seq and (anchor is None or anchor[0] < head_seq):
             # also catches up an anchor a full disk or a crash left behind
             self._write_anchor(head_seq, head_hash)
-        return AppendResult(tuple(row.seq for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     def _check_anchor(self, db: sqlite3.Connection) -> tuple[int, str] | None:
         """Inside the write transaction, before anything is written: the table must
@@ -277,7 +341,7 @@ class SQLiteRecorder(Recorder):
         ).fetchone()
         if row is None:
             return None
-        return State.PROPOSED if row[0] == "intent_proposed" else State(events.decode(row[1]).to_state)
+        return State.PROPOSED if row[0] == "intent_proposed" else known_state(events.decode(row[1]).to_state, intent_id)
 
     # -- read -------------------------------------------------------------------
 
@@ -406,6 +470,29 @@ class SQLiteRecorder(Recorder):
 
     def close(self) -> None:
         self._db.close()
+
+
+class _Bulk:
+    """The rows a ``bulk()`` block prepared, not inserted yet, and what later appends in
+    it look up: their digests, the intents they moved, the head they reach."""
+
+    def __init__(self, head: tuple[int, str]) -> None:
+        self.head = head
+        self.rows: list[Row] = []
+        self.digests: dict[str, str] = {}
+        self.states: dict[str, State] = {}
+        self.broken = False  # the ledger failed inside the block: it is rolled back
+
+    def add(self, prepared: Prepared) -> None:
+        self.rows += prepared.rows
+        self.digests.update((row.envelope.event_id, row.digest) for row in prepared.rows)
+        self.states.update(prepared.intent_states)
+        if prepared.rows:
+            self.head = (prepared.rows[-1].seq, prepared.rows[-1].hash)
+
+
+def _result(prepared: Prepared) -> AppendResult:
+    return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
 
 def _entry(row: tuple) -> Entry:

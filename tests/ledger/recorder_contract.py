@@ -129,3 +129,44 @@ class RecorderContract:
         assert recorder.verify().ok
         assert recorder.append([first]).seqs == ()  # offered again: the same fact, not a conflict
         assert recorder.verify().ok
+
+    def test_append_returns_the_entries_read_yields(self, recorder):
+        """A writer folds what ``append`` returns instead of reading it back: those entries
+        must be the stored rows exactly (seq, chain links, the envelope as stored)."""
+        intent = make_intent()
+        recorder.append([turn(1)])
+        changed = Envelope(event_id="e1", event=TurnStarted(thread_id="t1", turn_id="other"), source="test", at=1.0)
+        odd = Envelope(event_id="e-odd", event=TurnStarted(thread_id="t\u00e9\U0001f600\x00", turn_id="u\u2028"),
+                       source="file:/s/a.jsonl", at=-0.0, offset=7, length=3)
+        evidence = Envelope(
+            event_id=f"{intent.id}:ev",
+            event=IntentTransition(thread_id="t1", intent_id=intent.id, from_state="proposed",
+                                   to_state="dispatch_unknown", reason="dispatching",
+                                   evidence={"turn_id": "u1", "n": 3, "x": 0.1, "ok": True, "none": None}),
+            source="tillerman", at=2.5)
+        batches = [[turn(2), turn(1), changed, odd], [proposed(intent), evidence], [turn(2)]]
+        returned = []
+        for batch in batches:
+            result = recorder.append(batch, offsets=[])
+            assert result.seqs == tuple(e.seq for e in result.entries)
+            returned.extend(result.entries)
+        assert [e.seq for e in returned] == [2, 3, 4, 5, 6]  # duplicates write nothing, a conflict is a row
+        assert returned == list(recorder.read(after_seq=1))
+        assert all(e.envelope.observed_at is not None for e in returned)
+
+    def test_appends_in_bulk_are_whole_and_kept(self, recorder):
+        """``bulk()``: one commit for many appends; each returns its entries at once, a
+        refused one adds nothing, and the rest are kept even when the block raises."""
+        intent = make_intent()
+        returned = []
+        with pytest.raises(IllegalTransition), recorder.bulk():
+            returned += recorder.append([turn(1)]).entries
+            returned += recorder.append([turn(1), turn(2)]).entries  # a duplicate within the block
+            returned += recorder.append([proposed(intent)]).entries
+            returned += recorder.append([moved(intent, "proposed", "dispatch_unknown", "dispatching")]).entries
+            recorder.append([turn(3), moved(intent, "proposed", "expired", "cancelled")])  # moved meanwhile
+        assert [e.seq for e in returned] == [1, 2, 3, 4]
+        assert returned == list(recorder.read())
+        with recorder.bulk():
+            assert recorder.append([turn(3)]).seqs == (5,)
+        assert recorder.max_seq() == 5

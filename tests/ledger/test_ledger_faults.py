@@ -19,10 +19,15 @@ from click.testing import CliRunner
 
 from tests.faults.ledger_faults import READERS, cut_tail, fill, ledger_faults, run_cli, tiny_filesystem
 from tests.ledger.recorder_contract import turn
+from tillerman.controller import intents
 from tillerman.controller.cli import main
 from tillerman.ledger import projections
+from tillerman.ledger.batch import Row, row_columns
 from tillerman.ledger.errors import AnchorMismatch, OperationalError
-from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.events import Envelope, IntentTransition
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
+from tillerman.ledger.sqlite import _COLUMNS, SQLiteRecorder
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "chain-v1.sqlite3"
 
@@ -323,3 +328,35 @@ def test_a_rule_proposal_whose_anchor_write_fails_is_reported_committed(ledger, 
     monkeypatch.undo()
     assert result.exit_code == 3, result.output
     assert "proposed quiet-steer v1" in result.stdout and "committed, but the head anchor" in result.stderr
+
+
+# -- a state this version does not know ------------------------------------------------------
+
+
+def test_a_stored_unknown_intent_state_is_reported_and_skipped(ledger):
+    """A transition to a state this version does not know (a newer writer's, or forged
+    with a valid chain): every reader reports the row and skips it, the intent stays
+    where its last known move left it, and the ledger refuses to move it further."""
+    intent_id = _intent_ledger(ledger)
+    with SQLiteRecorder(ledger) as rec:
+        head = list(rec.read())[-1]
+        env = Envelope(event_id="future", source="tillerman", at=50.0, observed_at=50.0,
+                       event=IntentTransition(thread_id="T1", intent_id=intent_id, from_state="proposed",
+                                              to_state="teleported", reason="newer"))
+        payload = encode_payload(env)
+        digest = content_digest(env, payload)
+        row = Row(head.seq + 1, env, payload, digest, head.hash, row_hash(head.hash, head.seq + 1, env, payload, digest))
+        rec._db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
+        rec._write_anchor(row.seq, row.hash)
+        assert rec.verify().ok
+        with pytest.raises(intents.LostRace, match="'teleported' is not an intent state"):
+            intents.cancel(rec, intent_id)
+    projection = projections.load(SQLiteRecorder(ledger, readonly=True))
+    assert projection.intents[intent_id].state is State.PROPOSED
+    assert projection.undecodable == {row.seq: "intent_transition: unknown intent state 'teleported'"}
+    for args in (["intents", "--json"], ["status", "--json"], ["intent", "show", intent_id, "--json"]):
+        result = cli(*args, "--ledger", str(ledger))
+        assert result.exit_code == 0, (args, result.output)
+    shown = msgspec.json.decode(cli("intent", "show", intent_id, "--json", "--ledger", str(ledger)).stdout)
+    assert shown["state"] == "proposed"
+    assert f"warning: ledger seq {row.seq} cannot be decoded" in cli("intents", "--ledger", str(ledger)).stderr

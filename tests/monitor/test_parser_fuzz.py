@@ -115,7 +115,8 @@ def _stored_and_read_back(path: Path, blob: bytes, parsed) -> None:
     identity = file_identity(path, blob[: blob.find(b"\n") + 1])
     envelopes = [file_envelope(identity, "file:fuzz", p) for p in parsed]
     with SQLiteRecorder(":memory:") as ledger:
-        ledger.append(envelopes)
+        appended = ledger.append(envelopes).entries
         stored = [msgspec.structs.replace(e.envelope, observed_at=None) for e in ledger.read()]
         assert stored == envelopes
+        assert list(appended) == list(ledger.read())  # what a writer folds is what a reader folds
         assert ledger.verify().ok
