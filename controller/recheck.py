@@ -42,7 +42,6 @@ import msgspec
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry
-from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.policy import decide
@@ -159,7 +158,7 @@ def _redecide(projection: Projection, entry: Entry, event: ev.DecisionRecorded, 
         raise CannotCheck(f"seq {entry.seq}: a decision about intent {event.intent_id}, which no earlier entry"
                           " proposes; `tillerman ledger verify` lists rows it cannot decode")
     at = entry.envelope.at if entry.envelope.at is not None else entry.envelope.observed_at
-    decision = decide(view.intent, State(view.state), projection.snapshot(view.intent.thread_id), at or 0.0, ruleset)
+    decision = decide(view.intent, view.state, projection.snapshot(view.intent.thread_id), at or 0.0, ruleset)
     recorded = Verdict(event.action, event.reason)
     redecided = Verdict(decision.action.value, decision.reason)
     if redecided == recorded:

@@ -41,7 +41,7 @@ UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
 
 def under_way(projection: Projection) -> list[IntentView]:
     """The open intents a restart must reconcile before anything new is sent."""
-    return [view for view in projection.open_intents() if State(view.state) in UNDER_WAY]
+    return [view for view in projection.open_intents() if view.state in UNDER_WAY]
 
 
 def reconcile_fact(projection: Projection, view: IntentView, now: float) -> Reconcile:

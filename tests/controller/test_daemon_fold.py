@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope, ThreadStarted, TurnStarted
@@ -31,7 +31,7 @@ def _setup(path):
     with SQLiteRecorder(path) as rec:
         rec.append([Envelope(event_id="seen", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0)])
         # mallory holds no grant: the round rejects it (a transition and a decision written)
-        return intents.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
+        return intent_requests.propose(rec, thread_id="T1", mode="queue", text="later", owner="mallory")
 
 
 def _round(recorder, batch, *, before=None) -> Daemon:
@@ -72,7 +72,7 @@ def test_rows_another_writer_added_are_read_before_ours(tmp_path):
 
     def person_proposes():
         with SQLiteRecorder(path) as person:
-            person_proposes.intent = intents.propose(person, thread_id="T2", mode="queue", text="hi", owner="eve")
+            person_proposes.intent = intent_requests.propose(person, thread_id="T2", mode="queue", text="hi", owner="eve")
 
     with CountingReads(path) as recorder:
         daemon = _round(recorder, [seen("T2", 2)], before=person_proposes)

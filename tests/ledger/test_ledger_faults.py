@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tests.faults.ledger_faults import READERS, cut_tail, fill, ledger_faults, run_cli, tiny_filesystem
 from tests.ledger.recorder_contract import turn
-from tillerman.controller import intents
+from tillerman.controller import intent_requests
 from tillerman.controller.cli import main
 from tillerman.ledger import projections
 from tillerman.ledger.batch import Row, row_columns
@@ -349,8 +349,8 @@ def test_a_stored_unknown_intent_state_is_reported_and_skipped(ledger):
         rec._db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
         rec._write_anchor(row.seq, row.hash)
         assert rec.verify().ok
-        with pytest.raises(intents.LostRace, match="'teleported' is not an intent state"):
-            intents.cancel(rec, intent_id)
+        with pytest.raises(intent_requests.LostRace, match="'teleported' is not an intent state"):
+            intent_requests.cancel(rec, intent_id)
     projection = projections.load(SQLiteRecorder(ledger, readonly=True))
     assert projection.intents[intent_id].state is State.PROPOSED
     assert projection.undecodable == {row.seq: "intent_transition: unknown intent state 'teleported'"}
