@@ -17,6 +17,7 @@ from tillerman.controller.intent_requests import build_intent, proposal_envelope
 from tillerman.controller.recheck import CannotCheck, check, check_ledger, recorded_rulesets
 from tillerman.controller.supervisor import Step
 from tillerman.ledger import events as ev
+from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, rule
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection
@@ -25,25 +26,9 @@ from tillerman.rules.decision import Decision
 from tillerman.rules.files import load_grants, load_rules
 from tillerman.rules.ruleset import build_ruleset, ruleset_text
 
-GRANTS = """\
-[defaults]
-owner_grant = false
-
-[[grant]]
-subject = "owner:ann"
-actions = ["steer"]
-"""
-SHADOW_RULE = """\
-[[rule]]
-id = "quick-steer"
-version = 1
-status = "shadow"
-owner = "platform-team"
-review_by = 2099-01-01
-condition = { kind = "repeated_failure", count = 2 }
-action = "steer"
-text = "Stop re-running {tool}."
-"""
+GRANTS = NO_OWNER_GRANT + "\n" + ANN_STEERS
+SHADOW_RULE = rule("quick-steer", status="shadow", condition={"kind": "repeated_failure", "count": 2},
+                   action="steer", text="Stop re-running {tool}.")
 
 
 def rules(grants: str = GRANTS, rule_text: str = ""):
