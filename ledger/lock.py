@@ -17,8 +17,10 @@ from tillerman.ledger.errors import LedgerLocked
 
 
 class LedgerLock:
-    def __init__(self, ledger_path: str | os.PathLike) -> None:
+    def __init__(self, ledger_path: str | os.PathLike, *,
+                 advice: str = "stop it first, or give this one its own --ledger") -> None:
         self.path = Path(f"{ledger_path}.lock")
+        self.advice = advice  # what the refusal tells the person to do
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -30,8 +32,7 @@ class LedgerLock:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise LedgerLocked(
-                f"another tillerman daemon (pid {holder}) owns {self.path.with_suffix('')}; stop it first,"
-                " or give this one its own --ledger"
+                f"another tillerman daemon (pid {holder}) owns {self.path.with_suffix('')}; {self.advice}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
