@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import os
-import sqlite3
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +25,7 @@ from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
 from tillerman.controller.supervisor import Step, next_round_due
 from tillerman.ledger import events as ev
+from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
@@ -396,16 +395,12 @@ def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
     if _read_head(path).startswith(_SQLITE_MAGIC):
         _check_intact(path)
         try:
-            db = sqlite3.connect(f"file:{os.path.abspath(path)}?mode=ro", uri=True)
-            rows = db.execute("SELECT seq, event_id, at, observed_at, source, offset, length, kind, thread_id,"
-                              " turn_id, payload FROM events ORDER BY seq")
-            for seq, event_id, at, observed_at, source, offset, length, kind, thread, turn, payload in rows:
-                if kind not in wanted:
-                    continue
-                event = _readable(ev.decode_stored(payload, kind, thread, turn), path, seq, len(payload or b""))
-                yield Envelope(event_id=event_id, event=event, source=source, at=at,
-                               observed_at=observed_at, offset=offset, length=length)
-        except sqlite3.Error as exc:
+            with SQLiteRecorder(path, readonly=True) as ledger:  # its archive segments too, in seq order
+                for entry in segments.history(ledger, kinds=wanted):
+                    env = entry.envelope
+                    size = len(env.event.raw) if isinstance(env.event, ev.Undecodable) else 0
+                    yield msgspec.structs.replace(env, event=_readable(env.event, path, entry.seq, size))
+        except LedgerError as exc:
             raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
         return
     with open(path, "rb") as fh:
