@@ -4,7 +4,8 @@ The lock is an ``flock`` on ``LEDGER.lock`` held for the daemon's life; the file
 names the holder's pid so a second daemon can say who has it. The kernel drops the
 lock when the holder dies, even by SIGKILL, so a crash never leaves a stale lock.
 Other writers (``tillerman intent propose``) do not take it: the ledger's own
-transactions keep them safe.
+transactions keep them safe. ``tillerman ledger archive`` takes it, so it never moves
+rows out from under a running daemon.
 """
 
 from __future__ import annotations
