@@ -280,17 +280,22 @@ def test_replay_of_the_archived_ledger_sees_the_whole_history(ledger, tmp_path):
 # -- the file shrinks ------------------------------------------------------------------------------
 
 
-def test_the_live_file_shrinks(tmp_path):
-    """200 threads of 40 rows, each agent message keeping 400 bytes of text; the 180
-    closed ones move."""
-    path = tmp_path / "big.sqlite3"
+def many_threads(path: Path, threads: int, closed: int, rows: int = 40) -> Path:
+    """``threads`` threads of ``rows`` agent messages keeping 400 bytes of text each; the
+    first ``closed`` of them end before 5000 s."""
     text = "lorem ipsum " * 33
     with SQLiteRecorder(path) as rec:
-        for thread in range(200):
-            when = 100.0 if thread < 180 else 10_000.0
+        for thread in range(threads):
+            when = 100.0 if thread < closed else 10_000.0
             rec.append([at(thread * 100 + i, AgentMessage(thread_id=f"t{thread}", turn_id="u", digest="d",
                                                            size=len(text), text=text), when + i)
-                        for i in range(40)])
+                        for i in range(rows)])
+    return path
+
+
+def test_the_live_file_shrinks(tmp_path):
+    """200 threads of 40 rows; the 180 closed ones move."""
+    path = many_threads(tmp_path / "big.sqlite3", 200, 180)
     result = archive(path, 5_000)
     assert (result.threads, result.rows) == (180, 7200)
     assert result.bytes_after < result.bytes_before / 5, (result.bytes_before, result.bytes_after)
@@ -328,3 +333,21 @@ def test_a_crash_at_each_step_verifies_and_a_second_run_finishes(tmp_path, point
         assert rec.free_pages() == 0
         (record,) = [e.envelope.event for e in rec.read() if isinstance(e.envelope.event, LedgerArchived)]
     assert record.rows == 5
+
+
+def test_a_second_run_finishes_an_archive_stopped_before_its_vacuum(tmp_path):
+    path = many_threads(tmp_path / "l.sqlite3", 20, 15)
+
+    def stop(point: str) -> None:
+        if point == "anchor_moved":
+            raise KeyboardInterrupt  # as a crash there would: committed, not vacuumed
+
+    with pytest.raises(KeyboardInterrupt):
+        archive(path, 5_000, checkpoint=stop)
+    with SQLiteRecorder(path, readonly=True) as rec:
+        assert rec.free_pages() > 0
+    assert verify(path).exit_code == 0
+    again = archive(path, 5_000)
+    assert again.rows == 0 and again.bytes_after < again.bytes_before
+    with SQLiteRecorder(path, readonly=True) as rec:
+        assert rec.free_pages() == 0
