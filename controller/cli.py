@@ -15,6 +15,7 @@ import click
 import msgspec
 
 from tillerman.controller import intent_requests as intent_lib
+from tillerman.controller.driver import kill_at
 from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
@@ -41,8 +42,9 @@ from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.recheck import CannotCheck, check_ledger
 from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
 from tillerman.controller.rules_cli import rules
-from tillerman.controller.timefmt import iso, shorten
-from tillerman.ledger import projections
+from tillerman.controller.timefmt import iso, parse_time, shorten
+from tillerman.ledger import projections, segments
+from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
@@ -543,7 +545,7 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
 
 @main.group()
 def ledger() -> None:
-    """Check, export and accept a shortened ledger."""
+    """Check, export, archive and accept a shortened ledger."""
 
 
 @ledger.command("verify")
@@ -552,7 +554,8 @@ def ledger() -> None:
 @errors_to_exit_codes
 def ledger_verify(as_json, ledger_path):
     """Check the hash chain, the sequence, the head anchor, the saved fold and SQLite's
-    integrity; name the first bad seq and the last good one. Exit 1 on damage.
+    integrity, through the archive segments; name the first bad seq and the last good
+    one. Exit 1 on damage, or when a segment is missing.
 
     Example: tillerman ledger verify --ledger ./ledger.sqlite3
     """
@@ -577,14 +580,14 @@ def ledger_verify(as_json, ledger_path):
 @errors_to_exit_codes
 def ledger_export(after, ledger_path):
     """Every entry as one JSON object per line (seq, event_id, times, source, event,
-    hashes), streamed.
+    hashes), streamed; archived rows too, from their segments, in seq order.
 
     Example: tillerman ledger export > ledger.jsonl
     """
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     with open_intact_ledger(ledger_path) as recorder:
-        for entry in recorder.read(after_seq=after):
+        for entry in segments.history(recorder, after_seq=after):
             out.write(encoder.encode(entry))
             out.write(b"\n")
     out.flush()
@@ -608,6 +611,45 @@ def ledger_accept_tail(by, ledger_path):
         problem, seq = recorder.accept_tail(by)
     click.echo(f"accepted by {by} at seq {seq}: {problem}")
 
+
+
+@ledger.command("archive")
+@click.option("--before", "before_text", required=True,
+              help="Archive the threads closed before this ISO-8601 time (no row of theirs since, no open intent).")
+@click.option("--dry-run", is_flag=True, help="Say what would move; change nothing.")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def ledger_archive(before_text, dry_run, as_json, ledger_path):
+    """Move the rows of threads closed before a time, with their intents' rows, into a
+    segment file beside the ledger (LEDGER.segments/), and shrink the ledger. The chain
+    is kept: verify walks through the segments, export and replay read them. Refused
+    while a daemon runs on the ledger (exit 2) and on a ledger that does not verify
+    (exit 1).
+
+    Example: tillerman ledger archive --before 2026-10-01T00:00:00Z --dry-run
+    """
+    try:
+        before = parse_time(before_text)
+    except ValueError as exc:
+        raise Fail(f"--before {exc}") from exc
+    path = ledger_file(ledger_path)
+    if not path.is_file():
+        raise Fail(f"no ledger at {path}; give --ledger PATH or set TILLERMAN_LEDGER")
+    result = archive_ledger(path, before, dry_run=dry_run, checkpoint=kill_at)
+    if as_json:
+        print_json(result)
+        return
+    what = (f"{result.threads} thread(s), {result.intents} intent(s), {result.rows} row(s)"
+            + (f", seqs {result.first_seq}..{result.last_seq}" if result.rows else ""))
+    kept = f"; {result.kept_threads} closed thread(s) kept for an open intent" if result.kept_threads else ""
+    if dry_run:
+        click.echo(f"would archive {what}{kept} (closed before {iso(before)}); nothing changed")
+    elif result.segment is None:
+        click.echo(f"nothing to archive before {iso(before)}{kept}; ledger {result.bytes_after:,} bytes")
+    else:
+        click.echo(f"archived {what} into {result.segment}{kept}")
+        click.echo(f"ledger {result.bytes_before:,} -> {result.bytes_after:,} bytes")
 
 
 main.add_command(rules)

@@ -40,6 +40,7 @@ from pathlib import Path
 import msgspec
 
 from tillerman.ledger import events as ev
+from tillerman.ledger import segments
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import Projection
@@ -190,8 +191,9 @@ def check_ledger(path: str | Path, *, progress: Callable[[int, int], None] | Non
             if not report.ok:
                 raise CannotCheck(f"{path}: the ledger is damaged ({report.problems[0]}); its history is not the"
                                   f" recorded one. `tillerman ledger verify --ledger {path}` says more")
-            rulesets = recorded_rulesets(ledger.read())
-            result = check(_reporting(ledger.read(), report.last_seq, progress), rulesets)
+            rulesets = recorded_rulesets(ledger.read())  # rule sets stay in the live file when threads are archived
+            # the whole history: the decisions of archived threads are in the ledger's segments
+            result = check(_reporting(segments.history(ledger), report.last_seq, progress), rulesets)
     except LedgerError as exc:
         raise CannotCheck(f"{path}: not a readable tillerman ledger ({exc})") from exc
     result.ledger = str(path)

@@ -26,6 +26,7 @@ from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
 from tillerman.controller.supervisor import Step, next_round_due
 from tillerman.ledger import events as ev
+from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
@@ -373,7 +374,7 @@ def _stored_entries(path: Path) -> Iterator[Entry]:
             raise DamagedLedger(f"{path}: the ledger is damaged ({report.problems[0]}); a replay of it would not"
                                 f" be the recorded history. `tillerman ledger verify --ledger {path}` says more")
         try:
-            yield from ledger.read()
+            yield from segments.history(ledger)  # its archive segments too, in seq order
         except LedgerError as exc:
             raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
 

@@ -144,7 +144,7 @@ def conflict_envelope(env: Envelope, existing: str, offered: str, observed: floa
 
 
 def row_columns(row: Row) -> tuple:
-    """A row in the stored column order (``tillerman.ledger.sqlite._COLUMNS``; ``verify_rows`` reads it)."""
+    """A row in the stored column order (``tillerman.ledger.sqlite.COLUMNS``; ``verify_rows`` reads it)."""
     env, ev = row.envelope, row.envelope.event
     return (row.seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id, ev.turn_id,
             events.kind_of(ev), row.intent_id, env.offset, env.length, row.payload, row.digest,

@@ -273,6 +273,25 @@ class TailAccepted(Event, tag="tail_accepted"):
     ledger_seq: int  # where the table ended when the shorter history was accepted
 
 
+class LedgerArchived(Event, tag="ledger_archived"):
+    """``tillerman ledger archive`` moved the rows of threads closed before ``before``
+    into the segment file ``segment`` (``tillerman.ledger.segments``). The live chain
+    keeps its seqs: verifying it walks through the segment for the missing ones, and
+    this record, chained like any row, says which file must hold which rows.
+
+    Every field has a default, so a later version may add some; a version without this
+    event reads the row as undecodable and skips it (and cannot walk the gaps)."""
+
+    segment: str = ""  # file name inside LEDGER.segments/
+    first_seq: int = 0
+    last_seq: int = 0
+    rows: int = 0
+    rows_digest: str = ""  # tillerman.ledger.segments.rows_digest of the moved rows, in seq order
+    before: float = 0.0
+    threads: int = 0
+    intents: int = 0
+
+
 AnyEvent = (
     ThreadStarted
     | TurnStarted
@@ -298,6 +317,7 @@ AnyEvent = (
     | RuleProposed
     | RulePromoted
     | TailAccepted
+    | LedgerArchived
     | Undecodable
 )
 

@@ -4,7 +4,8 @@ The lock is an ``flock`` on ``LEDGER.lock`` held for the daemon's life; the file
 names the holder's pid so a second daemon can say who has it. The kernel drops the
 lock when the holder dies, even by SIGKILL, so a crash never leaves a stale lock.
 Other writers (``tillerman intent propose``) do not take it: the ledger's own
-transactions keep them safe.
+transactions keep them safe. ``tillerman ledger archive`` takes it, so it never moves
+rows out from under a running daemon.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from tillerman.ledger.errors import LedgerLocked
 
 
 class LedgerLock:
-    def __init__(self, ledger_path: str | os.PathLike) -> None:
+    def __init__(self, ledger_path: str | os.PathLike, *,
+                 advice: str = "stop it first, or give this one its own --ledger") -> None:
         self.path = Path(f"{ledger_path}.lock")
+        self.advice = advice  # what the refusal tells the person to do
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -30,8 +33,7 @@ class LedgerLock:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise LedgerLocked(
-                f"another tillerman daemon (pid {holder}) owns {self.path.with_suffix('')}; stop it first,"
-                " or give this one its own --ledger"
+                f"another tillerman daemon (pid {holder}) owns {self.path.with_suffix('')}; {self.advice}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

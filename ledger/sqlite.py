@@ -26,13 +26,13 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tillerman.ledger import events
 from tillerman.ledger.batch import Prepared, Row, prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
-from tillerman.ledger.events import Entry, Envelope, TailAccepted
+from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
@@ -45,10 +45,12 @@ from tillerman.ledger.recorder import (
 )
 
 BUSY_TIMEOUT_MS = 10_000
+#: The ``meta`` key that makes a file an archive segment (its value: the segment's header).
+SEGMENT_META = "archive_segment"
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
 ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
-_COLUMNS = (
+COLUMNS = (
     "seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
     " offset, length, payload, digest, prev_hash, hash"
 )
@@ -109,6 +111,10 @@ class SQLiteRecorder(Recorder):
                         migrate(self._db)
                         if self.head_path is not None and self.head_path.exists():
                             self._mark_anchored(self._db)  # a ledger from before meta.anchored
+                if _meta(self._db, SEGMENT_META) is not None:
+                    self._db.close()
+                    raise SchemaError(f"{self.path} is an archive segment, history that is never written to;"
+                                      " give --ledger the live ledger file it was archived from")
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
@@ -216,7 +222,7 @@ class SQLiteRecorder(Recorder):
 
     @staticmethod
     def _insert(db: sqlite3.Connection, rows: Sequence[Row]) -> None:
-        db.executemany(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})",
+        db.executemany(f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})",
                        [row_columns(row) for row in rows])
 
     def _move_anchor(self, anchor: tuple[int, str] | None, head_seq: int, head_hash: str) -> None:
@@ -290,7 +296,7 @@ class SQLiteRecorder(Recorder):
                                    anchor_hash=anchor[1] if anchor else None, ledger_seq=head_seq),
             )
             (row,) = prepare([env], head_seq, head_hash, now, lambda ids: {}, lambda intent_id: None).rows
-            db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
+            db.execute(f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
             self._mark_anchored(db)
         if not self._write_anchor(row.seq, row.hash, force=True):
             raise OperationalError(f"accepted at seq {row.seq}, but {self.anchor_error};"
@@ -327,8 +333,7 @@ class SQLiteRecorder(Recorder):
     def _known_digests(self, db: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         unique = list(dict.fromkeys(ids))
-        for start in range(0, len(unique), _IN_CHUNK):
-            chunk = unique[start : start + _IN_CHUNK]
+        for chunk in _chunks(unique):
             marks = ", ".join("?" * len(chunk))
             found.update(db.execute(f"SELECT event_id, digest FROM events WHERE event_id IN ({marks})", chunk))
         return found
@@ -346,7 +351,7 @@ class SQLiteRecorder(Recorder):
     # -- read -------------------------------------------------------------------
 
     def read(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Entry]:
-        sql = f"SELECT {_COLUMNS} FROM events WHERE seq > ? ORDER BY seq"
+        sql = f"SELECT {COLUMNS} FROM events WHERE seq > ? ORDER BY seq"
         params: tuple = (after_seq,)
         if limit is not None:
             sql += " LIMIT ?"
@@ -355,7 +360,75 @@ class SQLiteRecorder(Recorder):
             cursor = self._db.execute(sql, params)
             while chunk := cursor.fetchmany(1000):
                 for row in chunk:
-                    yield _entry(row)
+                    yield entry_of(row)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    def rows(self, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[tuple]:
+        """Stored rows (``COLUMNS``) with ``seq > after_seq`` in order, undecoded; only
+        those of ``kinds`` when given (the kind index finds them)."""
+        sql = f"SELECT {COLUMNS} FROM events WHERE seq > ?"
+        params: tuple = (after_seq,)
+        if kinds is not None:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params += tuple(kinds)
+        try:
+            cursor = self._db.execute(sql + " ORDER BY seq", params)
+            while chunk := cursor.fetchmany(1000):
+                yield from chunk
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    def segment_header(self) -> str | None:
+        """What an archive segment says of itself (``tillerman.ledger.segments``); None
+        for a ledger (or a file too damaged to say)."""
+        try:
+            return _meta(self._db, SEGMENT_META)
+        except sqlite3.DatabaseError:
+            return None
+
+    def archive_commit(self, moved: Sequence[int], marker: LedgerArchived, *, planned_through: int,
+                       threads: Collection[str], intents: Collection[str], at: float,
+                       checkpoint: Callable[[str], None] = lambda point: None) -> int:
+        """Record ``marker`` and delete the ``moved`` rows (already in its segment), in one
+        durable transaction; the saved fold goes too (it covers rows no longer here: the
+        next reader folds the live rows afresh). Refused, with nothing changed, when a row
+        written after the plan (seq > ``planned_through``) belongs to a thread or intent
+        that moves, or when a moved row is gone. Returns the marker's seq."""
+        with self._transaction(durable=True) as db:
+            self._check_anchor(db)
+            for thread_id, intent_id in db.execute("SELECT thread_id, intent_id FROM events WHERE seq > ?",
+                                                   (planned_through,)):
+                if thread_id in threads or intent_id in intents:
+                    raise OperationalError(f"thread {thread_id} or intent {intent_id} was written to while"
+                                           " archiving; nothing was moved: run the archive again")
+            present = sum(db.execute(f"SELECT count(*) FROM events WHERE seq IN ({', '.join('?' * len(chunk))})",
+                                     chunk).fetchone()[0] for chunk in _chunks(moved))
+            if present != len(moved):
+                raise IntegrityError(f"{len(moved) - present} of the rows to archive are no longer in the ledger;"
+                                     " nothing was moved")
+            head_seq, head_hash = self._head(db)
+            env = Envelope(event_id=f"ledger_archived:{marker.segment}", source="tillerman", at=at, event=marker)
+            (row,) = prepare([env], head_seq, head_hash, at, lambda ids: {}, lambda intent_id: None).rows
+            db.execute(f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
+            for chunk in _chunks(moved):
+                db.execute(f"DELETE FROM events WHERE seq IN ({', '.join('?' * len(chunk))})", chunk)
+            db.execute("DELETE FROM snapshots")
+        checkpoint("rows_moved")
+        if self.head_path is not None:
+            self._write_anchor(row.seq, row.hash)
+        return row.seq
+
+    def free_pages(self) -> int:
+        """Pages the file holds but no row uses (what ``vacuum`` gives back)."""
+        return self._query("PRAGMA freelist_count")[0][0]
+
+    def vacuum(self) -> None:
+        """Rewrite the file without its free pages, and empty the WAL into it, so the
+        file on disk shrinks."""
+        try:
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
@@ -373,8 +446,8 @@ class SQLiteRecorder(Recorder):
         return self._query("PRAGMA data_version")[0][0]
 
     def intent_entries(self, intent_id: str) -> list[Entry]:
-        rows = self._query(f"SELECT {_COLUMNS} FROM events WHERE intent_id = ? ORDER BY seq", (intent_id,))
-        return [_entry(r) for r in rows]
+        rows = self._query(f"SELECT {COLUMNS} FROM events WHERE intent_id = ? ORDER BY seq", (intent_id,))
+        return [entry_of(r) for r in rows]
 
     # -- snapshots --------------------------------------------------------------
 
@@ -394,14 +467,20 @@ class SQLiteRecorder(Recorder):
     # -- verification -----------------------------------------------------------
 
     def verify(self) -> VerifyReport:
+        """The chain walk, through the archive segments this ledger names (rows moved
+        out by ``ledger archive`` are checked where they are now)."""
+        from tillerman.ledger import segments  # segments read ledgers: imported here, not at the top
         from tillerman.ledger.verify import verify_ledger  # the walk is backend-independent
+
+        if (header := self.segment_header()) is not None:
+            return segments.verify_alone(self, header)
 
         unreadable: list[str] = []
 
         def rows() -> Iterator[tuple]:
             try:
                 # row by row: a bad page must not take the good rows before it along
-                yield from self._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY rowid")
+                yield from self._db.execute(f"SELECT {COLUMNS} FROM events ORDER BY rowid")
             except sqlite3.DatabaseError as exc:  # a truncated or overwritten page: stop there
                 unreadable.append(str(exc))
 
@@ -417,9 +496,11 @@ class SQLiteRecorder(Recorder):
         except sqlite3.DatabaseError as exc:
             version, had_anchor = CHAIN_VERSION, False
             unreadable.append(str(exc))
-        return verify_ledger(rows(), integrity, self._read_anchor() if self.head_path else None,
-                             chain_version=version, had_anchor=had_anchor, unreadable=unreadable,
-                             snapshot=self._verifiable_snapshot, entries=self.read)
+        with segments.ChainThrough(self, rows()) as chain:
+            report = verify_ledger(chain.rows, integrity, self._read_anchor() if self.head_path else None,
+                                   chain_version=version, had_anchor=had_anchor, unreadable=unreadable,
+                                   snapshot=self._verifiable_snapshot, entries=self.read)
+            return chain.complete(report)
 
     def _verifiable_snapshot(self, name: str) -> tuple[int, bytes] | None:
         try:
@@ -495,7 +576,8 @@ def _result(prepared: Prepared) -> AppendResult:
     return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
 
-def _entry(row: tuple) -> Entry:
+def entry_of(row: tuple) -> Entry:
+    """A stored row (``COLUMNS``) read back as an entry."""
     (seq, event_id, at, observed_at, source, thread, turn, kind, _intent,
      offset, length, payload, _digest, prev_hash, link) = row
     env = Envelope(
@@ -503,6 +585,11 @@ def _entry(row: tuple) -> Entry:
         observed_at=observed_at, offset=offset, length=length,
     )
     return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)
+
+
+def _chunks(seqs: Sequence[int]) -> Iterator[Sequence[int]]:
+    for start in range(0, len(seqs), _IN_CHUNK):
+        yield seqs[start : start + _IN_CHUNK]
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:

@@ -26,12 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = (["ledger", "verify"], ["intents"], ["status"], ["ledger", "export"], ["overdue"])
 
 
-def run_cli(*args: str, user: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, user: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``tillerman ARGS`` in a new process; as ``user`` (e.g. nobody) when given: root
-    ignores file modes, so only an unprivileged user sees a read-only ledger."""
+    ignores file modes, so only an unprivileged user sees a read-only ledger. ``env``:
+    more environment variables (a fault hook)."""
     group = "nogroup" if user == "nobody" else user
     prefix = ["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups"] if user else []
-    env = dict(os.environ, HOME="/tmp", PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, HOME="/tmp", PYTHONDONTWRITEBYTECODE="1", **(env or {}))
     return subprocess.run([*prefix, sys.executable, "-m", "tillerman.controller", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 

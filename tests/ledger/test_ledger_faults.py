@@ -27,7 +27,7 @@ from tillerman.ledger.errors import AnchorMismatch, OperationalError
 from tillerman.ledger.events import Envelope, IntentTransition
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
-from tillerman.ledger.sqlite import _COLUMNS, SQLiteRecorder
+from tillerman.ledger.sqlite import COLUMNS, SQLiteRecorder
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "chain-v1.sqlite3"
 
@@ -346,7 +346,7 @@ def test_a_stored_unknown_intent_state_is_reported_and_skipped(ledger):
         payload = encode_payload(env)
         digest = content_digest(env, payload)
         row = Row(head.seq + 1, env, payload, digest, head.hash, row_hash(head.hash, head.seq + 1, env, payload, digest))
-        rec._db.execute(f"INSERT INTO events ({_COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
+        rec._db.execute(f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})", row_columns(row))
         rec._write_anchor(row.seq, row.hash)
         assert rec.verify().ok
         with pytest.raises(intent_requests.LostRace, match="'teleported' is not an intent state"):

@@ -4,7 +4,7 @@ from tests.ledger.recorder_contract import RecorderContract, turn
 from tillerman.controller.replay import Replayer
 from tillerman.ledger.batch import row_columns
 from tillerman.ledger.memory import MemoryRecorder
-from tillerman.ledger.sqlite import _COLUMNS, SQLiteRecorder
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
 
 
@@ -21,7 +21,7 @@ def test_rows_and_hashes_match_sqlite():
         batch = [msgspec.structs.replace(e, observed_at=1.0) for e in batch]
         assert mem.append(batch) == lite.append(batch)
     assert list(mem.read()) == list(lite.read())
-    assert [row_columns(r) for r in mem._rows] == [tuple(r) for r in lite._db.execute(f"SELECT {_COLUMNS} FROM events ORDER BY seq")]
+    assert [row_columns(r) for r in mem._rows] == list(lite.rows())
 
 
 def test_replay_records_the_same_entries(tmp_path):
