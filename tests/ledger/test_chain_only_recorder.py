@@ -2,11 +2,13 @@ import msgspec
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, make_intent, moved, proposed, turn
+from tillerman.controller.replay import Replayer
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.errors import IllegalTransition, RowsNotKept
 from tillerman.ledger.events import Conflict, Envelope, TurnStarted
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.recorder import GENESIS
+from tillerman.rules.config import load_effective
 
 
 class TestChainOnlyRecorder(RecorderContract):
@@ -75,3 +77,10 @@ def test_rows_it_did_not_keep_cannot_be_read():
         rec.intent_entries("in-1")
     report = rec.verify()
     assert report.ok and report.last_seq == 1 and "rows not kept" in report.notes[0]
+
+
+def test_replay_through_it_summarises_as_through_a_ledger_with_rows():
+    """``tillerman replay`` without ``--ledger``: the same summary (decisions digest,
+    intents, overdue) as a replay into a ledger that keeps its rows."""
+    ruleset = load_effective(None, None).ruleset
+    assert Replayer(ChainOnlyRecorder(), ruleset).run(["fixtures"]) == Replayer(MemoryRecorder(), ruleset).run(["fixtures"])
