@@ -46,7 +46,7 @@ from tillerman.controller.timefmt import iso, parse_time, shorten
 from tillerman.ledger import projections, segments
 from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
-from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
@@ -204,7 +204,8 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Input format; auto detects it per file.")
 @click.option("--ledger", "ledger_path", type=PathType(dir_okay=False),
-              help="Record into this ledger file (default: in memory; $TILLERMAN_LEDGER is ignored).")
+              help="Record into this ledger file (default: in memory, keeping only the chain head;"
+                   " $TILLERMAN_LEDGER is ignored).")
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
@@ -238,7 +239,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, check
         found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
     except ReplayError as exc:
         raise Fail(str(exc)) from exc
-    recorder = open_ledger(ledger_path) if ledger_path is not None else MemoryRecorder()
+    recorder = open_ledger(ledger_path) if ledger_path is not None else ChainOnlyRecorder()
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     try:
         summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,

@@ -16,7 +16,6 @@ import contextlib
 import gc
 import hashlib
 import stat
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tillerman.controller.supervisor import Step, next_round_due
 from tillerman.ledger import events as ev
 from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.forgetting import ForgettingProjection
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.recorder import Recorder
@@ -50,6 +50,9 @@ BATCH = 512  # observations appended per transaction at most
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
+#: Formats whose file is one whole session: its threads end with it (a resumed Codex
+#: session appends to its rollout), so once idle they are forgotten at the file's end.
+ONE_SESSION_PER_FILE = frozenset({"codex-rollout", "codex-exec"})
 
 
 class ReplayError(Exception):
@@ -120,7 +123,7 @@ def _not_a_file(path: Path) -> str:
     return f"is {kind}, not a session file; replay reads regular files (*.jsonl, a ledger) and folders of them"
 
 
-class _CachingProjection(Projection, dict=True):
+class _CachingProjection(ForgettingProjection, dict=True):
     """The fold, keeping each thread's snapshot (and its timer dues) until an entry
     about that thread is folded. Every change to a thread's state goes through an
     event carrying its ``thread_id`` (``tillerman.ledger.projections``), so a kept snapshot is
@@ -128,6 +131,7 @@ class _CachingProjection(Projection, dict=True):
     thread's snapshot several times per event (timers, detection, the policy)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self._snapshots: dict[str, ThreadSnapshot] = {}
         self._triggers: dict[str, Triggers] = {}
 
@@ -137,6 +141,11 @@ class _CachingProjection(Projection, dict=True):
             self._snapshots.pop(thread_id, None)
             self._triggers.pop(thread_id, None)
         Projection.apply(self, entry)
+
+    def forget_thread(self, thread_id: str) -> None:
+        ForgettingProjection.forget_thread(self, thread_id)
+        self._snapshots.pop(thread_id, None)
+        self._triggers.pop(thread_id, None)
 
     def snapshot(self, thread_id: str) -> ThreadSnapshot:
         snap = self._snapshots.get(thread_id)
@@ -216,7 +225,7 @@ class Replayer:
             decisions=self.decisions,
             decisions_digest="sha256:" + self._digest.hexdigest(),
             reports=self.reports,
-            intents=dict(sorted(Counter(v.state for v in self.projection.intents.values()).items())),
+            intents=self.projection.intent_counts(),
             overdue=[overdue_json(o) for o in overdue(self.projection, now)],
             ruleset_digest=self.ruleset.digest,
         )
@@ -247,14 +256,19 @@ class Replayer:
             # A second copy of a file replayed in the same run repeats its event ids: the
             # ledger drops them (``append`` returns no entry), so they are not folded twice.
             identity = file_identity(path, read_first_line(path))
+            threads: set[str] = set()
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
+                if parsed.event.thread_id is not None:
+                    threads.add(parsed.event.thread_id)
                 at = parsed.at
                 if at is None and parser.untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
                 # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
                 self._observe(file_envelope(identity, source, parsed), at)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
+            if fmt in ONE_SESSION_PER_FILE:
+                self._forget_idle(threads)
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
                            **msgspec.structs.asdict(counter.counts()))
 
@@ -270,6 +284,15 @@ class Replayer:
         except OSError as exc:
             raise ReplayError(f"{path}: read failed ({exc.strerror})") from exc
         yield from parser.close()
+
+    def _forget_idle(self, thread_ids: set[str]) -> None:
+        """Memory stays flat over many files: a thread whose session ended is forgotten
+        once nothing can happen on it (``tillerman.ledger.forgetting``)."""
+        busy = {view.intent.thread_id for view in self._open.values()}
+        for thread_id in sorted(thread_ids - busy):
+            found = self.projection.triggers(thread_id, self.ruleset)
+            if not found.timers and not found.failures:
+                self.projection.forget_thread(thread_id)
 
     # -- one event on the virtual clock --------------------------------------------
 
@@ -325,8 +348,9 @@ class Replayer:
                 view = self.projection.intents.get(intent_id)
                 if view is not None and is_open(view):
                     self._open[intent_id] = view
-                else:
+                else:  # settled: no later step reads it (tillerman.ledger.forgetting)
                     self._open.pop(intent_id, None)
+                    self.projection.forget_intent(intent_id)
         self._uncommitted += len(entries)
         if self._uncommitted >= BATCH:  # a commit now and then: a reader sees progress, a crash loses little
             self._uncommitted = 0

@@ -21,7 +21,8 @@ from tillerman.ledger.events import Entry, Envelope, IntentEvidence, IntentPropo
 from tillerman.ledger.intent_states import State, check_transition, known_state
 from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
 
-DigestLookup = Callable[[Iterable[str]], dict[str, str]]  # event ids -> stored content digests
+# event ids -> stored content digests, or a prefix of each (all a backend keeps)
+DigestLookup = Callable[[Iterable[str]], dict[str, str]]
 StateLookup = Callable[[str], State | None]  # intent id -> its state in the store, None if absent
 
 
@@ -72,7 +73,7 @@ def prepare(
         digest = content_digest(env, payload)
         existing = known.get(env.event_id)
         if existing is not None:
-            if existing == digest:
+            if digest.startswith(existing):  # a backend may keep only a prefix (chain_only)
                 duplicates += 1
             else:
                 conflicts.append(env.event_id)

@@ -29,6 +29,11 @@ class IllegalTransition(LedgerError):
     """An intent transition outside the table; nothing was written."""
 
 
+class RowsNotKept(LedgerError):
+    """The recorder keeps its chain head, not its rows (``Recorder.retains_rows`` is
+    False): there is nothing to read back."""
+
+
 class UnknownIntent(LedgerError):
     """No intent with that id exists in the ledger."""
 

@@ -1,6 +1,7 @@
 """A ledger held in the process's memory: the recorder contract (``tillerman.ledger.recorder``)
-without SQLite, for runs whose ledger is thrown away at exit (``tillerman replay``
-without ``--ledger``).
+without SQLite, for runs whose ledger is thrown away at exit and that read their rows
+back (``tillerman rules diff``'s replays; ``tillerman replay`` without ``--ledger`` keeps
+only the chain head: ``tillerman.ledger.chain_only``).
 
 The same rows as ``tillerman.ledger.sqlite`` — payload, content digest, hash chain — so
 ``verify`` walks them with the same code (``tillerman.ledger.verify.verify_ledger``) and a
@@ -24,14 +25,41 @@ from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyRep
 from tillerman.ledger.verify import verify_ledger
 
 
-class MemoryRecorder(Recorder):
+class InProcessExtras:
+    """Snapshots and file offsets held in a dict each: what the in-process recorders
+    (this one and ``tillerman.ledger.chain_only``) keep besides their rows."""
+
     def __init__(self) -> None:
+        self._snapshots: dict[str, tuple[int, bytes]] = {}
+        self._offsets: dict[str, FileOffset] = {}  # file identity -> where it was read up to
+
+    def _keep_offsets(self, offsets: Sequence[FileOffset]) -> None:
+        now = time.time()
+        self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
+                             for o in offsets)
+
+    def file_offsets(self) -> list[FileOffset]:
+        return sorted(self._offsets.values(), key=lambda o: (o.path, o.identity))
+
+    def load_snapshot(self, name: str) -> tuple[int, bytes] | None:
+        return self._snapshots.get(name)
+
+    def save_snapshot(self, name: str, seq: int, state: bytes) -> None:
+        saved = self._snapshots.get(name)
+        if saved is None or seq >= saved[0]:
+            self._snapshots[name] = (seq, bytes(state))
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryRecorder(InProcessExtras, Recorder):
+    def __init__(self) -> None:
+        super().__init__()
         self._rows: list[Row] = []  # index = seq - 1
         self._digests: dict[str, str] = {}  # event id -> content digest
         self._intent_rows: dict[str, list[int]] = {}  # intent id -> seqs, in order
         self._intent_states: dict[str, State] = {}
-        self._snapshots: dict[str, tuple[int, bytes]] = {}
-        self._offsets: dict[str, FileOffset] = {}  # file identity -> where it was read up to
 
     # -- append -----------------------------------------------------------------
 
@@ -51,10 +79,7 @@ class MemoryRecorder(Recorder):
             if row.intent_id is not None:
                 self._intent_rows.setdefault(row.intent_id, []).append(row.seq)
         self._intent_states.update(prepared.intent_states)
-        if offsets:
-            now = time.time()
-            self._offsets.update((o.identity, o if o.updated_at else msgspec.structs.replace(o, updated_at=now))
-                                 for o in offsets)
+        self._keep_offsets(offsets)
         return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     # -- read -------------------------------------------------------------------
@@ -65,30 +90,14 @@ class MemoryRecorder(Recorder):
         for index in range(start, stop):
             yield self._rows[index].entry()
 
-    def file_offsets(self) -> list[FileOffset]:
-        return sorted(self._offsets.values(), key=lambda o: (o.path, o.identity))
-
     def max_seq(self) -> int:
         return len(self._rows)
 
     def intent_entries(self, intent_id: str) -> list[Entry]:
         return [next(self.read(after_seq=seq - 1, limit=1)) for seq in self._intent_rows.get(intent_id, ())]
 
-    # -- snapshots --------------------------------------------------------------
-
-    def load_snapshot(self, name: str) -> tuple[int, bytes] | None:
-        return self._snapshots.get(name)
-
-    def save_snapshot(self, name: str, seq: int, state: bytes) -> None:
-        saved = self._snapshots.get(name)
-        if saved is None or seq >= saved[0]:
-            self._snapshots[name] = (seq, bytes(state))
-
     # -- verification -----------------------------------------------------------
 
     def verify(self) -> VerifyReport:
         return verify_ledger((row_columns(row) for row in self._rows), ["ok"], None,
                              snapshot=self.load_snapshot, entries=self.read)
-
-    def close(self) -> None:
-        pass

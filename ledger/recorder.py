@@ -75,6 +75,11 @@ class Recorder(abc.ABC):
     #: The file the ledger lives in (the daemon watches it for other writers), or ":memory:".
     path: str = ":memory:"
 
+    #: False for a backend that keeps only its chain head and what de-duplication needs
+    #: (``tillerman.ledger.chain_only``): ``append`` works, ``read`` and
+    #: ``intent_entries`` raise ``RowsNotKept``. A caller that reads rows back needs True.
+    retains_rows: bool = True
+
     @abc.abstractmethod
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
                offsets: Sequence[FileOffset] = ()) -> AppendResult:

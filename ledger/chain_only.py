@@ -1,0 +1,91 @@
+"""A ledger that keeps its chain head and what de-duplication needs, not its rows: the
+recorder for a replay whose ledger is thrown away at exit (``tillerman replay`` without
+``--ledger``), so a replay's memory does not grow with the events it records.
+
+``append`` works as in every backend (``tillerman.ledger.batch.prepare``: the same seqs,
+chain links and returned entries as ``tillerman.ledger.memory`` for the same batches) and
+keeps, per event id, only a 32-bit prefix of its content digest, and per intent its
+state, in a compact table (``tillerman.ledger.id_table``, about 14 bytes a name). That
+is enough to tell an identical duplicate (dropped) from a changed one (a conflict
+record); a conflict record names the stored content by the prefix kept, where a backend
+with rows names the whole digest. Rows it did not keep cannot be read: ``read`` and
+``intent_entries`` raise ``RowsNotKept``, and ``verify`` reports the head it holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+from tillerman.ledger.batch import prepare
+from tillerman.ledger.errors import RowsNotKept
+from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.file_offsets import FileOffset
+from tillerman.ledger.memory import InProcessExtras
+from tillerman.ledger.id_table import IdTable
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
+
+DIGEST_PREFIX = 8  # hex digits of each event's content digest kept: 32 bits
+_STATES = tuple(State)
+
+
+class ChainOnlyRecorder(InProcessExtras, Recorder):
+    retains_rows = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seq = 0
+        self._head = GENESIS
+        self._event_digests = IdTable()  # event id -> the first 32 bits of its content digest
+        self._intent_states = IdTable()  # intent id -> its state's index in State
+
+    @property
+    def head(self) -> tuple[int, str]:
+        """The last seq and its chain hash (``GENESIS`` before any)."""
+        return self._seq, self._head
+
+    def append(self, batch: Sequence[Envelope], *, durable: bool = False,
+               offsets: Sequence[FileOffset] = ()) -> AppendResult:
+        if not batch and not offsets:
+            return AppendResult()
+        prepared = prepare(batch, self._seq, self._head, time.time(), self._digests, self._state)
+        for row in prepared.rows:
+            self._event_digests.put(row.envelope.event_id, int(row.digest[:DIGEST_PREFIX], 16))
+        for intent_id, state in prepared.intent_states.items():
+            self._intent_states.put(intent_id, _STATES.index(state))
+        if prepared.rows:
+            self._seq, self._head = prepared.rows[-1].seq, prepared.rows[-1].hash
+        self._keep_offsets(offsets)
+        return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+
+    def _digests(self, event_ids: Iterable[str]) -> dict[str, str]:
+        found = {}
+        for event_id in event_ids:
+            tag = self._event_digests.get(event_id)
+            if tag is not None:
+                found[event_id] = f"{tag:0{DIGEST_PREFIX}x}"
+        return found
+
+    def _state(self, intent_id: str) -> State | None:
+        index = self._intent_states.get(intent_id)
+        return None if index is None else _STATES[index]
+
+    def id_table_bytes(self) -> int:
+        """Memory the de-duplication table holds (for the benchmarks)."""
+        return self._event_digests.nbytes()
+
+    # -- what cannot be read back -------------------------------------------------
+
+    def read(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Entry]:
+        raise RowsNotKept("this ledger keeps its chain head, not its rows: record into a ledger file to read them")
+
+    def intent_entries(self, intent_id: str) -> list[Entry]:
+        raise RowsNotKept("this ledger keeps its chain head, not its rows: record into a ledger file to read them")
+
+    def max_seq(self) -> int:
+        return self._seq
+
+    def verify(self) -> VerifyReport:
+        return VerifyReport(ok=True, rows=self._seq, last_seq=self._seq,
+                            notes=(f"rows not kept; chain head at seq {self._seq}: {self._head}",))

@@ -1,0 +1,38 @@
+"""A fold that forgets what no later decision reads, for a run whose memory must not
+grow with its input (``tillerman replay``): the daemon keeps everything (``status``
+and ``intents show`` read settled intents' histories).
+
+- A settled intent (terminal: ``projections.is_open`` is False) is dropped once settled;
+  only its final state is counted (``intent_counts``). No step reads a settled view:
+  the policy decides open intents, and a finding is proposed once per run
+  (``Step.seen_findings``); the ledger still refuses a second proposal of the id.
+- An idle thread is dropped when its source has ended (``forget_thread``): it has no
+  open intent and no rule condition that could ever fire on its state (no timer, no
+  counted failure), so it takes part in no later decision unless a later entry about it
+  is folded — which starts it afresh. The caller decides when a source has ended.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tillerman.ledger.projections import Projection
+
+
+class ForgettingProjection(Projection, dict=True):
+    def __post_init__(self) -> None:
+        self._settled: Counter[str] = Counter()
+
+    def forget_intent(self, intent_id: str) -> None:
+        view = self.intents.pop(intent_id, None)
+        if view is not None:
+            self._settled[view.state] += 1
+
+    def forget_thread(self, thread_id: str) -> None:
+        self.threads.pop(thread_id, None)
+
+    def intent_counts(self) -> dict[str, int]:
+        """Intents by state: those still held and those forgotten once settled."""
+        counts = Counter(self._settled)
+        counts.update(view.state for view in self.intents.values())
+        return dict(sorted(counts.items()))
