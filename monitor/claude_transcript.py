@@ -24,22 +24,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Union
-
-import msgspec
+from typing import ClassVar
 
 from tillerman.ledger.events import Error, Event, QueueChanged, QueueEntry, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.monitor.digest import digest
-from tillerman.monitor.lines import TypedLines, decode_object
 from tillerman.monitor.parser import (
     Call,
     OpenCalls,
     Parser,
     WrongType,
-    as_integer,
-    as_obj,
-    as_text,
     command_text,
+    integer,
     iso_time,
     obj,
     text,
@@ -64,103 +59,6 @@ _QUIET_TYPES = frozenset({
 _SHELL_TOOLS = frozenset({"Bash", "BashOutput", "PowerShell"})
 
 
-# -- the records, as Structs ---------------------------------------------------------
-# A Struct per line type, tagged by ``type``, declaring only the fields read; the rest
-# (usage, thinking and its signature, ``toolUseResult`` objects, images, progress and
-# snapshot bodies) is skipped, not decoded. A field holding an object the parser reads
-# into is a union with every other JSON value, so any record of a known type fits its
-# Struct, and the reader refuses a value of the wrong kind exactly where a dict's
-# reader did (the same checks in the same order: what a line changes before it is
-# refused must not differ). Anything else (an unknown type) stays a dict: ``_untyped``.
-
-
-class _Object(msgspec.Struct):
-    """Any JSON object, its fields unread."""
-
-
-_Scalar = Union[str, int, float, bool, None]  # noqa: UP007 (unions of Structs are built at run time below)
-_NotObject = Union[_Scalar, list]  # noqa: UP007
-# Any JSON value, decoded only as far as telling a string from the rest.
-_Unread = Union[_Object, list[Union[_Object, list, _Scalar]], _Scalar]  # noqa: UP007
-
-
-class _Block(msgspec.Struct):
-    """A content block, whatever its ``type``: the fields of text, tool_use and tool_result."""
-
-    type: Any = None
-    text: Any = None
-    id: Any = None
-    name: Any = None
-    input: Any = None
-    tool_use_id: Any = None
-    is_error: Any = None
-    content: Any = None
-
-
-# ``message.content`` (and a queued prompt): text, a list of blocks, or a wrong kind.
-_Content = Union[str, list[Union[_Block, _NotObject]], _Object, int, float, bool, None]  # noqa: UP007
-
-
-class _Message(msgspec.Struct):
-    content: _Content = None
-    stop_reason: Any = None
-
-
-class _Attachment(msgspec.Struct):
-    type: Any = None
-    prompt: _Content = None
-    source_uuid: Any = None
-
-
-class _Record(msgspec.Struct, tag_field="type"):
-    timestamp: Any = None
-    sessionId: Any = None
-
-
-class _Line(_Record):
-    """A line of a conversation thread."""
-
-    agentId: Any = None
-    isSidechain: Any = None
-    uuid: Any = None
-    parentUuid: Any = None
-    cwd: Any = None
-
-
-class _User(_Line, tag="user"):
-    message: Union[_Message, _NotObject] = None  # noqa: UP007
-    isMeta: Any = None
-    isCompactSummary: Any = None
-    toolDenialKind: Any = None
-    toolUseResult: _Unread = None
-
-
-class _Assistant(_Line, tag="assistant"):
-    message: Union[_Message, _NotObject] = None  # noqa: UP007
-    isApiErrorMessage: Any = None
-
-
-class _System(_Line, tag="system"):
-    subtype: Any = None
-    durationMs: Any = None
-    error: Any = msgspec.UNSET  # an api_error's message: ``error``, else ``content``
-    content: Any = ""
-
-
-class _AttachmentLine(_Line, tag="attachment"):
-    attachment: Union[_Attachment, _NotObject] = None  # noqa: UP007
-
-
-class _QueueOperation(_Record, tag="queue-operation"):
-    operation: Any = None
-    content: Any = None
-    cwd: Any = None
-
-
-_QUIET = tuple(msgspec.defstruct(f"Quiet_{tag}", [], bases=(_Record,), tag=tag) for tag in sorted(_QUIET_TYPES))
-_LINES = TypedLines(Union[(_User, _Assistant, _System, _AttachmentLine, _QueueOperation, *_QUIET)])  # noqa: UP007
-
-
 class _Thread:
     __slots__ = ("turn",)
 
@@ -170,7 +68,7 @@ class _Thread:
 
 class ClaudeTranscriptParser(Parser):
     format = "claude-transcript"
-    lines = _LINES
+    _HANDLERS: ClassVar[dict[str, Callable[..., list[Event]]]]  # line type → reader, set below
 
     def __init__(self, source: str, **options) -> None:
         super().__init__(source, **options)
@@ -184,19 +82,20 @@ class ClaudeTranscriptParser(Parser):
         self._queue: list[QueueEntry] = []
         self._calls = OpenCalls()
 
-    def _time(self, record: _Record | dict) -> float | None:
-        return iso_time(record.get("timestamp") if isinstance(record, dict) else record.timestamp)
+    def _time(self, record: dict) -> float | None:
+        return iso_time(record.get("timestamp"))
 
-    def _events(self, record: _Record | dict) -> list[Event]:
-        if isinstance(record, dict):
-            return self._untyped(record)
-        session = as_text(record.sessionId, "sessionId") or self._file_session
-        if isinstance(record, _QueueOperation):
+    def _events(self, record: dict) -> list[Event]:
+        kind = text(record, "type")
+        session = text(record, "sessionId") or self._file_session
+        if kind == "queue-operation":
             changed = self._queue_operation(record, session)
             return self._thread_opening(session, None, _Thread(), record) + changed
-        handler = _HANDLERS.get(type(record))
+        handler = self._HANDLERS.get(kind)
         if handler is None:
-            return []  # a quiet type
+            if kind not in _QUIET_TYPES:
+                self.unknown_types[str(kind)] += 1
+            return []
         thread_id, parent = self._thread_of(record, session)
         state = self._threads.get(thread_id) or _Thread()
         # The line is read before its thread is registered: a line quarantined for a
@@ -204,17 +103,9 @@ class ClaudeTranscriptParser(Parser):
         body = handler(self, record, thread_id, state)
         return self._thread_opening(thread_id, parent, state, record) + body
 
-    def _untyped(self, record: dict) -> list[Event]:
-        """A record outside the Structs: a type no Struct has."""
-        kind = text(record, "type")
-        text(record, "sessionId")  # a wrong one refuses the record, as for every type
-        if kind not in _QUIET_TYPES:
-            self.unknown_types[str(kind)] += 1
-        return []
-
-    def _thread_of(self, record: _Line, session: str | None) -> tuple[str | None, str | None]:
-        agent = as_text(record.agentId, "agentId") or self._file_agent
-        sidechain = record.isSidechain
+    def _thread_of(self, record: dict, session: str | None) -> tuple[str | None, str | None]:
+        agent = text(record, "agentId") or self._file_agent
+        sidechain = record.get("isSidechain")
         if not isinstance(sidechain, (bool, type(None))):
             raise WrongType("isSidechain")
         if not (sidechain or self._file_agent) or session is None:
@@ -223,13 +114,13 @@ class ClaudeTranscriptParser(Parser):
             return f"{session}/agent-{agent}", session
         return f"{session}/sidechain{self._sidechain_root(record)}", session
 
-    def _sidechain_root(self, record: _Line) -> str:
+    def _sidechain_root(self, record: dict) -> str:
         """Tells apart the subagents of a 1.0.x file, which all write ``isSidechain``
         lines without an ``agentId`` (several Task calls, one after another or
         interleaved): each is the chain of ``parentUuid`` links from a root line.
         Returns ``""`` for the first chain (``<session>/sidechain``), ``-<root uuid>``
         for later ones. A line whose parent is unknown stays with the last chain."""
-        uuid, parent = as_text(record.uuid, "uuid"), as_text(record.parentUuid, "parentUuid")
+        uuid, parent = text(record, "uuid"), text(record, "parentUuid")
         if parent is None or self._side_root is None:
             root = uuid or f"line@{self._offset}"
             if self._side_root is None:
@@ -244,12 +135,12 @@ class ClaudeTranscriptParser(Parser):
         return root
 
     def _thread_opening(self, thread_id: str | None, parent: str | None, state: _Thread,
-                        record: _Line | _QueueOperation) -> list[Event]:
+                        record: dict) -> list[Event]:
         if thread_id is None or thread_id in self._threads:
             return []
         self._threads[thread_id] = state
         return [ThreadStarted(thread_id=thread_id, parent_thread_id=parent, source_format=self.format,
-                              **workdir(as_text(record.cwd, "cwd"), retain=self.retain_payloads))]
+                              **workdir(text(record, "cwd"), retain=self.retain_payloads))]
 
     def _end(self, thread_id: str | None, state: _Thread, status: str, duration_ms: int | None = None) -> list[Event]:
         if state.turn is None:
@@ -259,105 +150,97 @@ class ClaudeTranscriptParser(Parser):
 
     # -- lines -------------------------------------------------------------------
 
-    def _user(self, record: _User, thread_id: str | None, state: _Thread) -> list[Event]:
-        content = _message(record.message).content
-        blocks = [_Block(type="text", text=content)] if isinstance(content, str) else _blocks(content)
+    def _user(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
+        content = obj(record, "message").get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _blocks(content)
         events: list[Event] = []
         said: list[str] = []
         for block in blocks:
-            if block.type == "tool_result":
+            if block.get("type") == "tool_result":
                 events.append(self._tool_result(record, block, thread_id, state))
-            elif block.type == "text":
-                said.append(as_text(block.text, "text") or "")
+            elif block.get("type") == "text":
+                said.append(text(block, "text") or "")
         prompt = "\n".join(said)
         if prompt.startswith(INTERRUPT_MARKER):
             return events + self._end(thread_id, state, "interrupted")
-        if not said or record.isMeta or record.isCompactSummary or events:
+        if not said or record.get("isMeta") or record.get("isCompactSummary") or events:
             return events
         if prompt.lstrip().startswith(_LOCAL_INPUT):
             return events  # a local command or bash-mode line: no turn, and any open one goes on
-        uuid = as_text(record.uuid, "uuid") or f"line@{self._offset}"
+        uuid = text(record, "uuid") or f"line@{self._offset}"
         # A new prompt opens the next turn; one still open stays unclosed.
         state.turn = uuid
         ids = {"thread_id": thread_id, "turn_id": uuid}
         return [TurnStarted(**ids), self._user_message(prompt, item_id=uuid, **ids)]
 
-    def _tool_result(self, record: _User, block: _Block, thread_id: str | None, state: _Thread) -> Event:
-        tool_use_id = as_text(block.tool_use_id, "tool_use_id") or f"tool@{self._offset}"
-        if record.toolDenialKind or record.toolUseResult == "User rejected tool use":
+    def _tool_result(self, record: dict, block: dict, thread_id: str | None, state: _Thread) -> Event:
+        tool_use_id = text(block, "tool_use_id") or f"tool@{self._offset}"
+        if record.get("toolDenialKind") or record.get("toolUseResult") == "User rejected tool use":
             status = "declined"
         else:
-            status = "failed" if block.is_error else "completed"
+            status = "failed" if block.get("is_error") else "completed"
         call = self._calls.finish(tool_use_id, authoritative=True)
         started = call if isinstance(call, Call) else None  # unseen start, or a repeated result
         return self._item_completed(
-            tool_use_id, started.item_type if started else "toolCall", output=block.content, status=status,
+            tool_use_id, started.item_type if started else "toolCall", output=block.get("content"), status=status,
             tool=started.tool if started else None, flags=(started.critical, started.external) if started else None,
             thread_id=thread_id, turn_id=started.turn_id if started else state.turn)
 
-    def _assistant(self, record: _Assistant, thread_id: str | None, state: _Thread) -> list[Event]:
-        message = _message(record.message)
-        content = message.content
-        blocks = [_Block(type="text", text=content)] if isinstance(content, str) else _blocks(content)
+    def _assistant(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
+        message = obj(record, "message")
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _blocks(content)
         ids = {"thread_id": thread_id, "turn_id": state.turn}
-        uuid = as_text(record.uuid, "uuid") or f"line@{self._offset}"
+        uuid = text(record, "uuid") or f"line@{self._offset}"
         events: list[Event] = []
         for block in blocks:
-            kind = block.type
+            kind = block.get("type")
             if kind == "text":
-                events.append(self._agent_message(as_text(block.text, "text") or "", item_id=uuid, **ids))
+                events.append(self._agent_message(text(block, "text") or "", item_id=uuid, **ids))
             elif kind == "tool_use":
-                name = as_text(block.name, "name")
-                tool_input = as_obj(block.input, "input")
+                name = text(block, "name")
+                tool_input = obj(block, "input")
                 item_type = "commandExecution" if name in _SHELL_TOOLS else "toolCall"
                 command = command_text(tool_input.get("command")) if item_type == "commandExecution" else None
-                started = self._item_started(as_text(block.id, "id") or f"tool@{self._offset}", item_type,
+                started = self._item_started(text(block, "id") or f"tool@{self._offset}", item_type,
                                              command=command, args=tool_input, tool=name, **ids)
                 self._calls.start(started.item_id, Call(state.turn, item_type, name, started.critical,
                                                         started.external))
                 events.append(started)
-        if record.isApiErrorMessage:
-            said = content if isinstance(content, str) else repr(self._plain_content())
-            events.append(Error(message_digest=digest(said), **ids))
-        if as_text(message.stop_reason, "stop_reason") == "end_turn":
+        if record.get("isApiErrorMessage"):
+            events.append(Error(message_digest=digest(content if isinstance(content, str) else repr(content)), **ids))
+        if text(message, "stop_reason") == "end_turn":
             events += self._end(thread_id, state, "completed")
         return events
 
-    def _plain_content(self) -> Any:
-        """The message content as plain JSON values, decoded again from the line: an API
-        error's digest is taken of its text form, which the Structs do not keep."""
-        record = decode_object(self._line)
-        assert isinstance(record, dict)  # the line was read once already
-        return obj(record, "message").get("content")
-
-    def _system(self, record: _System, thread_id: str | None, state: _Thread) -> list[Event]:
-        subtype = as_text(record.subtype, "subtype")
+    def _system(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
+        subtype = text(record, "subtype")
         if subtype == "stop_hook_summary":
             return self._end(thread_id, state, "completed")
         if subtype == "turn_duration":
-            return self._end(thread_id, state, "completed", as_integer(record.durationMs, "durationMs"))
+            return self._end(thread_id, state, "completed", integer(record, "durationMs"))
         if subtype == "api_error":
-            message = record.content if record.error is msgspec.UNSET else record.error
+            message = record.get("error", record.get("content", ""))
             return [Error(message_digest=digest(message if message is not None else ""), thread_id=thread_id,
                           turn_id=state.turn)]
         return []
 
-    def _attachment(self, record: _AttachmentLine, thread_id: str | None, state: _Thread) -> list[Event]:
-        attachment = _attachment(record.attachment)
-        if attachment.type != "queued_command":
+    def _attachment(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
+        attachment = obj(record, "attachment")
+        if attachment.get("type") != "queued_command":
             return []
         # Input folded into the running turn (2.1.x): a steer of the open turn.
-        prompt = attachment.prompt
+        prompt = attachment.get("prompt")
         if not isinstance(prompt, str):  # a prompt with images is a list of blocks
-            prompt = "\n".join(as_text(block.text, "text") or "" for block in _blocks(prompt) if block.type == "text")
-        item_id = as_text(attachment.source_uuid, "source_uuid") or as_text(record.uuid, "uuid")
+            prompt = "\n".join(text(block, "text") or "" for block in _blocks(prompt) if block.get("type") == "text")
+        item_id = text(attachment, "source_uuid") or text(record, "uuid")
         return [self._user_message(prompt, item_id=item_id, thread_id=thread_id, turn_id=state.turn)]
 
     # -- the queue -------------------------------------------------------------------
 
-    def _queue_operation(self, record: _QueueOperation, session: str | None) -> list[Event]:
-        operation = as_text(record.operation, "operation")
-        content = record.content
+    def _queue_operation(self, record: dict, session: str | None) -> list[Event]:
+        operation = text(record, "operation")
+        content = record.get("content")
         entry_digest = None if content is None else digest(content)
         if operation == "enqueue":
             self._queue.append(QueueEntry(id=f"queued@{self._offset}", digest=entry_digest))
@@ -377,32 +260,17 @@ class ClaudeTranscriptParser(Parser):
         return [QueueChanged(entries=tuple(self._queue), known=True, thread_id=session, turn_id=turn)]
 
 
-_P = ClaudeTranscriptParser
-_HANDLERS: dict[type, Callable[[ClaudeTranscriptParser, Any, str | None, _Thread], list[Event]]] = {
-    _User: _P._user, _Assistant: _P._assistant, _System: _P._system, _AttachmentLine: _P._attachment,
+ClaudeTranscriptParser._HANDLERS = {
+    "user": ClaudeTranscriptParser._user,
+    "assistant": ClaudeTranscriptParser._assistant,
+    "system": ClaudeTranscriptParser._system,
+    "attachment": ClaudeTranscriptParser._attachment,
 }
 
 
-def _message(value: Any) -> _Message:
-    """A line's ``message``; a missing one reads as empty."""
-    if value is None:
-        return _Message()
-    if isinstance(value, _Message):
-        return value
-    raise WrongType("message")
-
-
-def _attachment(value: Any) -> _Attachment:
-    if value is None:
-        return _Attachment()
-    if isinstance(value, _Attachment):
-        return value
-    raise WrongType("attachment")
-
-
-def _blocks(content: Any) -> list[_Block]:
+def _blocks(content) -> list[dict]:
     if content is None:
         return []
     if not isinstance(content, list):
         raise WrongType("content")
-    return [block for block in content if isinstance(block, _Block)]
+    return [block for block in content if isinstance(block, dict)]
