@@ -210,9 +210,8 @@ class TypedLines:
         data = line.data
         if (
             b"\x00" not in data
-            and _brackets(data) <= MAX_DEPTH  # nor can skipping recurse past the limit
             and (data.isascii() or _utf8(data))
-            and not _number_at_risk(data)
+            and _safe_to_skip(data)  # nor can skipping recurse past the limit
         ):
             try:
                 return self._decode(data)
@@ -236,22 +235,27 @@ def _utf8(data: bytes) -> bool:
 
 
 # Numbers in canonical form: digits (and the point) as 0, exponents as e, a value's
-# opening (after ``:``, ``,`` or ``[``) as ``:``; signs and whitespace dropped.
-_NUMBERS = bytes.maketrans(b"0123456789.E,[", b"00000000000e::")
+# opening (after ``:`` or ``,``) as ``:``, either bracket as ``[`` (which may open a
+# value too); signs and whitespace dropped.
+_CANONICAL = bytes.maketrans(b"0123456789.E,{", b"00000000000e:[")
 _DROPPED = b"+- \t\r\n"
 _LONG_MANTISSA = b"0" * 200
 
 
-def _number_at_risk(data: bytes) -> bool:
-    """Whether ``data`` may hold a number beyond a double's range: an exponent of three
-    digits, or a mantissa of 200 digits or more (with an exponent of two). Cheap (byte
-    operations, no regular expression) and never wrong the unsafe way: a hex string
-    such as ``7e123`` inside text is no number, but may be taken for one."""
-    canonical = data.translate(_NUMBERS, _DROPPED)
-    at = canonical.find(b"e000")
+def _safe_to_skip(data: bytes) -> bool:
+    """Whether skipping may pass over nothing a plain decode refuses: no value nests
+    past ``MAX_DEPTH`` (at most that many brackets open) and no number may be beyond a
+    double's range (an exponent of three digits, or a mantissa of 200 digits or more,
+    with an exponent of two). One translation serves both. Cheap (byte operations, no
+    regular expression) and never wrong the unsafe way: a hex string such as ``7e123``
+    inside text is no number, but may be taken for one."""
+    canonical = data.translate(_CANONICAL, _DROPPED)
+    if canonical.count(b"[") > MAX_DEPTH or _LONG_MANTISSA in canonical:
+        return False
+    at = canonical.find(b"0e000")
     while at >= 0:
-        start = canonical.rfind(b":", 0, at) + 1
-        if 0 < start < at and not canonical[start:at].strip(b"0"):
-            return True
-        at = canonical.find(b"e000", at + 4)
-    return _LONG_MANTISSA in canonical
+        # A mantissa under 200 digits: its opening is within 200 bytes before ``e``.
+        if canonical[max(0, at - 200):at + 1].rstrip(b"0").endswith((b":", b"[")):
+            return False
+        at = canonical.find(b"0e000", at + 5)
+    return True

@@ -8,7 +8,9 @@ generated benchmark rollout; and each fixture rewritten record by record into
 valid-but-odd shapes (a body that is a list, a number where a string was, a key
 dropped, a type no format has) and into lines only a full decode refuses (a number out
 of range or invalid UTF-8 inside a field no event reads, nesting past the limit, a
-repeated key). Regenerate the file only for a change that means to alter events:
+repeated key). Claude inputs are read twice: under the rollout name like every input,
+and at their own fixture path, where a subagent's file is its own thread. Regenerate
+the file only for a change that means to alter events:
 ``python -m tests.monitor.test_parse_unchanged > tests/monitor/parse_digests.json``.
 """
 
@@ -22,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from tillerman.ledger.events import Quarantined
 from tillerman.monitor.formats import PARSERS, detect_format
@@ -32,8 +35,11 @@ GOLDEN = Path(__file__).with_name("parse_digests.json")
 ODD_VALUES = ([], [1, "a"], {}, {"type": 7}, 0, -3, 2.5, True, False, None, "", "text", "sha256", 10**30)
 
 
-def parse_digest(fmt: str, data: bytes, chunk: int = 4096) -> str:
-    parser = PARSERS[fmt](source="rollout-2026-11-30T00-00-00-01a229c4-3717-7c10-9d2e-5b7f0c9e1a01.jsonl")
+ROLLOUT_SOURCE = "rollout-2026-11-30T00-00-00-01a229c4-3717-7c10-9d2e-5b7f0c9e1a01.jsonl"
+
+
+def parse_digest(fmt: str, data: bytes, chunk: int = 4096, source: str = ROLLOUT_SOURCE) -> str:
+    parser = PARSERS[fmt](source=source)
     out = hashlib.sha256()
     for start in range(0, len(data), chunk):
         for parsed in parser.feed(data[start:start + chunk]):
@@ -133,8 +139,20 @@ def all_inputs() -> dict[str, tuple[str, bytes]]:
     return inputs
 
 
+def at_own_path(name: str) -> str | None:
+    """For a Claude input, its fixture path as the parser's source: a subagent's file
+    names its session and agent, which the rollout name every input is read as hides."""
+    fixture = name.removesuffix(" mutated")
+    return fixture if fixture.endswith(".jsonl") and "claude-transcript/" in fixture else None
+
+
 def digests() -> dict[str, str]:
-    return {name: parse_digest(fmt, data) for name, (fmt, data) in all_inputs().items()}
+    out = {}
+    for name, (fmt, data) in all_inputs().items():
+        out[name] = parse_digest(fmt, data)
+        if source := at_own_path(name):
+            out[f"{name} at its path"] = parse_digest(fmt, data, source=source)
+    return out
 
 
 def test_every_input_parses_as_the_dict_reading_parsers_did():
@@ -145,14 +163,28 @@ def test_every_input_parses_as_the_dict_reading_parsers_did():
     assert not changed, changed
 
 
-def test_the_mutated_inputs_reach_every_odd_case():
-    """The mutation corpus is no idle check: it holds quarantined lines of each reason
-    a typed decode could get wrong, and counted unknown types."""
-    fmt, data = fixture_inputs()["codex-rollout/live-0.163-supervised.jsonl"]
+@pytest.mark.parametrize("fixture", ["codex-rollout/live-0.163-supervised.jsonl",
+                                     "claude-transcript/7f3c2a10-5b4e-4d21-9c8a-1e2f3a4b5c6d.jsonl"])
+def test_the_mutated_inputs_reach_every_odd_case(fixture):
+    """The mutation corpus is no idle check: for each format it holds quarantined lines
+    of each reason a typed decode could get wrong, and counted unknown types."""
+    fmt, data = fixture_inputs()[fixture]
     parser = PARSERS[fmt](source="x.jsonl")
     reasons = {p.event.reason for p in parser.feed(mutated(data, seed=1)) if isinstance(p.event, Quarantined)}
     assert {"number_out_of_range", "invalid_utf8", "too_deep", "truncated", "wrong_type"} <= reasons
     assert parser.unknown_types
+
+
+def test_claude_inputs_are_also_read_at_their_own_paths():
+    """Read at its path, a mutated subagent file (lines whose ``sessionId`` or
+    ``agentId`` was dropped or changed) takes the missing names from the path: the
+    inputs at their paths are no copies of the inputs read under the rollout name."""
+    inputs = all_inputs()
+    subagents = [name for name in inputs if at_own_path(name) and "/subagents/" in name and name.endswith("mutated")]
+    assert subagents
+    for name in subagents:
+        fmt, data = inputs[name]
+        assert parse_digest(fmt, data, source=at_own_path(name)) != parse_digest(fmt, data), name
 
 
 if __name__ == "__main__":
