@@ -5,9 +5,12 @@ each group replays on its own ``Replayer`` with an in-memory ledger, in a worker
 process (``--jobs N``) or one after another in this one (``--jobs 1``). Results are
 merged in group order, whatever order the workers finish in: the files in the order
 they were named, counts summed, the decisions digest over every group's decision
-lines in turn. With a ledger, the parent appends each group's entries in that same
-order, so the ledger (seqs, hash chain, export) is the same for any number of jobs,
-and its decision rows in seq order are the digested stream.
+lines in turn. With a ledger, ``--jobs 1`` replays each group straight into it (flat
+memory, as a single replay); workers replay into memory and the parent appends each
+group's entries in that same order. Into a fresh ledger, both write the same rows
+(seqs, hash chain, export) for any number of jobs, and its decision rows in seq
+order are the digested stream. (Into a ledger that already holds some of the events,
+``--jobs 1`` folds only what the append stores, a worker everything it read.)
 
 Workers are started by ``forkserver`` (``spawn`` where there is none): they never
 inherit the parent's open ledger or threads. They ignore SIGINT; Ctrl-C reaches the
@@ -61,26 +64,29 @@ _envelopes = msgspec.msgpack.Decoder(list[Envelope])
 def replay_files(paths: list[str], settings: ReplaySettings, *, jobs: int = 1, ledger: Recorder | None = None,
                  progress: Progress | None = None) -> ReplaySummary:
     """Replay ``paths`` (files, as ``collect_files`` found them) in thread groups on up to
-    ``jobs`` processes; with ``ledger``, append everything recorded to it, group by group."""
+    ``jobs`` processes; with ``ledger``, record everything into it, group by group."""
     files = [_replay_file(path, settings.fmt) for path in paths]
     groups = [[paths[i] for i in group] for group in group_files(files)]
     meter = _Meter(progress, sum(_size(p) for p in dict.fromkeys(paths))) if progress else None
+    if jobs <= 1 or len(groups) == 1:  # in this process, each group straight into the ledger
+        results = (replay_group(settings, group, meter, ledger) for group in groups)
+        return _merge(paths, groups, results, settings.ruleset, None)
     settings = msgspec.structs.replace(settings, keep_entries=ledger is not None)
-    if jobs <= 1 or len(groups) == 1:
-        results: Iterator[GroupResult] = (replay_group(settings, group, meter) for group in groups)
-    else:
-        results = _in_pool(settings, groups, min(jobs, len(groups)), meter)
+    results = _in_pool(settings, groups, min(jobs, len(groups)), meter)
     return _merge(paths, groups, results, settings.ruleset, ledger)
 
 
-def replay_group(settings: ReplaySettings, paths: list[str], progress: Progress | None) -> GroupResult:
-    """One group on its own ``Replayer``, as a worker runs it."""
+def replay_group(settings: ReplaySettings, paths: list[str], progress: Progress | None,
+                 ledger: Recorder | None = None) -> GroupResult:
+    """One group on its own ``Replayer``: into ``ledger``, else into memory (a worker's
+    entries go back to the parent with ``keep_entries``)."""
     lines: list[bytes] = []
-    recorder = MemoryRecorder()
+    recorder = ledger if ledger is not None else MemoryRecorder()
     summary = Replayer(recorder, settings.ruleset, fmt=settings.fmt, patterns=settings.patterns,
                        retain_payloads=settings.retain_payloads, progress=progress,
                        on_decision=lines.append).run(paths)
-    envelopes = msgspec.msgpack.encode([e.envelope for e in recorder.read()]) if settings.keep_entries else b""
+    keep = settings.keep_entries and ledger is None
+    envelopes = msgspec.msgpack.encode([e.envelope for e in recorder.read()]) if keep else b""
     return GroupResult(summary, b"".join(lines), envelopes)
 
 
