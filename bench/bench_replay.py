@@ -147,7 +147,7 @@ def run(quick: bool) -> list[Row]:
 
 def jobs_row(quick: bool) -> Row:
     """``--jobs 2`` vs ``--jobs 1`` on the same files, alternated, repeated."""
-    folder = rollouts(JOBS_FILES, 1_500 if quick else 40_000)
+    folder = rollouts(JOBS_FILES, 1_000 if quick else 8_000)
     argv = {jobs: [sys.executable, "-m", "tillerman.controller", "replay", "--json", "--jobs", jobs, folder]
             for jobs in ("1", "2")}
     measure(argv["1"])  # warm the page cache

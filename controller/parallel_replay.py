@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -164,6 +165,14 @@ def _context():
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([__name__])  # workers forked with replay already imported
+        # The server starts with SIGINT ignored, and so stays (Python installs its
+        # KeyboardInterrupt handler only where SIGINT is at its default): a Ctrl-C
+        # during its imports would print their traceback. Its workers inherit that.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     return context
 
 
@@ -184,21 +193,39 @@ def _in_pool(settings: ReplaySettings, groups: list[list[str]], workers: int,
     one long group started last does not leave the other workers idle at the end."""
     context = _context()
     queue = context.Queue() if meter else None
+    pool = _start_pool(context, workers, settings, queue)
     relay = threading.Thread(target=_relay, args=(queue, meter), daemon=True) if meter else None
     if relay:
         relay.start()
     try:
-        with context.Pool(workers, initializer=_start_worker, initargs=(settings, queue)) as pool:
+        with pool:  # leaving early (an error, Ctrl-C, the caller's error) terminates the workers
+            if pool.interrupted:
+                raise KeyboardInterrupt
             largest_first = sorted(range(len(groups)), key=lambda g: -sum(map(_size, groups[g])))
             pending = {g: pool.apply_async(_work, (groups[g],)) for g in largest_first}
             for g in range(len(groups)):
                 yield pending[g].get()  # a worker's error is raised here: the first in group order wins
             pool.close()
             pool.join()
-    finally:  # leaving early (an error, Ctrl-C): the pool's exit has terminated the workers
-        if queue is not None:
+    finally:
+        if relay:
             queue.put(None)
             relay.join()
+
+
+def _start_pool(context, workers: int, settings: ReplaySettings, queue):
+    """The pool, with a Ctrl-C during its start held until it stands (``pool.interrupted``):
+    interrupted half-way, it would leave workers starting after the parent is gone."""
+    held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum)) if main else None
+    try:
+        pool = context.Pool(workers, initializer=_start_worker, initargs=(settings, queue))
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    pool.interrupted = bool(held)
+    return pool
 
 
 def _relay(queue, meter: _Meter) -> None:
