@@ -9,6 +9,10 @@ file. Each figure is the ratio of median wall times (process start to exit,
 interpreter start-up included for all). Budgets: in memory ≤ 3×, into a ledger ≤ 5×
 the floor; parsing alone is reported, the share of replay's time it takes.
 
+Parallel replay: ``--jobs 2`` against ``--jobs 1`` on 20 generated rollouts (20 thread
+families), alternated, the ratio of median wall times in the same run (budget ≥ 1.6×:
+two workers, with pool start-up and the merge, on a 2-core machine).
+
 Memory: peak RSS of each replay process (``wait4``'s ``ru_maxrss``) at two session
 lengths, 100k and 1M lines; streaming means it must not grow with the file (budget
 ≤ 1.2× from the short to the long one, in memory and into a ledger). In memory the
@@ -24,12 +28,14 @@ import subprocess
 import sys
 import time
 
-from bench.common import INFO, Row, at_most, fmt_seconds, main, scratch_dir
+from bench.common import INFO, Row, at_least, at_most, fmt_seconds, main, scratch_dir
 from bench.sessions import rollout_name, write_rollout
 
 MEMORY_BUDGET = 1.2
 IN_MEMORY_BUDGET = 3.0
 LEDGER_BUDGET = 5.0
+JOBS_BUDGET = 1.6
+JOBS_FILES = 20
 GENERATOR_VERSION = 1
 
 
@@ -43,6 +49,18 @@ def rollout(lines: int, seed: int) -> str:
         write_rollout(tmp, lines, seed)
         os.replace(tmp, path)
     return path
+
+
+def rollouts(count: int, lines: int) -> str:
+    """A folder of ``count`` synthetic rollouts (one thread each), generated once and kept."""
+    folder = os.path.join(scratch_dir(), f"rollouts-v{GENERATOR_VERSION}-{count}x{lines}")
+    for seed in range(1, count + 1):
+        path = os.path.join(folder, rollout_name(seed))
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            write_rollout(path + ".part", lines, seed)
+            os.replace(path + ".part", path)
+    return folder
 
 
 def measure(argv: list[str]) -> tuple[float, float]:
@@ -122,7 +140,26 @@ def run(quick: bool) -> list[Row]:
                         f"{rss_short[mode]:.0f}→{rss_long[mode]:.0f} MiB",
                         f"floor {rss_long['floor']:.0f} MiB", growth, f"≤ {MEMORY_BUDGET}× growth",
                         at_most(growth, MEMORY_BUDGET), detail))
+    rows.append(jobs_row(quick))
     return rows
+
+
+def jobs_row(quick: bool) -> Row:
+    """``--jobs 2`` vs ``--jobs 1`` on the same files, alternated, repeated."""
+    folder = rollouts(JOBS_FILES, 1_000 if quick else 8_000)
+    argv = {jobs: [sys.executable, "-m", "tillerman.controller", "replay", "--json", "--jobs", jobs, folder]
+            for jobs in ("1", "2")}
+    measure(argv["1"])  # warm the page cache
+    wall: dict[str, list[float]] = {"1": [], "2": []}
+    for _ in range(2 if quick else 3):
+        for jobs, command in argv.items():
+            wall[jobs].append(measure(command)[0])
+    ratio = statistics.median(wall["1"]) / statistics.median(wall["2"])
+    size_mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20
+    return Row(f"replay {JOBS_FILES} files ({size_mb:.0f} MB), --jobs 2 vs --jobs 1", f"--jobs 2 {fmt_seconds(wall['2'])}",
+               f"--jobs 1 {fmt_seconds(wall['1'])}", ratio, f"≥ {JOBS_BUDGET}×", at_least(ratio, JOBS_BUDGET),
+               {"files": JOBS_FILES, "bytes": round(size_mb * 2**20), "seconds": wall, "cpus": os.cpu_count(),
+                "load": os.getloadavg()})
 
 
 def _events(path: str) -> int:

@@ -1,3 +1,4 @@
 from tillerman.controller.cli import main
 
-main()
+if __name__ == "__main__":  # not when a worker process imports this module as its main
+    main()

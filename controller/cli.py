@@ -40,13 +40,13 @@ from tillerman.controller.cli_shared import (
 from tillerman.controller.overdue import overdue as find_overdue
 from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.recheck import CannotCheck, check_ledger
-from tillerman.controller.replay import FORMATS, Replayer, ReplayError, collect_files
+from tillerman.controller.parallel_replay import ReplaySettings, replay_files
+from tillerman.controller.replay import FORMATS, ReplayError, collect_files
 from tillerman.controller.rules_cli import rules
 from tillerman.controller.timefmt import iso, parse_time, shorten
 from tillerman.ledger import projections, segments
 from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
-from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
@@ -209,13 +209,17 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
+@click.option("--jobs", type=click.IntRange(min=1), metavar="N",
+              help="Replay on N processes, one thread family (a rollout and its forks, a transcript and its"
+                   " subagents) per task; 1 replays in this process. The result is the same for any N."
+                   "  [default: the number of cores]")
 @click.option("--check", is_flag=True,
               help="Decide again every decision the ledger PATH records, with the rule set then in force;"
                    " exit 1 at the first that differs.")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
 @errors_to_exit_codes
-def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, check, as_json, paths):
+def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, as_json, paths):
     """Run recorded sessions through the normalizer, rules and policy on a virtual
     clock. Dispatches nothing; never touches a configured ledger.
 
@@ -228,7 +232,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, check
     if check:
         given = [name for name, value in (("--format", fmt != "auto"), ("--ledger", ledger_path),
                                           ("--rules", rules_path), ("--config", config_path),
-                                          ("--retain-payloads", retain_payloads)) if value]
+                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs)) if value]
         if given or len(paths) != 1:
             raise Fail("--check takes one ledger and uses the rule sets it recorded: give only"
                        f" --check [--json] LEDGER{' (drop ' + ', '.join(given) + ')' if given else ''}")
@@ -239,17 +243,19 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, check
         found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
     except ReplayError as exc:
         raise Fail(str(exc)) from exc
-    recorder = open_ledger(ledger_path) if ledger_path is not None else ChainOnlyRecorder()
+    ledger = open_ledger(ledger_path) if ledger_path is not None else None
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
+    settings = ReplaySettings(ruleset=effective.ruleset, fmt=fmt, patterns=effective.patterns,
+                              retain_payloads=retain_payloads)
     try:
-        summary = Replayer(recorder, effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                           retain_payloads=retain_payloads, progress=progress).run(found)
+        summary = replay_files(found, settings, jobs=jobs or os.cpu_count() or 1, ledger=ledger, progress=progress)
     except ReplayError as exc:
         raise Fail(str(exc), exc.exit_code) from exc
     finally:
         if progress:
             progress.done()
-        recorder.close()
+        if ledger is not None:
+            ledger.close()
     if ledger_path is not None:
         summary.ledger = ledger_path
     if as_json:

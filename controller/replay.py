@@ -170,6 +170,7 @@ class Replayer:
         patterns: CommandPatterns = DEFAULT_PATTERNS,
         retain_payloads: bool = False,
         progress: Progress | None = None,
+        on_decision: Callable[[bytes], None] | None = None,
     ) -> None:
         if fmt not in FORMATS:
             raise ReplayError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -179,6 +180,9 @@ class Replayer:
         self.patterns = patterns
         self.retain_payloads = retain_payloads
         self.progress = progress
+        # Each decision's line of the digest, as it is hashed: a parallel replay
+        # (``tillerman.controller.parallel_replay``) digests its groups' lines in order.
+        self.on_decision = on_decision
         self.step = Step(ruleset, replay=True)
         self.projection = _CachingProjection()
         # Open intents by id, kept up to date as entries are folded (``_record``):
@@ -232,7 +236,7 @@ class Replayer:
 
     def _replay_file(self, path: Path) -> FileSummary:
         try:
-            head = _read_head(path)
+            head = read_head(path)
         except OSError as exc:
             raise ReplayError(f"{path}: cannot read ({exc.strerror})") from exc
         fmt = self.fmt
@@ -338,6 +342,10 @@ class Replayer:
         """Append, and fold the entries ``append`` returns (nothing is read back)."""
         if not batch:
             return
+        # What replay records itself is observed on the virtual clock too, not at the wall
+        # time of the run: two replays of the same input write the same ledger.
+        batch = [env if env.observed_at is not None else msgspec.structs.replace(env, observed_at=env.at)
+                 for env in batch]
         entries = self.recorder.append(batch).entries
         for entry in entries:
             self._account(entry)
@@ -361,14 +369,16 @@ class Replayer:
         event = entry.envelope.event
         if isinstance(event, ev.DecisionRecorded):
             self.decisions += 1
-            self._digest.update(msgspec.json.encode(
-                [event.intent_id, event.action, event.reason, event.rule_id, entry.envelope.at]))
-            self._digest.update(b"\n")
+            line = msgspec.json.encode(
+                [event.intent_id, event.action, event.reason, event.rule_id, entry.envelope.at]) + b"\n"
+            self._digest.update(line)
+            if self.on_decision is not None:
+                self.on_decision(line)
         elif isinstance(event, ev.Report):
             self.reports += 1
 
 
-def _read_head(path: Path) -> bytes:
+def read_head(path: Path) -> bytes:
     with open(path, "rb") as fh:
         return fh.read(HEAD)
 
@@ -381,7 +391,7 @@ def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
     ``ledger export``): replay re-derives every decision from them, so tillerman's own
     rows are skipped. An observation row this version cannot decode is kept as
     quarantined input (its seq and size), and the replay goes on."""
-    if _read_head(path).startswith(_SQLITE_MAGIC):
+    if read_head(path).startswith(_SQLITE_MAGIC):
         yield from _observations(path, _stored_entries(path))
         return
     yield from _observations(path, _exported_entries(path))

@@ -41,7 +41,7 @@ from tillerman.monitor.parser import (
     workdir,
 )
 
-_SUBAGENT_FILE = re.compile(r"(?:^|[/\\])([^/\\]+)[/\\]subagents[/\\]agent-([^/\\]+)\.jsonl$")
+SUBAGENT_FILE = re.compile(r"(?:^|[/\\])([^/\\]+)[/\\]subagents[/\\]agent-([^/\\]+)\.jsonl$")
 INTERRUPT_MARKER = "[Request interrupted by user"
 # User lines that record a local slash command (``/mcp``, ``/compact``, ``/model``) or
 # bash mode (``!ls``) and its output: the CLI handles them itself, no model turn
@@ -72,7 +72,7 @@ class ClaudeTranscriptParser(Parser):
 
     def __init__(self, source: str, **options) -> None:
         super().__init__(source, **options)
-        found = _SUBAGENT_FILE.search(source)
+        found = SUBAGENT_FILE.search(source)
         self._file_session, self._file_agent = (found.group(1), found.group(2)) if found else (None, None)
         self._threads: dict[str, _Thread] = {}
         # 1.0.x sidechain lines name no agent: each Task subagent is a chain that

@@ -42,7 +42,7 @@ from tillerman.monitor.parser import (
     workdir,
 )
 
-_THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
+THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
 
 SHELL_TOOLS = frozenset({"shell", "exec_command", "container.exec", "shell_command", "local_shell"})
@@ -220,7 +220,7 @@ class CodexRolloutParser(Parser):
 
     def __init__(self, source: str, **options) -> None:
         super().__init__(source, **options)
-        found = _THREAD_FROM_PATH.search(source)
+        found = THREAD_FROM_PATH.search(source)
         self._thread: str | None = found.group(1) if found else None
         self._turn: str | None = None  # the open turn
         self._explicit_turns = False  # the file has task_started: real turn ids

@@ -1,0 +1,235 @@
+"""Replay of many files on several processes, with the result of one.
+
+The files are grouped into thread families (``tillerman.controller.replay_groups``);
+each group replays on its own ``Replayer`` with an in-memory ledger, in a worker
+process (``--jobs N``) or one after another in this one (``--jobs 1``). Results are
+merged in group order, whatever order the workers finish in: the files in the order
+they were named, counts summed, the decisions digest over every group's decision
+lines in turn. With a ledger, ``--jobs 1`` replays each group straight into it (flat
+memory, as a single replay); workers replay into memory and the parent appends each
+group's entries in that same order. Into a fresh ledger, both write the same rows
+(seqs, hash chain, export) for any number of jobs, and its decision rows in seq
+order are the digested stream. (Into a ledger that already holds some of the events,
+``--jobs 1`` folds only what the append stores, a worker everything it read.)
+
+Workers are started by ``forkserver`` (``spawn`` where there is none): they never
+inherit the parent's open ledger or threads. They ignore SIGINT; Ctrl-C reaches the
+parent, which terminates them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from tillerman.controller.replay import BATCH, Progress, Replayer, ReplaySummary, read_head
+from tillerman.controller.replay_groups import ReplayFile, group_files
+from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
+from tillerman.ledger.command_patterns import CommandPatterns
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.chain_only import ChainOnlyRecorder
+from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.recorder import Recorder
+from tillerman.monitor.file_threads import file_threads
+from tillerman.monitor.formats import detect_format
+from tillerman.rules.ruleset import RuleSet
+
+
+class ReplaySettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What every group's ``Replayer`` is built with (sent once to each worker)."""
+
+    ruleset: RuleSet
+    fmt: str = "auto"
+    patterns: CommandPatterns = DEFAULT_PATTERNS
+    retain_payloads: bool = False
+    keep_entries: bool = False  # a ledger is written: return every entry recorded
+
+
+class GroupResult(msgspec.Struct, frozen=True):
+    summary: ReplaySummary
+    decision_lines: bytes  # the group's lines of the decisions digest, in order
+    envelopes: bytes  # with keep_entries: the recorded envelopes (msgpack), in seq order
+
+
+_envelopes = msgspec.msgpack.Decoder(list[Envelope])
+
+
+def replay_files(paths: list[str], settings: ReplaySettings, *, jobs: int = 1, ledger: Recorder | None = None,
+                 progress: Progress | None = None) -> ReplaySummary:
+    """Replay ``paths`` (files, as ``collect_files`` found them) in thread groups on up to
+    ``jobs`` processes; with ``ledger``, record everything into it, group by group."""
+    files = [_replay_file(path, settings.fmt) for path in paths]
+    groups = [[paths[i] for i in group] for group in group_files(files)]
+    meter = _Meter(progress, sum(_size(p) for p in dict.fromkeys(paths))) if progress else None
+    if jobs <= 1 or len(groups) == 1:  # in this process, each group straight into the ledger
+        results = (replay_group(settings, group, meter, ledger) for group in groups)
+        return _merge(paths, groups, results, settings.ruleset, None)
+    settings = msgspec.structs.replace(settings, keep_entries=ledger is not None)
+    results = _in_pool(settings, groups, min(jobs, len(groups)), meter)
+    return _merge(paths, groups, results, settings.ruleset, ledger)
+
+
+def replay_group(settings: ReplaySettings, paths: list[str], progress: Progress | None,
+                 ledger: Recorder | None = None) -> GroupResult:
+    """One group on its own ``Replayer``: into ``ledger``, else into memory (a worker's
+    entries go back to the parent with ``keep_entries``)."""
+    lines: list[bytes] = []
+    keep = settings.keep_entries and ledger is None
+    # A worker hands its rows to the parent's ledger; otherwise only the chain head is kept.
+    recorder = ledger if ledger is not None else MemoryRecorder() if keep else ChainOnlyRecorder()
+    summary = Replayer(recorder, settings.ruleset, fmt=settings.fmt, patterns=settings.patterns,
+                       retain_payloads=settings.retain_payloads, progress=progress,
+                       on_decision=lines.append).run(paths)
+    envelopes = msgspec.msgpack.encode([e.envelope for e in recorder.read()]) if keep else b""
+    return GroupResult(summary, b"".join(lines), envelopes)
+
+
+def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupResult], ruleset: RuleSet,
+           ledger: Recorder | None) -> ReplaySummary:
+    by_path: dict[str, list] = {}  # a path named twice has a summary per naming
+    digest = hashlib.sha256()
+    events = decisions = reports = 0
+    intents: Counter[str] = Counter()
+    overdue: list[dict] = []
+    for group, result in zip(groups, results, strict=True):
+        summary = result.summary
+        for path, file in zip(group, summary.files, strict=True):
+            by_path.setdefault(path, []).append(file)
+        digest.update(result.decision_lines)
+        events, decisions, reports = events + summary.events, decisions + summary.decisions, reports + summary.reports
+        intents.update(summary.intents)
+        overdue.extend(summary.overdue)
+        if ledger is not None:
+            _append(ledger, _envelopes.decode(result.envelopes))
+    return ReplaySummary(
+        files=[by_path[path].pop(0) for path in paths], events=events, decisions=decisions,
+        decisions_digest="sha256:" + digest.hexdigest(), reports=reports, intents=dict(sorted(intents.items())),
+        overdue=overdue, ruleset_digest=ruleset.digest,
+    )
+
+
+def _append(ledger: Recorder, envelopes: list[Envelope]) -> None:
+    for start in range(0, len(envelopes), BATCH):  # a commit per batch, as a single replay makes
+        ledger.append(envelopes[start:start + BATCH])
+
+
+def _replay_file(path: str, fmt: str) -> ReplayFile:
+    """What grouping needs of a file. One that cannot be read is a group of its own:
+    its replay reports why, with the message a single replay gives."""
+    try:
+        st = os.stat(path)
+        head = read_head(Path(path))
+    except OSError:
+        return ReplayFile(path, path, frozenset())
+    named = fmt if fmt != "auto" else detect_format(head, path)
+    return ReplayFile(path, f"{st.st_dev}:{st.st_ino}", file_threads(named, head, path))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+class _Meter:
+    """Progress over all files (bytes done of bytes in total), from whichever worker
+    reports: each file's latest count replaces its previous one."""
+
+    def __init__(self, progress: Progress, total: int) -> None:
+        self.progress = progress
+        self.total = total
+        self.done: dict[str, int] = {}
+        self.sum = 0
+
+    def __call__(self, path: str, done: int, _total: int) -> None:
+        self.sum += done - self.done.get(path, 0)
+        self.done[path] = done
+        self.progress(path, self.sum, self.total)
+
+
+# -- the pool ---------------------------------------------------------------------------
+
+_worker: dict = {}  # in a worker: its settings and progress queue, set once at start
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload([__name__])  # workers forked with replay already imported
+        # The server starts with SIGINT ignored, and so stays (Python installs its
+        # KeyboardInterrupt handler only where SIGINT is at its default): a Ctrl-C
+        # during its imports would print their traceback. Its workers inherit that.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    return context
+
+
+def _start_worker(settings: ReplaySettings, queue) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _worker.update(settings=settings, queue=queue)
+
+
+def _work(paths: list[str]) -> GroupResult:
+    queue = _worker["queue"]
+    progress = (lambda path, done, total: queue.put((path, done, total))) if queue is not None else None
+    return replay_group(_worker["settings"], paths, progress)
+
+
+def _in_pool(settings: ReplaySettings, groups: list[list[str]], workers: int,
+             meter: _Meter | None) -> Iterator[GroupResult]:
+    """Each group's result, in group order. The largest groups are handed out first, so
+    one long group started last does not leave the other workers idle at the end."""
+    context = _context()
+    queue = context.Queue() if meter else None
+    pool = _start_pool(context, workers, settings, queue)
+    relay = threading.Thread(target=_relay, args=(queue, meter), daemon=True) if meter else None
+    if relay:
+        relay.start()
+    try:
+        with pool:  # leaving early (an error, Ctrl-C, the caller's error) terminates the workers
+            if pool.interrupted:
+                raise KeyboardInterrupt
+            largest_first = sorted(range(len(groups)), key=lambda g: -sum(map(_size, groups[g])))
+            pending = {g: pool.apply_async(_work, (groups[g],)) for g in largest_first}
+            for g in range(len(groups)):
+                yield pending[g].get()  # a worker's error is raised here: the first in group order wins
+            pool.close()
+            pool.join()
+    finally:
+        if relay:
+            queue.put(None)
+            relay.join()
+
+
+def _start_pool(context, workers: int, settings: ReplaySettings, queue):
+    """The pool, with a Ctrl-C during its start held until it stands (``pool.interrupted``):
+    interrupted half-way, it would leave workers starting after the parent is gone."""
+    held: list[int] = []
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum)) if main else None
+    try:
+        pool = context.Pool(workers, initializer=_start_worker, initargs=(settings, queue))
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    pool.interrupted = bool(held)
+    return pool
+
+
+def _relay(queue, meter: _Meter) -> None:
+    while (report := queue.get()) is not None:
+        meter(*report)

@@ -1,0 +1,137 @@
+"""``tillerman replay --jobs N``: thread families on worker processes, one result for any N."""
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from bench.sessions import rollout_name, write_rollout
+from tillerman.controller.cli import main
+from tillerman.controller.parallel_replay import ReplaySettings, replay_files
+from tillerman.rules.files import default_ruleset
+from tests.controller.test_replay import STALL, replay, replay_json
+
+SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
+STALL_FILE = next(STALL.glob("rollout-*.jsonl"))
+GRANTS = STALL / "grants.toml"
+LEGACY = SESSIONS / "claude-transcript" / "legacy-1.0-sidechain.jsonl"
+VIEWER = SESSIONS / "public" / "claude-transcript" / "claude-code-viewer" / "5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl"
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory) -> Path:
+    """Generated rollouts whose repeated failures propose steers (decisions to digest),
+    beside the recorded fixtures."""
+    folder = tmp_path_factory.mktemp("sessions")
+    for seed in range(1, 5):
+        write_rollout(str(folder / rollout_name(seed)), 400, seed)
+    return folder
+
+
+def test_a_file_replays_beside_unrelated_files_as_it_does_alone():
+    """Each thread family runs on its own clock: the stall file, recorded a year after the
+    transcript, no longer fires the transcript's rule timers (it reported two stalls
+    "for 407 days" at the stall file's time, and only when named after the transcript)."""
+    alone = [replay_json("--config", GRANTS, path) for path in (VIEWER, STALL_FILE)]
+    for both in (replay_json("--config", GRANTS, VIEWER, STALL_FILE), replay_json("--config", GRANTS, STALL_FILE, VIEWER)):
+        for key in ("events", "decisions", "reports"):
+            assert both[key] == sum(a[key] for a in alone), key
+        assert both["decisions_digest"] == alone[1]["decisions_digest"]  # the transcript decides nothing
+    assert both["files"] == [alone[1]["files"][0], alone[0]["files"][0]]
+
+
+@pytest.mark.parametrize("jobs", ["2", "3"])
+def test_the_summary_is_the_same_for_any_number_of_jobs(sessions, jobs):
+    args = ("--config", GRANTS, sessions, SESSIONS)
+    one = replay_json("--jobs", "1", *args)
+    assert one["decisions"] > 10 and one["intents"]
+    assert replay_json("--jobs", jobs, *args) == one
+
+
+def test_the_ledger_is_the_same_for_any_number_of_jobs_and_its_decisions_are_the_digest(sessions, tmp_path):
+    exports, summaries = [], []
+    for jobs in ("1", "2"):
+        ledger = tmp_path / f"jobs-{jobs}.sqlite3"
+        summaries.append(replay_json("--jobs", jobs, "--ledger", ledger, "--config", GRANTS, sessions, STALL))
+        result = CliRunner().invoke(main, ["ledger", "export", "--ledger", str(ledger)])
+        assert result.exit_code == 0, result.output
+        exports.append(result.output)
+    assert exports[0] == exports[1]
+    assert {k: v for k, v in summaries[0].items() if k != "ledger"} == \
+           {k: v for k, v in summaries[1].items() if k != "ledger"}
+    digest = hashlib.sha256()
+    for line in exports[0].splitlines():
+        envelope = json.loads(line)["envelope"]
+        event = envelope["event"]
+        if event["kind"] == "decision":
+            record = [event["intent_id"], event["action"], event["reason"], event.get("rule_id"), envelope["at"]]
+            digest.update(msgspec.json.encode(record) + b"\n")
+    assert summaries[0]["decisions_digest"] == "sha256:" + digest.hexdigest()
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_bad_file_among_many_fails_as_it_does_alone(tmp_path, jobs):
+    unknown = tmp_path / "notes.jsonl"
+    unknown.write_text("hello\n")
+    assert replay("--jobs", jobs, LEGACY, unknown, STALL_FILE) == replay(unknown)
+    ledger = tmp_path / "damaged.sqlite3"
+    replay_json("--ledger", ledger, STALL_FILE)
+    with sqlite3.connect(ledger) as db:
+        db.execute("UPDATE events SET at = at + 1 WHERE seq = 2")
+    code, out = replay("--jobs", jobs, STALL_FILE, ledger, LEGACY)
+    assert code == 1 and "the ledger is damaged" in out
+
+
+def test_progress_counts_every_byte_of_every_file_across_workers(sessions):
+    calls = []
+    paths = sorted(str(p) for p in sessions.iterdir())
+    replay_files(paths, ReplaySettings(ruleset=default_ruleset()), jobs=2, progress=lambda *call: calls.append(call))
+    total = sum(os.path.getsize(p) for p in paths)
+    done = [d for _, d, _ in calls]
+    assert done == sorted(done) and done[-1] == total and {t for _, _, t in calls} == {total}
+
+
+def test_check_takes_no_jobs(tmp_path):
+    ledger = tmp_path / "l.sqlite3"
+    replay_json("--ledger", ledger, STALL_FILE)
+    code, out = replay("--check", "--jobs", "2", ledger)
+    assert code == 2 and "drop --jobs" in out
+
+
+def _group_members(pgid: int) -> set[int]:
+    members = set()
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+            members.add(int(entry))
+    return members
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process groups from /proc")
+def test_ctrl_c_stops_the_workers(tmp_path):
+    for seed in range(1, 5):
+        write_rollout(str(tmp_path / rollout_name(seed)), 30_000, seed)
+    proc = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "replay", "--jobs", "2", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(_group_members(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the parent, the fork server and two workers
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: to the whole foreground group
+    assert proc.wait(timeout=30) != 0
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _group_members(proc.pid)
+    assert b"Traceback" not in proc.stderr.read()
