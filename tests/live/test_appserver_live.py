@@ -26,6 +26,7 @@ from fixtures.codex_server import (
 )
 from fixtures.record_sessions import record
 from fixtures.scripted_model import ScriptedModel
+from tests.live.daemon_support import wait_until
 from tillerman.monitor.appserver_client import AppServerClient
 from tillerman.monitor.jsonrpc import RpcError, ServerRequest
 
@@ -137,6 +138,35 @@ async def test_supervisor_steers_a_running_turn_and_sees_delivery(
         r["type"] == "event_msg" and r["payload"].get("item", {}).get("client_id") == INTENT_ID
         for r in records
     )
+
+
+async def test_a_waiting_model_holds_its_turn_until_released_or_steered(
+    app_server: AppServer, scripted_model: ScriptedModel, workspace: Path
+) -> None:
+    """``WAIT: <path>`` holds a turn by a file, not by time: it ends once the file exists,
+    or at once when a steer makes Codex abandon the held model call."""
+    released, steered = workspace / "release-one", workspace / "release-other"
+    async with _harness_and_supervisor(app_server) as (harness, log, _, _):
+        held_thread, held_turn = await _start_turn(harness, workspace, f"WAIT: {released}")
+        steered_thread, steered_turn = await _start_turn(harness, workspace, f"WAIT: {steered}")
+
+        def holding(path: Path) -> list:
+            return [r for r in scripted_model.requests if r.last_user_text == f"WAIT: {path}"]
+
+        await wait_until(lambda: holding(released) and holding(steered), "the model to hold both turns")
+        await _steer(harness, steered_thread["id"], steered_turn, f"[tillerman {INTENT_ID}] carry on",
+                     clientUserMessageId=INTENT_ID)
+        await log.wait_for(is_item("item/completed", "agentMessage", text=f"ack {INTENT_ID}: will do"))
+        ended = await log.wait_for(_turn_completed(steered_thread["id"], steered_turn))
+        assert ended.params["turn"]["status"] == "completed"
+        await wait_until(lambda: holding(steered)[0].abandoned, "the script to see the abandoned call")
+
+        assert not any(_turn_completed(held_thread["id"], held_turn)(m) for m in log.messages)  # still held
+        released.touch()
+        await log.wait_for(is_item("item/completed", "agentMessage", text=f"released: {released}"))
+        ended = await log.wait_for(_turn_completed(held_thread["id"], held_turn))
+        assert ended.params["turn"]["status"] == "completed"
+        assert not holding(released)[0].abandoned
 
 
 async def test_interrupt_ends_the_turn_but_the_command_runs_until_terminated(

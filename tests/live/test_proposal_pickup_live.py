@@ -1,13 +1,17 @@
 """Proposals from many processes at once are each picked up at once, on the REAL app-server.
 
-Several threads each run a long command; a steer for each is proposed at the same moment
-by its own ``tillerman intent propose`` process. The daemon must record a decision about
-EVERY one of them promptly (its pickup: proposal → first decision, from the ledger's
-times), not only when something else happens on its thread (the command's end), and every
-steer must land once, in its own turn.
+Several threads each hold a turn open in a silent model call (the scripted model's
+``WAIT``: nothing happens on the thread until a steer arrives or the test releases it); a
+steer for each is proposed at the same moment by its own ``tillerman intent propose``
+process. The daemon must record a decision about EVERY one of them promptly (its pickup:
+proposal → first decision, from the ledger's times), not only when something else happens
+on its thread, and every steer must land once, in its own turn.
 
-The bound is generous (a loaded 2-core machine meets it); a proposal the daemon folds
-without judging waits for its thread's next event, the command's end, seconds later.
+The turns are held by a file, not by time: a long command does not hold one, since Codex's
+``exec_command`` hands a command still running after 10 s back to the model, which ends
+the turn, and on a loaded machine starting twelve threads takes longer than that. The
+pickup bound is generous (a loaded 2-core machine meets it); a proposal the daemon folds
+without judging waits for its thread's next event, which a held turn never gives.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item
-from fixtures.scripted_model import ScriptedModel
+from fixtures.codex_server import AppServer
+from fixtures.scripted_model import RecordedRequest, ScriptedModel
 from tests.live.daemon_support import SETTLED, ruleset_from, session, wait_until
 from tests.live.test_daemon_live import NO_RULES, OWNER, OWNER_GRANT, our_echoes
 from tillerman.ledger.events import DecisionRecorded, IntentProposed
@@ -58,30 +62,34 @@ def propose_together(proposers: list[subprocess.Popen], steers: list[tuple[str, 
     return [json.loads(out) for out, _ in outputs]
 
 
-def command_started(s, thread_id: str) -> bool:
-    """The harness saw the thread's command start."""
-    return any(is_item("item/started", "commandExecution")(m) and m.params.get("threadId") == thread_id
-               for m in s.log.messages)
+def held(model: ScriptedModel, prompt: str) -> list[RecordedRequest]:
+    """The model calls holding a turn open on ``prompt`` (each thread's first call)."""
+    return [r for r in model.requests if r.last_user_text == prompt and r.tool_output_call_id is None]
 
 
-async def check_every_pickup(app_server: AppServer, workspace: Path, tmp_path: Path, threads: int,
-                             seconds: int) -> None:
+async def check_every_pickup(app_server: AppServer, model: ScriptedModel, workspace: Path, tmp_path: Path,
+                             threads: int) -> None:
+    release = tmp_path / "release"
+    hold = f"WAIT: {release}"
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
         proposers = start_proposers(s.recorder.path, threads)
-        steers = []
-        for _ in range(threads):
-            thread = await s.start_thread(workspace)
-            steers.append((thread, await s.start_turn(thread, f"RUN: sleep {seconds}")))
-        # Every command runs (the harness sees it), and the daemon's fold has every turn active.
-        await wait_until(lambda: all(command_started(s, t) for t, _ in steers), "every command to start", timeout=30)
-        await wait_until(lambda: all(s.projection().snapshot(t).active_turn_id == turn for t, turn in steers),
-                         "the daemon to see every turn active", timeout=30)
+        try:
+            steers = []
+            for _ in range(threads):
+                thread = await s.start_thread(workspace)
+                steers.append((thread, await s.start_turn(thread, hold)))
+            # Every turn waits on the model, and the daemon's fold has every turn active.
+            await wait_until(lambda: len(held(model, hold)) == threads, "the model to hold every turn", timeout=60)
+            await wait_until(lambda: all(s.projection().snapshot(t).active_turn_id == turn for t, turn in steers),
+                             "the daemon to see every turn active", timeout=30)
 
-        proposed = await anyio.to_thread.run_sync(propose_together, proposers, steers)
-        ids = [p["id"] for p in proposed]
-        await wait_until(lambda: all(s.intent(i).state in SETTLED for i in ids), "every steer to settle",
-                         timeout=seconds + 60)
+            proposed = await anyio.to_thread.run_sync(propose_together, proposers, steers)
+            ids = [p["id"] for p in proposed]
+            await wait_until(lambda: all(s.intent(i).state in SETTLED for i in ids),
+                             "every steer to settle (one never picked up waits for its held turn)", timeout=60)
+        finally:
+            release.touch()  # ends whatever turn no steer reached
 
         entries = s.entries()
         proposed_at = {e.envelope.event.intent.id: e.envelope.at for e in entries
@@ -104,4 +112,4 @@ async def check_every_pickup(app_server: AppServer, workspace: Path, tmp_path: P
 async def test_twelve_concurrent_proposals_are_each_picked_up_at_once(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
-    await check_every_pickup(app_server, workspace, tmp_path, threads=12, seconds=12)
+    await check_every_pickup(app_server, scripted_model, workspace, tmp_path, threads=12)
