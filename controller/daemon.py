@@ -351,7 +351,8 @@ class Daemon:
                     break
             try:
                 if pending or offsets or self._unjudged or self._ledger_changed() or self._timer_due():
-                    self._think(tg, pending, offsets)
+                    with self.recorder.one_anchor():  # a round's commits move the head anchor once
+                        self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
                 if self.recorder.anchor_error != anchor_error:  # said once, and once more when healed
