@@ -26,9 +26,10 @@ import fcntl
 import json
 import os
 import sqlite3
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tillerman.ledger import events
@@ -94,6 +95,7 @@ class SQLiteRecorder(Recorder):
         # Inside ``one_anchor()``: the head committed last, or (0, GENESIS) while none.
         self._unanchored: tuple[int, str] | None = None
         self._anchor_seen: tuple[tuple[int, ...], tuple[int, str]] | None = None  # see _read_anchor
+        self._mover = _AnchorMover(self._write_anchor)  # one_anchor()'s moves
         try:
             if self.readonly:
                 self._db, self.damage = _connect_readonly(self.path)
@@ -186,7 +188,11 @@ class SQLiteRecorder(Recorder):
         anchor written at the end names the head this connection committed, not what
         the table holds then, and the next append refuses a table that ends before it.
         Only a crash inside the block leaves its rows unanchored. The anchor is moved
-        even when the block raises: its commits stand."""
+        even when the block raises: its commits stand.
+
+        The move is made on a thread of its own (``_AnchorMover``), so the caller goes
+        on while the file system flushes; the lag grows by that flush (its failure is
+        in ``anchor_error`` once known), and ``close`` waits for it."""
         if self._unanchored is not None or self.head_path is None:  # nested, or no anchor
             yield
             return
@@ -196,7 +202,7 @@ class SQLiteRecorder(Recorder):
         finally:
             head, self._unanchored = self._unanchored, None
             if head[0]:
-                self._write_anchor(*head)
+                self._mover.move(head)
 
     # -- append -----------------------------------------------------------------
 
@@ -522,7 +528,48 @@ class SQLiteRecorder(Recorder):
         return True
 
     def close(self) -> None:
+        self._mover.wait()
         self._db.close()
+
+
+class _AnchorMover:
+    """Moves the head anchor on a thread of its own, to the latest head handed to it
+    (heads handed over while it writes are one move). ``_write_anchor`` takes the
+    anchor's lock file, so it never races another writer's move, this process's
+    included; it skips a head the anchor already reaches."""
+
+    def __init__(self, write: Callable[[int, str], bool]) -> None:
+        self._write = write
+        self._changed = threading.Condition()
+        self._wanted: tuple[int, str] | None = None
+        self._writing = False
+        self._thread: threading.Thread | None = None
+
+    def move(self, head: tuple[int, str]) -> None:
+        with self._changed:
+            if self._wanted is None or head[0] > self._wanted[0]:
+                self._wanted = head
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tillerman-anchor", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        """Until every head handed over is written (or its write failed)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._wanted is None and not self._writing)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._wanted is not None)
+                head, self._wanted, self._writing = self._wanted, None, True
+            try:
+                self._write(*head)
+            finally:
+                with self._changed:
+                    self._writing = False
+                    self._changed.notify_all()
 
 
 class _Bulk:

@@ -11,6 +11,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -229,6 +230,7 @@ def test_a_rounds_commits_move_the_anchor_once_when_it_ends(ledger, monkeypatch)
                 rec.append([turn(i)])
             assert msgspec.json.decode(head_file(ledger).read_bytes())["seq"] == 10  # lags, as after a crash
             assert rec.tail_problem() is None
+        rec._mover.wait()  # the move is made on a thread of its own
         assert moves == [13]
         rec.append([turn(14)])  # outside a round: one move per commit, as before
     assert moves == [13, 14]
@@ -241,10 +243,29 @@ def test_a_tail_cut_while_a_round_runs_is_caught_by_the_anchor_it_writes(ledger)
             rec.append([turn(11)])
             rec.append([turn(12)])
             cut_tail(ledger, 10)  # before the round's anchor move: the anchor still says 10
+        rec._mover.wait()
         with pytest.raises(AnchorMismatch, match="missing from the tail"):
             rec.append([turn(13)])
     report = cli("ledger", "verify", "--ledger", str(ledger))
     assert report.exit_code == 1 and "cut off the tail" in report.output, report.output
+
+
+def test_a_round_does_not_wait_for_its_anchor_move(ledger, monkeypatch):
+    """The move (a rename the file system flushes) is made on a thread of its own."""
+    release, moved = threading.Event(), []
+    write = SQLiteRecorder._write_anchor
+
+    def slow(self, seq, link, **kwargs):
+        moved.append((seq, release.wait(5)))
+        return write(self, seq, link, **kwargs)
+
+    monkeypatch.setattr(SQLiteRecorder, "_write_anchor", slow)
+    with SQLiteRecorder(ledger) as rec:
+        with rec.one_anchor():
+            rec.append([turn(11)])
+        release.set()  # only now may the move finish
+    assert moved == [(11, True)]
+    assert msgspec.json.decode(head_file(ledger).read_bytes())["seq"] == 11
 
 
 def test_a_round_that_raises_still_anchors_what_it_committed(ledger, monkeypatch):
@@ -252,7 +273,7 @@ def test_a_round_that_raises_still_anchors_what_it_committed(ledger, monkeypatch
     with SQLiteRecorder(ledger) as rec, pytest.raises(RuntimeError), rec.one_anchor():
         rec.append([turn(11)])
         raise RuntimeError("the round failed after its commit")
-    assert moves == [11]
+    assert moves == [11]  # written by the time the recorder is closed
     assert cli("ledger", "verify", "--ledger", str(ledger)).exit_code == 0
 
 
