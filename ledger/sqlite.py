@@ -14,7 +14,8 @@ database (``LEDGER.head``), so a tail cut off the table shows:
   disk) the rows stay committed, ``anchor_error`` says so, and the next write catches
   the anchor up;
 * inside ``one_anchor()`` (a daemon round: several commits in a few milliseconds) it
-  moves once, when the block ends, to the last head this connection committed.
+  moves once, when the block ends, to the last head this connection committed, on a
+  thread of its own (``close`` waits for it).
 
 A reader (``readonly=True``) never writes: no migration, no anchor, no snapshot.
 """
