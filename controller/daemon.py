@@ -230,12 +230,7 @@ class Daemon:
                                            connect_timeout=self.options.request_timeout, retry=False) as client:
                     await self._attach(tg, client)
                     delays = backoff_delays(maximum=RECONNECT_MAX)
-                    async for message in client.incoming:
-                        out = self.tap.receive(message, self.clock())
-                        if out.envelopes:
-                            await self._inbox_send.send(out.envelopes)
-                        for thread_id in out.resume:
-                            tg.start_soon(self._resume, client, thread_id)
+                    await self._follow(tg, client)
                     reason, absent = "the server closed the connection", False
             except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
                 reason = describe_failure(exc, self.link.server_version)
@@ -249,6 +244,28 @@ class Daemon:
             else:
                 log.info("still cannot reach %s (%s); retrying in %.1fs", self.options.url, reason, delay)
             await anyio.sleep(delay)
+
+    async def _follow(self, tg, client: AppServerClient) -> None:
+        """Pass what the server sends through the tap to the brain, one list per wake-up:
+        every message already waiting (up to ``BATCH``) goes in one send. A send lets the
+        brain run, and nothing is read while a round runs, so a send per message made a
+        round per message however long the backlog; this way rounds grow with it."""
+        async for message in client.incoming:
+            envelopes = self._tap(tg, client, message)
+            for _ in range(BATCH - 1):
+                try:
+                    message = client.incoming.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+                envelopes += self._tap(tg, client, message)
+            if envelopes:
+                await self._inbox_send.send(envelopes)
+
+    def _tap(self, tg, client: AppServerClient, message) -> list[Envelope]:
+        out = self.tap.receive(message, self.clock())
+        for thread_id in out.resume:
+            tg.start_soon(self._resume, client, thread_id)
+        return list(out.envelopes)
 
     async def _attach(self, tg, client: AppServerClient) -> None:
         """A fresh connection: subscribe, read back, then let deliveries through."""
@@ -334,7 +351,8 @@ class Daemon:
                     break
             try:
                 if pending or offsets or self._unjudged or self._ledger_changed() or self._timer_due():
-                    self._think(tg, pending, offsets)
+                    with self.recorder.one_anchor():  # a round's commits move the head anchor once
+                        self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
                 if self.recorder.anchor_error != anchor_error:  # said once, and once more when healed

@@ -97,6 +97,12 @@ class Recorder(abc.ABC):
         has nothing to do."""
         yield
 
+    @contextlib.contextmanager
+    def one_anchor(self) -> Iterator[None]:
+        """Appends inside the block commit one by one, as outside it, but move the head
+        anchor once, when the block ends (a backend without an anchor has nothing to do)."""
+        yield
+
     @abc.abstractmethod
     def file_offsets(self) -> list[FileOffset]:
         """Every followed file generation and where it was read up to."""

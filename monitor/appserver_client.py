@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
@@ -152,6 +151,74 @@ async def open_websocket_with_retry(url: str, timeout: float) -> ClientConnectio
     raise TimeoutError(f"no connection to {url} within {timeout:g}s") from last
 
 
+# Messages the reader holds for a consumer that has not taken them yet: about a second of
+# 200 busy threads (50 notifications a second each), a few tens of MiB.
+INCOMING_LIMIT = 8192
+
+
+class ServerMessages:
+    """What the server sent on its own (notifications, server requests, frames that did
+    not parse), in order, for one consumer: ``async for``, ``receive``, ``receive_nowait``.
+
+    Bounded: while it holds ``limit`` messages the reader takes no frame off the socket,
+    so a consumer that falls behind holds back the server's writes (the socket's buffers
+    fill) instead of growing this process. Codex's app-server does not wait long for a
+    slow connection: once its own queue for the connection (128 messages) is full it
+    closes it. What was read by then is still delivered, and a reconnecting consumer
+    (the daemon) resumes its threads and reads back what it missed.
+
+    The bound yields to any request waiting for its answer: the answer may be behind
+    the messages held, and the consumer may be the one waiting (the daemon subscribes
+    before it reads), so the reader goes on reading until no request waits."""
+
+    def __init__(self, limit: int = INCOMING_LIMIT) -> None:
+        self.limit = limit
+        self._send, self._receive = anyio.create_memory_object_stream[ServerMessage](math.inf)
+        self._held = 0
+        self._room = anyio.Event()
+
+    def __len__(self) -> int:
+        return self._held
+
+    def __aiter__(self) -> ServerMessages:
+        return self
+
+    async def __anext__(self) -> ServerMessage:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def receive(self) -> ServerMessage:
+        return self._taken(await self._receive.receive())
+
+    def receive_nowait(self) -> ServerMessage:
+        """The next message held; raises ``anyio.WouldBlock`` when none is (yet), and
+        ``anyio.EndOfStream`` once the connection is gone and every message taken."""
+        return self._taken(self._receive.receive_nowait())
+
+    def _taken(self, message: ServerMessage) -> ServerMessage:
+        self._held -= 1
+        if self._held < self.limit:
+            self._room.set()
+        return message
+
+    def put(self, message: ServerMessage) -> None:
+        self._held += 1
+        self._send.send_nowait(message)
+
+    def close(self) -> None:
+        self._send.close()
+
+    async def wait_for_room(self) -> None:
+        """Until a message is taken (or ``wake``)."""
+        self._room = anyio.Event()
+        await self._room.wait()
+
+    def wake(self) -> None:
+        self._room.set()
+
+
 class AppServerClient:
     """One initialized app-server connection. Create it with `open_app_server`."""
 
@@ -161,11 +228,7 @@ class AppServerClient:
         self._session = RpcSession()
         self._answers: dict[str, Response | ErrorResponse | None] = {}
         self._answered: dict[str, anyio.Event] = {}
-        # Unbounded on purpose: the reader must never block on a slow consumer, or a
-        # request awaiting its response behind a full buffer would deadlock.
-        self._send_incoming: MemoryObjectSendStream[ServerMessage]
-        self.incoming: MemoryObjectReceiveStream[ServerMessage]
-        self._send_incoming, self.incoming = anyio.create_memory_object_stream(math.inf)
+        self.incoming = ServerMessages()
         self.initialize_result: dict[str, Any] = {}
 
     async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = 10.0) -> Any:
@@ -173,6 +236,7 @@ class AppServerClient:
         `AppServerDisconnected`."""
         request_id, message = self._session.request(method, params)
         answered = self._answered[request_id] = anyio.Event()
+        self.incoming.wake()  # a reader held back by a full ``incoming`` reads on to the answer
         try:
             try:
                 await self._send(message)
@@ -214,10 +278,12 @@ class AppServerClient:
         try:
             async for frame in self._websocket:
                 self._dispatch(self._session.receive(frame))
+                while len(self.incoming) >= self.incoming.limit and not self._answered:
+                    await self.incoming.wait_for_room()
         except ConnectionClosed:
             pass
         finally:
-            self._send_incoming.close()
+            self.incoming.close()
             for answered in self._answered.values():
                 answered.set()  # with no answer stored: the request raises AppServerDisconnected
 
@@ -228,7 +294,7 @@ class AppServerClient:
             self._answers[message.id] = message
             self._answered[message.id].set()
         else:
-            self._send_incoming.send_nowait(message)
+            self.incoming.put(message)
 
 
 @asynccontextmanager

@@ -73,3 +73,36 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
                 tg.cancel_scope.cancel()
 
     anyio.run(run)
+
+
+def test_a_rounds_commits_move_the_head_anchor_together(tmp_path, monkeypatch):
+    """Every decision round runs inside ``one_anchor``: its commits (the proposal's
+    decision among them) are anchored once, when the round ends."""
+    (tmp_path / "sessions").mkdir()
+    path = tmp_path / "ledger.sqlite3"
+    rounds: list[int] = []
+    one_anchor = SQLiteRecorder.one_anchor
+
+    def counted(self):
+        rounds.append(self.max_seq())
+        return one_anchor(self)
+
+    monkeypatch.setattr(SQLiteRecorder, "one_anchor", counted)
+
+    async def run():
+        with SQLiteRecorder(path) as recorder:
+            daemon = Daemon(recorder, default_ruleset(), DaemonOptions(watch=(str(tmp_path / "sessions"),)))
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                with SQLiteRecorder(path) as other:
+                    intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann")
+                with anyio.fail_after(10):
+                    while not any(isinstance(e.envelope.event, ev.DecisionRecorded) for e in recorder.read()):
+                        await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    assert rounds
+    with SQLiteRecorder(path) as rec:
+        head = list(rec.read())[-1]
+        assert rec._read_anchor() == (head.seq, head.hash)  # the last round's move is made by close

@@ -6,10 +6,12 @@ writing until a person accepts it."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 import uuid
 from pathlib import Path
 
@@ -205,6 +207,110 @@ def test_missing_anchor_of_a_ledger_that_had_one_is_reported(ledger):
     assert not head_file(ledger).exists()  # not silently recreated
     assert cli("ledger", "accept-tail", "--ledger", str(ledger), "--by", "ann").exit_code == 0
     assert cli("ledger", "verify", "--ledger", str(ledger)).exit_code == 0
+
+
+def _anchor_moves(monkeypatch) -> list[int]:
+    """The seqs the head anchor is moved to from here on, in order."""
+    moves: list[int] = []
+    write = SQLiteRecorder._write_anchor
+
+    def counted(self, seq, link, **kwargs):
+        moves.append(seq)
+        return write(self, seq, link, **kwargs)
+
+    monkeypatch.setattr(SQLiteRecorder, "_write_anchor", counted)
+    return moves
+
+
+def test_a_rounds_commits_move_the_anchor_once_when_it_ends(ledger, monkeypatch):
+    moves = _anchor_moves(monkeypatch)
+    with SQLiteRecorder(ledger) as rec:
+        with rec.one_anchor():
+            for i in range(11, 14):
+                rec.append([turn(i)])
+            assert msgspec.json.decode(head_file(ledger).read_bytes())["seq"] == 10  # lags, as after a crash
+            assert rec.tail_problem() is None
+        rec._mover.wait()  # the move is made on a thread of its own
+        assert moves == [13]
+        rec.append([turn(14)])  # outside a round: one move per commit, as before
+    assert moves == [13, 14]
+    assert msgspec.json.decode(head_file(ledger).read_bytes())["seq"] == 14
+
+
+def test_a_tail_cut_while_a_round_runs_is_caught_by_the_anchor_it_writes(ledger):
+    with SQLiteRecorder(ledger) as rec:
+        with rec.one_anchor():
+            rec.append([turn(11)])
+            rec.append([turn(12)])
+            cut_tail(ledger, 10)  # before the round's anchor move: the anchor still says 10
+        rec._mover.wait()
+        with pytest.raises(AnchorMismatch, match="missing from the tail"):
+            rec.append([turn(13)])
+    report = cli("ledger", "verify", "--ledger", str(ledger))
+    assert report.exit_code == 1 and "cut off the tail" in report.output, report.output
+
+
+def test_a_round_does_not_wait_for_its_anchor_move(ledger, monkeypatch):
+    """The move (a rename the file system flushes) is made on a thread of its own."""
+    release, moved = threading.Event(), []
+    write = SQLiteRecorder._write_anchor
+
+    def slow(self, seq, link, **kwargs):
+        moved.append((seq, release.wait(5)))
+        return write(self, seq, link, **kwargs)
+
+    monkeypatch.setattr(SQLiteRecorder, "_write_anchor", slow)
+    with SQLiteRecorder(ledger) as rec:
+        with rec.one_anchor():
+            rec.append([turn(11)])
+        release.set()  # only now may the move finish
+    assert moved == [(11, True)]
+    assert msgspec.json.decode(head_file(ledger).read_bytes())["seq"] == 11
+
+
+def test_a_round_that_raises_still_anchors_what_it_committed(ledger, monkeypatch):
+    moves = _anchor_moves(monkeypatch)
+    with SQLiteRecorder(ledger) as rec, pytest.raises(RuntimeError), rec.one_anchor():
+        rec.append([turn(11)])
+        raise RuntimeError("the round failed after its commit")
+    assert moves == [11]  # written by the time the recorder is closed
+    assert cli("ledger", "verify", "--ledger", str(ledger)).exit_code == 0
+
+
+def test_the_anchor_this_connection_wrote_is_not_read_again(ledger, monkeypatch):
+    import tillerman.ledger.sqlite as sqlite_module
+
+    reads: list[bytes] = []
+
+    class CountingJson:
+        dumps = staticmethod(json.dumps)
+
+        @staticmethod
+        def loads(text):
+            reads.append(text)
+            return json.loads(text)
+
+    with SQLiteRecorder(ledger) as rec:
+        rec.append([turn(11)])
+        monkeypatch.setattr(sqlite_module, "json", CountingJson)
+        for i in range(12, 16):
+            rec.append([turn(i)])
+        assert reads == []  # neither the check before a commit nor the move after it
+        head_file(ledger).write_text(head_file(ledger).read_text().replace(" ", "  "))  # touched, same anchor
+        rec.append([turn(16)])
+        assert len(reads) == 1
+
+
+def test_an_anchor_changed_between_two_appends_of_one_connection_is_seen(ledger):
+    with SQLiteRecorder(ledger) as rec:
+        rec.append([turn(11)])
+        anchor = msgspec.json.decode(head_file(ledger).read_bytes())
+        head_file(ledger).write_text(json.dumps(anchor | {"seq": 12}))  # same size, same inode
+        with pytest.raises(AnchorMismatch, match="missing from the tail"):
+            rec.append([turn(12)])
+        head_file(ledger).unlink()
+        with pytest.raises(AnchorMismatch, match="missing, but this ledger had one"):
+            rec.append([turn(12)])
 
 
 # -- 5c: snapshots and derived columns are checked; the chain formula is versioned ----------

@@ -103,3 +103,37 @@ def test_anchor_lag_after_a_crash_is_a_note_and_healed_by_the_next_write(tmp_pat
         rec.append([turn(3)])
         report = rec.verify()
     assert report.ok and report.notes == ()
+
+
+def _event_indexes(db) -> set[str]:
+    return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'"
+                                            " AND tbl_name = 'events'")}
+
+
+def test_every_index_of_the_events_table_serves_a_query_the_ledger_runs(tmp_path):
+    """An index costs every append; the ones kept are those a lookup uses."""
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        rec.append([turn(1)])
+        used = set()
+        for sql, params in [
+            ("SELECT event_id, digest FROM events WHERE event_id IN (?, ?)", ("e1", "e2")),  # _known_digests
+            ("SELECT kind, payload FROM events WHERE intent_id = ? AND kind IN ('intent_proposed',"
+             " 'intent_transition') ORDER BY seq DESC LIMIT 1", ("i",)),  # _intent_state
+        ]:
+            plan = " ".join(row[-1] for row in rec._db.execute("EXPLAIN QUERY PLAN " + sql, params))
+            assert "USING INDEX" in plan, plan
+            used.add(plan.split("USING INDEX ")[1].split()[0])
+        assert _event_indexes(rec._db) == used == {"sqlite_autoindex_events_1", "events_intent"}
+
+
+def test_a_ledger_with_the_dropped_indexes_opens_and_loses_them(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([turn(1), turn(2)])
+    for statement in ("CREATE INDEX events_thread ON events (thread_id, seq)",
+                      "CREATE INDEX events_kind ON events (kind, seq)", "PRAGMA user_version = 3"):
+        _run_sql(path, statement)  # as the previous release left it
+    with SQLiteRecorder(path) as rec:
+        assert "events_thread" not in _event_indexes(rec._db) and "events_kind" not in _event_indexes(rec._db)
+        rec.append([turn(3)])
+        assert [e.seq for e in rec.read()] == [1, 2, 3] and rec.verify().ok

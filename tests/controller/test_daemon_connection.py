@@ -1,0 +1,70 @@
+"""The daemon's connection task: what the server sent meanwhile reaches the brain in
+one list, not one list per message (a round per message could never catch up)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import anyio
+
+import tillerman.controller.daemon as daemon_module
+from tillerman.controller.daemon import BATCH, Daemon, DaemonOptions
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.jsonrpc import Notification
+from tillerman.rules.files import default_ruleset
+
+
+def _turn_started(n: int) -> Notification:
+    params = {"threadId": "T1", "turn": {"id": f"turn-{n}", "status": "inProgress", "items": []}}
+    return Notification(method="turn/started", params=params,
+                        raw={"method": "turn/started", "params": params, "emittedAtMs": 1000})
+
+
+class _Server:
+    """A connection whose server has already sent ``backlog`` notifications."""
+
+    def __init__(self, backlog: int) -> None:
+        send, self.incoming = anyio.create_memory_object_stream(math.inf)
+        for n in range(backlog):
+            send.send_nowait(_turn_started(n))
+        self.keep_open = send
+        self.initialize_result = {"userAgent": "fake/0.163.0 (x)"}
+
+    async def request(self, method, params=None, timeout=10.0):
+        return {"data": []}
+
+
+def _sends(monkeypatch, backlog: int) -> list[int]:
+    """The sizes of the lists of envelopes the brain's inbox received, until the backlog
+    is through (the empty "look at the ledger" wake-ups left out)."""
+    server = _Server(backlog)
+
+    @contextlib.asynccontextmanager
+    async def open_app_server(url, **kwargs):
+        yield server
+
+    sizes: list[int] = []
+
+    async def run():
+        with SQLiteRecorder(":memory:") as recorder:
+            daemon = Daemon(recorder, default_ruleset(), DaemonOptions(url="unix:///fake.sock"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(daemon._connection, tg)
+                with anyio.fail_after(10):
+                    while sum(sizes) < backlog:
+                        if received := await daemon._inbox.receive():
+                            sizes.append(len(received))
+                tg.cancel_scope.cancel()
+
+    monkeypatch.setattr(daemon_module, "open_app_server", open_app_server)
+    anyio.run(run)
+    return sizes
+
+
+def test_a_backlog_reaches_the_brain_in_one_list(monkeypatch):
+    assert _sends(monkeypatch, 300) == [300]
+
+
+def test_a_backlog_longer_than_a_batch_is_cut_at_the_batch(monkeypatch):
+    assert _sends(monkeypatch, BATCH + 10) == [BATCH, 10]
