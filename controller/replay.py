@@ -24,7 +24,8 @@ import msgspec
 
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
-from tillerman.controller.supervisor import Step, next_round_due
+from tillerman.controller.supervisor import Step
+from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import IntentView, Projection, is_open
@@ -39,7 +40,7 @@ from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
+from tillerman.rules.detect import Triggers, triggers, triggers_may_find
 from tillerman.rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
@@ -174,6 +175,8 @@ class Replayer:
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
+        # When the next timer fires: kept up to date from what is folded, not rescanned.
+        self.timers = Timers(_CachingProjection.triggers)
         # The open ``Recorder.bulk`` block: every event is appended (and folded) on its
         # own, and committed with up to BATCH others (``_record``).
         self._bulk = contextlib.ExitStack()
@@ -294,9 +297,7 @@ class Replayer:
             self._evaluate(list(self.projection.threads), due)
 
     def _next_due(self, now: float) -> float | None:
-        projection, ruleset = self.projection, self.ruleset
-        return next_round_due(self._open.values(), (
-            triggers_next_due(projection.triggers(t, ruleset), now) for t in projection.threads), now)
+        return self.timers.next_due(self.projection, self.ruleset, now)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
@@ -318,6 +319,7 @@ class Replayer:
         for entry in entries:
             self._account(entry)
             self.projection.apply(entry)
+            self.timers.note(entry)
             event = entry.envelope.event
             if isinstance(event, ev.IntentProposed | ev.IntentTransition):
                 intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id

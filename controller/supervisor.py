@@ -37,16 +37,6 @@ _REFUSAL_REASONS = {"no_grant": "no_grant", "missing_expected_turn": "invalid",
                     "rule_version_changed": "not_dispatchable"}
 
 
-def next_round_due(views: Iterable[IntentView], thread_dues: Iterable[float | None], now: float) -> float | None:
-    """When a decision round is due if no event comes first: the earliest acknowledgement,
-    effect or expiry deadline of an open intent, or rule timer of a thread, after ``now``.
-    The daemon sleeps until then; replay's virtual clock jumps there."""
-    dues = [t for view in views for t in (view.intent.ack_deadline, view.intent.effect_deadline,
-                                          view.intent.expires_at) if t is not None and t > now]
-    dues.extend(due for due in thread_dues if due is not None)
-    return min(dues, default=None)
-
-
 class Step:
     def __init__(self, ruleset: RuleSet, *, replay: bool) -> None:
         self.ruleset = ruleset
