@@ -93,22 +93,31 @@ class Timers:
                 self._now is not None and now < self._now):
             self._reset(projection, ruleset)
         self._now = now
-        for thread_id in self._threads:
-            self._compute(thread_id, now)
-        self._threads.clear()
-        for intent_id in self._intents:
-            self._intent(intent_id, now)
-        self._intents.clear()
+        if self._threads:
+            for thread_id in self._threads:
+                self._compute(thread_id, now)
+            self._threads.clear()
+        if self._intents:
+            for intent_id in self._intents:
+                self._intent(intent_id, now)
+            self._intents.clear()
+        current = self._current
         for heap in (self._checks, self._dues):  # a thread whose moment has come: again
-            while heap and (heap[0][1] != self._current.get(heap[0][2]) or heap[0][0] <= now):
+            while heap and (heap[0][0] <= now or heap[0][1] != current[heap[0][2]]):
                 _, token, thread_id = heapq.heappop(heap)
-                if token == self._current.get(thread_id):
+                if token == current[thread_id]:
                     self._compute(thread_id, now)
+        if len(self._dues) > 2 * len(current) + 64:  # superseded entries that time has not reached yet
+            self._dues = [e for e in self._dues if e[1] == current[e[2]]]
+            self._checks = [e for e in self._checks if e[1] == current[e[2]]]
+            heapq.heapify(self._dues)
+            heapq.heapify(self._checks)
         deadlines_ = self._deadlines
         while deadlines_ and (deadlines_[0][0] <= now or deadlines_[0][1] not in self._open):
             heapq.heappop(deadlines_)
-        firsts = [heap[0][0] for heap in (self._dues, deadlines_) if heap]
-        return min(firsts, default=None)
+        if not self._dues:
+            return deadlines_[0][0] if deadlines_ else None
+        return min(self._dues[0][0], deadlines_[0][0]) if deadlines_ else self._dues[0][0]
 
     def _compute(self, thread_id: str, now: float) -> None:
         token = self._current[thread_id] = next(self._tokens)
