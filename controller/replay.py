@@ -347,6 +347,8 @@ class Replayer:
 
     def _record(self, batch: list[Envelope]) -> None:
         """Append, and fold the entries ``append`` returns (nothing is read back)."""
+        if not batch:
+            return
         self._flush()
         for entry in self._append(batch):
             self._fold(entry)
