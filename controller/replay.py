@@ -8,6 +8,15 @@ time; formats without timestamps advance one second per record. Nothing is ever
 dispatched: the intents the rules propose are marked ``replayed`` and the policy
 never lets one reach a transport. The ordered decision stream is digested, so two
 replays of the same input print the same ``decisions_digest``.
+
+The pipeline, per event, does only what the event can change: it is folded (ahead of
+its append, which waits for BATCH others: ``_fold_ahead``), its thread's snapshot and
+rule triggers are built again (kept per thread until an entry about it is folded:
+``_CachingProjection``), detection runs only where a rule can fire, the policy only
+for that thread's open intents, and the next timer comes from heaps
+(``tillerman.controller.timers``) where only that thread's due is computed again.
+What it records is row for row what an append and a rescan per event recorded
+(tests/controller/test_replay_unchanged.py).
 """
 
 from __future__ import annotations

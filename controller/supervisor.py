@@ -7,6 +7,10 @@ back. It never dispatches: a dispatch decision is a recorded value that the
 daemon's delivery machine carries out (and replay never does). Because the step is
 a function of the ledger and the clock, replay on a virtual clock and the live
 daemon make the same decisions from the same events.
+
+When the next step is due with no event (an intent's deadline, a rule's timer) is
+``tillerman.controller.timers``, shared by both: kept up to date by what they fold,
+never rescanned.
 """
 
 from __future__ import annotations
