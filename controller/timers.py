@@ -112,6 +112,9 @@ class Timers:
             self._checks = [e for e in self._checks if e[1] == current[e[2]]]
             heapq.heapify(self._dues)
             heapq.heapify(self._checks)
+        if len(self._deadlines) > 4 * len(self._open) + 64:  # closed intents' deadlines not reached yet
+            self._deadlines = [d for d in self._deadlines if d[1] in self._open]
+            heapq.heapify(self._deadlines)
         deadlines_ = self._deadlines
         while deadlines_ and (deadlines_[0][0] <= now or deadlines_[0][1] not in self._open):
             heapq.heappop(deadlines_)
@@ -129,7 +132,8 @@ class Timers:
             return
         heapq.heappush(self._dues, (due, token, thread_id))
         # A rule leaving force before ``due`` may take the earliest timer with it.
-        leaves = [t for _, _, rule in trig.timers if (t := rule.out_of_force_at()) is not None and now < t < due]
+        leaves = [t for _, _, rule in trig.timers
+                  if rule.expires is not None and now < (t := rule.out_of_force_at() or 0.0) < due]
         if leaves:
             heapq.heappush(self._checks, (min(leaves), token, thread_id))
 
