@@ -260,6 +260,9 @@ class Replayer:
                 records += 1
                 counter.add(env.event)
                 self._observe(env, env.at, ahead=False)
+            # A ledger holds the observations of the files it followed, under the ids a
+            # replay of those files gives them: from here on, any row may be a duplicate.
+            self._next_seq = None
         else:
             source = file_source(path)
             parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)

@@ -9,8 +9,8 @@ and where the input files are — their paths, devices and inodes), as the event
 recorded session under ``fixtures/sessions`` on its own, the whole folder in one run
 (each file on its own clock, so time goes back between files), the disagreement
 fixtures, generated rollouts (one long file; a folder of three), a file named twice in
-one run, and the recorded sessions replayed again into the ledger of a first replay
-(their rows are all duplicates there). Rule sets: the
+one run, the recorded sessions replayed again into the ledger of a first replay
+(their rows are all duplicates there), and a ledger followed by the session it holds. Rule sets: the
 built-in ones, the fixtures' grants, the disagreement candidate, and an eager set whose
 short thresholds fire timers between most events (one rule shadow, one past its
 ``expires`` for some inputs). Regenerate only for a change that means to alter
@@ -34,6 +34,7 @@ from fixtures.rule_texts import grant, rule
 from tillerman.controller.intent_requests import SOURCE
 from tillerman.controller.replay import Replayer
 from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +95,9 @@ def inputs(folder: Path) -> dict[str, list[Path]]:
     stall = SESSIONS / "replay" / "rollout-2026-10-19T22-00-00-0199b000-0000-7000-8000-00000000bb01.jsonl"
     found["the stall fixture named twice (one run)"] = [stall, stall]  # the second copy's rows are duplicates
     found[f"{AGAIN}fixtures/sessions"] = [SESSIONS]
+    with SQLiteRecorder(folder / "stall.sqlite3") as ledger:  # its rows: the stall fixture's, under its ids
+        Replayer(ledger, load_effective(None, None).ruleset).run([str(stall)])
+    found["a ledger of the stall fixture, then the fixture (one run)"] = [folder / "stall.sqlite3", stall]
     return found
 
 
