@@ -43,7 +43,8 @@ from tillerman.controller.notify import OverdueNotifier
 from tillerman.controller.reconcile import read_back, reconcile_fact, seen, turn_items, turns_to_read_back, \
     under_way, verify_due
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
-from tillerman.controller.supervisor import Step, next_round_due
+from tillerman.controller.supervisor import Step
+from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, OperationalError
@@ -73,7 +74,6 @@ from tillerman.monitor.watch import RUST_TIMEOUT_MS, Watch
 from tillerman.monitor.redact import redact_message
 from tillerman.rules.config import Effective, patterns_digest
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
-from tillerman.rules.detect import next_due
 from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -121,6 +121,7 @@ class Daemon:
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
+        self.timers = Timers()  # when the next round is due, kept up to date by ``_fold``
         # Threads with folded entries no decision round has judged yet. Every fold adds to
         # it, not only a round's first: a proposal another process commits while a round
         # writes is folded by that round's later folds, after its threads were chosen, and
@@ -444,6 +445,7 @@ class Daemon:
         delivery machines of its thread."""
         for entry in entries:
             self.projection.apply(entry)
+            self.timers.note(entry)
             event = entry.envelope.event
             if isinstance(event, ev.Undecodable):
                 log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
@@ -458,8 +460,9 @@ class Daemon:
                         self._drive(tg, machine.intent.id, Observed(event, now))
 
     def _next_due(self, now: float) -> float | None:
-        return next_round_due(self.projection.open_intents(), (
-            next_due(self.projection.snapshot(t), now, self.step.ruleset) for t in self.projection.threads), now)
+        """The earliest deadline of an open intent or rule timer of a thread after ``now``
+        (``tillerman.controller.timers``: only the threads folded since are computed again)."""
+        return self.timers.next_due(self.projection, self.step.ruleset, now)
 
     # -- acting on decisions ----------------------------------------------------------
 

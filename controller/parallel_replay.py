@@ -25,6 +25,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import threading
+from typing import Any
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,8 +192,10 @@ def _work(paths: list[str]) -> GroupResult:
 
 def _in_pool(settings: ReplaySettings, groups: list[list[str]], workers: int,
              meter: _Meter | None) -> Iterator[GroupResult]:
-    """Each group's result, in group order. The largest groups are handed out first, so
-    one long group started last does not leave the other workers idle at the end."""
+    """Each group's result, in group order. Without a ledger the largest groups are handed
+    out first, so one long group started last does not leave the other workers idle at
+    the end; into a ledger, groups go out in order, at most two per worker ahead of the
+    parent's appends (their rows wait in the parent's memory)."""
     context = _context()
     queue = context.Queue() if meter else None
     pool = _start_pool(context, workers, settings, queue)
@@ -203,10 +206,26 @@ def _in_pool(settings: ReplaySettings, groups: list[list[str]], workers: int,
         with pool:  # leaving early (an error, Ctrl-C, the caller's error) terminates the workers
             if pool.interrupted:
                 raise KeyboardInterrupt
-            largest_first = sorted(range(len(groups)), key=lambda g: -sum(map(_size, groups[g])))
-            pending = {g: pool.apply_async(_work, (groups[g],)) for g in largest_first}
+            if settings.keep_entries:
+                # Each result carries its group's rows until the parent appends them: a few
+                # groups ahead of the parent, in group order, keep its memory flat.
+                order, window = iter(range(len(groups))), 2 * workers
+            else:
+                order = iter(sorted(range(len(groups)), key=lambda g: -sum(map(_size, groups[g]))))
+                window = len(groups)
+            pending: dict[int, Any] = {}
+
+            def hand_out() -> None:
+                g = next(order, None)
+                if g is not None:
+                    pending[g] = pool.apply_async(_work, (groups[g],))
+
+            for _ in range(window):
+                hand_out()
             for g in range(len(groups)):
-                yield pending[g].get()  # a worker's error is raised here: the first in group order wins
+                result = pending.pop(g).get()  # a worker's error is raised here: the first in group order wins
+                hand_out()
+                yield result
             pool.close()
             pool.join()
     finally:

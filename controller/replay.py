@@ -8,6 +8,15 @@ time; formats without timestamps advance one second per record. Nothing is ever
 dispatched: the intents the rules propose are marked ``replayed`` and the policy
 never lets one reach a transport. The ordered decision stream is digested, so two
 replays of the same input print the same ``decisions_digest``.
+
+The pipeline, per event, does only what the event can change: it is folded (ahead of
+its append, which waits for BATCH others: ``_fold_ahead``), its thread's snapshot and
+rule triggers are built again (kept per thread until an entry about it is folded:
+``_CachingProjection``), detection runs only where a rule can fire, the policy only
+for that thread's open intents, and the next timer comes from heaps
+(``tillerman.controller.timers``) where only that thread's due is computed again.
+What it records is row for row what an append and a rescan per event recorded
+(tests/controller/test_replay_unchanged.py).
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import msgspec
 
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
-from tillerman.controller.supervisor import Step, next_round_due
+from tillerman.controller.supervisor import Step
+from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
 from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
@@ -40,7 +50,7 @@ from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
+from tillerman.rules.detect import Triggers, triggers, triggers_may_find
 from tillerman.rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
@@ -188,10 +198,16 @@ class Replayer:
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
-        # The open ``Recorder.bulk`` block: every event is appended (and folded) on its
-        # own, and committed with up to BATCH others (``_record``).
+        # When the next timer fires: kept up to date from what is folded, not rescanned.
+        self.timers = Timers(_CachingProjection.triggers)
+        # The open ``Recorder.bulk`` block, committed every BATCH rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
+        # Observations folded ahead of their append (``_fold_ahead``): appended together
+        # when BATCH of them wait, or before anything of replay's own is appended.
+        self._waiting: list[Envelope] = []
+        self._next_seq: int | None = None  # the seq the next appended row gets, while it is certain
+        self._identities: set[str] = set()  # the files replayed so far in this run
         self.now: float | None = None
         self.end: float | None = None  # the latest virtual time any file reached
         self._digest = hashlib.sha256()
@@ -220,8 +236,12 @@ class Replayer:
         files = []
         with self._bulk:
             self._bulk.enter_context(self.recorder.bulk())
+            # Into an empty ledger, a file's observations cannot be duplicates (their ids
+            # name the file, ``file_event_id``) unless the file was replayed before.
+            self._next_seq = 1 if self.recorder.max_seq() == 0 else None
             for path in found:
                 files.append(self._replay_file(path))
+            self._flush()
         now = self.end or 0.0
         return ReplaySummary(
             files=files,
@@ -250,10 +270,13 @@ class Replayer:
         counter = EventCounter()
         if fmt == "ledger":
             records, unknown = 0, {}
-            for env in _ledger_envelopes(path):
+            for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
                 records += 1
                 counter.add(env.event)
-                self._observe(env, env.at)
+                self._observe(env, env.at, ahead=False)
+            # A ledger holds the observations of the files it followed, under the ids a
+            # replay of those files gives them: from here on, any row may be a duplicate.
+            self._next_seq = None
         else:
             source = file_source(path)
             parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)
@@ -261,6 +284,8 @@ class Replayer:
             # ledger drops them (``append`` returns no entry), so they are not folded twice.
             identity = file_identity(path, read_first_line(path))
             threads: set[str] = set()
+            ahead = self._next_seq is not None and identity not in self._identities
+            self._identities.add(identity)
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
                 if parsed.event.thread_id is not None:
@@ -269,7 +294,7 @@ class Replayer:
                 if at is None and parser.untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
                 # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
-                self._observe(file_envelope(identity, source, parsed), at)
+                self._observe(file_envelope(identity, source, parsed), at, ahead=ahead)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
             if fmt in ONE_SESSION_PER_FILE:
                 self._forget_idle(threads)
@@ -300,14 +325,17 @@ class Replayer:
 
     # -- one event on the virtual clock --------------------------------------------
 
-    def _observe(self, env: Envelope, at: float | None) -> None:
+    def _observe(self, env: Envelope, at: float | None, *, ahead: bool) -> None:
         if at is not None:
             self._fire_timers(until=at)
             self.now = at if self.now is None else max(self.now, at)
         now = self.now if self.now is not None else 0.0
         env = msgspec.structs.replace(env, observed_at=now)
         self.events += not isinstance(env.event, ev.Quarantined)
-        self._record([env])
+        if ahead:
+            self._fold_ahead(env)
+        else:
+            self._record([env])
         thread = env.event.thread_id
         if thread is not None:
             self._evaluate([thread], now)
@@ -322,9 +350,7 @@ class Replayer:
             self._evaluate(list(self.projection.threads), due)
 
     def _next_due(self, now: float) -> float | None:
-        projection, ruleset = self.projection, self.ruleset
-        return next_round_due(self._open.values(), (
-            triggers_next_due(projection.triggers(t, ruleset), now) for t in projection.threads), now)
+        return self.timers.next_due(self.projection, self.ruleset, now)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
@@ -338,32 +364,65 @@ class Replayer:
         views = [v for v in self._open.values() if v.intent.thread_id in wanted]
         self._record(self.step.decide_intents(self.projection, views, now)[0])
 
+    def _fold_ahead(self, env: Envelope) -> None:
+        """Fold an observation the ledger is certain to store as the next row (it cannot
+        be a duplicate: ``_run``), and append it later with others: one append per
+        BATCH observations instead of one per event. Anything of replay's own is
+        appended after the observations before it (``_record`` flushes first), so the
+        rows and their order are those of an append per event."""
+        assert self._next_seq is not None
+        self._fold(Entry(seq=self._next_seq + len(self._waiting), envelope=env, prev_hash="", hash=""))
+        self._waiting.append(env)
+        if len(self._waiting) >= BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._waiting:
+            return
+        waiting, self._waiting, first = self._waiting, [], self._next_seq
+        entries = self._append(waiting)
+        if len(entries) != len(waiting) or entries[0].seq != first:
+            raise RuntimeError(f"the ledger stored {len(entries)} of {len(waiting)} observations folded ahead"
+                               f" from seq {first}: the replay's fold no longer matches it")
+
     def _record(self, batch: list[Envelope]) -> None:
         """Append, and fold the entries ``append`` returns (nothing is read back)."""
         if not batch:
             return
+        self._flush()
+        for entry in self._append(batch):
+            self._fold(entry)
+
+    def _append(self, batch: list[Envelope]) -> tuple[Entry, ...]:
+        if not batch:
+            return ()
         # What replay records itself is observed on the virtual clock too, not at the wall
         # time of the run: two replays of the same input write the same ledger.
         batch = [env if env.observed_at is not None else msgspec.structs.replace(env, observed_at=env.at)
                  for env in batch]
         entries = self.recorder.append(batch).entries
-        for entry in entries:
-            self._account(entry)
-            self.projection.apply(entry)
-            event = entry.envelope.event
-            if isinstance(event, ev.IntentProposed | ev.IntentTransition):
-                intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
-                view = self.projection.intents.get(intent_id)
-                if view is not None and is_open(view):
-                    self._open[intent_id] = view
-                else:  # settled: no later step reads it (tillerman.ledger.forgetting)
-                    self._open.pop(intent_id, None)
-                    self.projection.forget_intent(intent_id)
+        if entries and self._next_seq is not None:
+            self._next_seq = entries[-1].seq + 1
         self._uncommitted += len(entries)
         if self._uncommitted >= BATCH:  # a commit now and then: a reader sees progress, a crash loses little
             self._uncommitted = 0
             self._bulk.close()
             self._bulk.enter_context(self.recorder.bulk())
+        return entries
+
+    def _fold(self, entry: Entry) -> None:
+        self._account(entry)
+        self.projection.apply(entry)
+        self.timers.note(entry)
+        event = entry.envelope.event
+        if isinstance(event, ev.IntentProposed | ev.IntentTransition):
+            intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
+            view = self.projection.intents.get(intent_id)
+            if view is not None and is_open(view):
+                self._open[intent_id] = view
+            else:  # settled: no later step reads it (tillerman.ledger.forgetting)
+                self._open.pop(intent_id, None)
+                self.projection.forget_intent(intent_id)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

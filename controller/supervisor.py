@@ -7,6 +7,10 @@ back. It never dispatches: a dispatch decision is a recorded value that the
 daemon's delivery machine carries out (and replay never does). Because the step is
 a function of the ledger and the clock, replay on a virtual clock and the live
 daemon make the same decisions from the same events.
+
+When the next step is due with no event (an intent's deadline, a rule's timer) is
+``tillerman.controller.timers``, shared by both: kept up to date by what they fold,
+never rescanned.
 """
 
 from __future__ import annotations
@@ -35,16 +39,6 @@ _EXPIRY_REASONS = {"expires_at_passed": "expires_at_passed", "turn_ended": "turn
 _REFUSAL_REASONS = {"no_grant": "no_grant", "missing_expected_turn": "invalid",
                     "not_steerable": "not_dispatchable", "rule_not_active": "not_dispatchable",
                     "rule_version_changed": "not_dispatchable"}
-
-
-def next_round_due(views: Iterable[IntentView], thread_dues: Iterable[float | None], now: float) -> float | None:
-    """When a decision round is due if no event comes first: the earliest acknowledgement,
-    effect or expiry deadline of an open intent, or rule timer of a thread, after ``now``.
-    The daemon sleeps until then; replay's virtual clock jumps there."""
-    dues = [t for view in views for t in (view.intent.ack_deadline, view.intent.effect_deadline,
-                                          view.intent.expires_at) if t is not None and t > now]
-    dues.extend(due for due in thread_dues if due is not None)
-    return min(dues, default=None)
 
 
 class Step:

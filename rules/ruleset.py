@@ -123,7 +123,12 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     def in_force(self, now: float) -> bool:
         """Not past ``expires``. (Status is the caller's question: shadow rules are
         in force for detection but never for dispatch.)"""
-        return self.expires is None or now < calendar.timegm(self.expires.timetuple())
+        ends = self.out_of_force_at()
+        return ends is None or now < ends
+
+    def out_of_force_at(self) -> float | None:
+        """The moment ``expires`` takes the rule out of force (00:00 UTC that day); None: never."""
+        return None if self.expires is None else calendar.timegm(self.expires.timetuple())
 
 
 class RuleSet(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,151 @@
+"""``Timers``: the next decision round from heaps kept up to date by the fold, equal to
+scanning every thread and open intent (``brute_force_due``) after any sequence of folds,
+at any time, forward or back."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fixtures.rule_texts import rule
+from tillerman.controller.intent_requests import build_intent
+from tillerman.controller.timers import Timers, brute_force_due, deadlines
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.projections import Projection
+from tillerman.rules.detect import next_due
+from tillerman.rules.files import load_rules
+from tillerman.rules.ruleset import build_ruleset
+
+T0 = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+RULES = build_ruleset(load_rules("\n".join((
+    rule("quiet", condition={"kind": "turn_quiet", "for": "10m"}, action="report_overdue", text="q"),
+    rule("long", condition={"kind": "turn_long", "for": "1h"}, action="report_overdue", text="l"),
+    rule("approval", condition={"kind": "approval_waiting", "for": "5m"}, action="report_overdue", text="a"),
+    rule("critical", condition={"kind": "critical_tool_running", "for": "15m"}, action="observe", text="c"),
+    # out of force from 2027-01-16 00:00 UTC: its timer stops counting then, with no event
+    rule("expiring", condition={"kind": "turn_quiet", "for": "20h"}, action="report_overdue", text="e",
+         expires="2027-01-16"),
+    rule("expired-long-ago", condition={"kind": "turn_quiet", "for": "1m"}, action="observe", text="x",
+         expires="2027-01-01"),
+)), "rules.toml"), ())
+THREADS = ("t1", "t2", "t3")
+
+
+class Ledger:
+    """A fold fed by hand: entries numbered in order, each noted by the timers."""
+
+    def __init__(self) -> None:
+        self.projection = Projection()
+        self.timers = Timers()
+        self.seq = itertools.count(1)
+        self.intents: list = []
+
+    def fold(self, event: ev.Event, at: float) -> None:
+        entry = Entry(seq=next(self.seq), envelope=Envelope(event_id=f"e{len(self.intents)}-{at}", event=event,
+                                                             source="test", at=at), prev_hash="", hash="")
+        self.projection.apply(entry)
+        self.timers.note(entry)
+
+    def agree(self, now: float) -> float | None:
+        due = self.timers.next_due(self.projection, RULES, now)
+        assert due == brute_force_due(self.projection, RULES, now)
+        # the daemon's former scan: a full snapshot and ``next_due`` for every thread
+        dues = [next_due(self.projection.snapshot(t), now, RULES) for t in self.projection.threads]
+        dues += [t for v in self.projection.open_intents() for t in deadlines(v) if t > now]
+        assert due == min((d for d in dues if d is not None), default=None)
+        return due
+
+
+def step(ledger: Ledger, op: tuple, at: float) -> None:
+    kind, thread, n = op
+    turn = f"{thread}-turn{n % 3}"
+    item = f"{thread}-item{n % 4}"
+    match kind:
+        case "turn_started":
+            ledger.fold(ev.TurnStarted(thread_id=thread, turn_id=turn), at)
+        case "turn_completed":
+            ledger.fold(ev.TurnCompleted(thread_id=thread, turn_id=turn), at)
+        case "item_started":
+            ledger.fold(ev.ItemStarted(thread_id=thread, turn_id=turn, item_id=item, item_type="commandExecution",
+                                       critical=n % 2 == 0), at)
+        case "item_completed":
+            ledger.fold(ev.ItemCompleted(thread_id=thread, turn_id=turn, item_id=item,
+                                         item_type="commandExecution"), at)
+        case "approval_requested":
+            ledger.fold(ev.ApprovalRequested(thread_id=thread, turn_id=turn, item_id=item), at)
+        case "approval_resolved":
+            ledger.fold(ev.ApprovalResolved(thread_id=thread, turn_id=turn, item_id=item), at)
+        case "agent_message":
+            ledger.fold(ev.AgentMessage(thread_id=thread, turn_id=turn, digest="d", size=1), at)
+        case "propose":
+            intent = build_intent(ledger.projection, thread_id=thread, mode="queue", text=f"i{n}", now=at,
+                                  ack_deadline=60.0 * (n + 1), expires=3600.0 * (n % 5 + 1),
+                                  effect_deadline=600.0 if n % 2 else None, expect="x" if n % 2 else None,
+                                  intent_id=f"intent-{len(ledger.intents)}")
+            ledger.intents.append(intent)
+            ledger.fold(ev.IntentProposed(thread_id=thread, intent=intent), at)
+        case "close" if ledger.intents:
+            intent = ledger.intents[n % len(ledger.intents)]
+            state = ledger.projection.intents[intent.id].state
+            ledger.fold(ev.IntentTransition(thread_id=intent.thread_id, intent_id=intent.id, from_state=state,
+                                            to_state="expired", reason="expires_at_passed"), at)
+
+
+OPS = st.tuples(
+    st.sampled_from(("turn_started", "turn_completed", "item_started", "item_completed", "approval_requested",
+                     "approval_resolved", "agent_message", "propose", "close", "nothing")),
+    st.sampled_from(THREADS), st.integers(0, 11))
+# Mostly forward, in steps that cross dues; now and then back (a new replayed file).
+STEPS = st.one_of(st.floats(0, 3 * 3600), st.sampled_from((0.0, 59.9, 60.0, 300.0, 600.0, 12 * 3600.0)),
+                  st.floats(-6 * 3600, 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(STEPS, OPS, st.booleans()), max_size=60))
+def test_next_due_is_the_scan_of_every_thread_and_intent(script):
+    ledger, now = Ledger(), T0
+    for dt, op, query_first in script:
+        now += dt
+        if query_first:  # a round with nothing folded: time alone moved
+            ledger.agree(now)
+        step(ledger, op, now)
+        due = ledger.agree(now)
+        if due is not None and due - now < 3 * 3600:  # the round itself, as the clock jumps there
+            ledger.agree(due)
+            now = due
+
+
+def test_a_rule_leaving_force_takes_its_timer_with_it_without_an_event():
+    ledger = Ledger()
+    start = T0 + 12 * 3600  # 2027-01-15 20:00: the expiring rule's 20h quiet falls on the 16th
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), start)
+    ledger.fold(ev.ItemStarted(thread_id="t1", turn_id="u", item_id="i", item_type="commandExecution",
+                               critical=True), start)  # critical: only the turn_long timer counts
+    ledger.fold(ev.ItemCompleted(thread_id="t1", turn_id="u", item_id="i", item_type="commandExecution"), start)
+    assert ledger.agree(start) == start + 600  # quiet, 10m
+    midnight = 1_800_057_600.0  # 2027-01-16 00:00 UTC
+    assert ledger.agree(midnight - 1) == start + 20 * 3600  # still in force: its timer counts
+    assert ledger.agree(midnight) is None  # out of force: nothing left, though nothing was folded
+
+
+def test_an_intent_closed_or_past_its_deadlines_is_forgotten_and_time_going_back_brings_them_back():
+    ledger = Ledger()
+    step(ledger, ("propose", "t1", 0), T0)  # ack 60 s, expires 1 h
+    assert ledger.agree(T0) == T0 + 60
+    assert ledger.agree(T0 + 60) == T0 + 3600
+    assert ledger.agree(T0 + 3600) is None
+    assert ledger.agree(T0 + 30) == T0 + 60  # a new file's clock, earlier: the deadlines count again
+    step(ledger, ("close", "t1", 0), T0 + 31)
+    assert ledger.agree(T0 + 31) is None
+
+
+def test_a_new_rule_set_or_projection_is_computed_afresh():
+    ledger = Ledger()
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.timers.next_due(ledger.projection, RULES, T0) == T0 + 600
+    quiet_only = build_ruleset(RULES.rules[1:2], ())
+    assert ledger.timers.next_due(ledger.projection, quiet_only, T0) == T0 + 3600
+    assert ledger.timers.next_due(Projection(), quiet_only, T0) is None
