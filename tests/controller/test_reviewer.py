@@ -4,7 +4,6 @@ way a call can go, and each failure fails the checkpoint closed."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 import time
