@@ -8,6 +8,8 @@ The I/O edge of ``tillerman.rules.review`` (the contract) and
 - with its own scratch HOME and CODEX_HOME (or the ``home`` configured), and that
   directory as its working directory: a reviewer that is itself a coding agent writes its
   sessions there, never where tillerman watches, so it is never supervised or reviewed;
+- for ``codex-exec-json``, with ``INSTRUCTIONS`` before the packet (``codex exec -``
+  reads its prompt from stdin) and the answer taken from the final agent message;
 - with stdout in a file read up to a bound, so a flood or a grandchild holding the pipe
   cannot block or exhaust tillerman.
 
@@ -37,6 +39,7 @@ from tillerman.ledger.reviews import Call, Plan, Refused, fold_reviews, plan_che
 from tillerman.rules.review import (
     MAX_ANSWER_BYTES,
     Accepted,
+    INSTRUCTIONS,
     FailedClosed,
     Outcome,
     PacketRefused,
@@ -75,7 +78,8 @@ def ask(reviewer: Reviewer, checkpoint: str, packet: ReviewPacket) -> Asked:
         return Asked(outcome=failed("packet_refused", str(exc)), packet_digest=digest(body),
                      packet_size=len(body), called=False)
     started = time.monotonic()
-    run = _run(reviewer, body)
+    prompt = INSTRUCTIONS.encode() + body if reviewer.adapter == "codex-exec-json" else body
+    run = _run(reviewer, prompt)
     wall_ms = round((time.monotonic() - started) * 1000)
     common = {"packet_digest": digest(body), "packet_size": len(body), "called": True, "wall_ms": wall_ms}
     if isinstance(run, FailedClosed):
@@ -134,7 +138,8 @@ def _run(reviewer: Reviewer, body: bytes) -> bytes | FailedClosed:
 
 
 def _write(proc: subprocess.Popen, body: bytes) -> None:
-    """The packet on stdin (at most 12 KiB: it fits the pipe, so this does not block)."""
+    """The packet on stdin (at most 12 KiB and the instructions: it fits the pipe, so
+    this does not block)."""
     assert proc.stdin is not None
     try:
         proc.stdin.write(body)

@@ -60,6 +60,18 @@ MAX_ANSWER_BYTES = 64 * 1024
 
 ReviewerAdapter = Literal["codex-exec-json"]
 
+#: What a model reviewer is told before the packet, where its CLI reads the prompt from
+#: stdin (the ``codex-exec-json`` adapter); a script reads the packet alone.
+INSTRUCTIONS = (
+    "You are a reviewer for tillerman, a supervisor of coding agents. Read the review packet below (JSON) and"
+    " answer its question. You have no authority: you do not approve, clear, merge or deploy anything; say what"
+    " the evidence supports. Answer with exactly one JSON object and nothing else, with the keys: disposition"
+    " (one of the packet's dispositions), reason (why, citing the evidence pointers), confidence (0 to 1), and"
+    " where they apply recommended_action (one of observe, report_overdue, steer, queue, interrupt, escalate),"
+    " text (what a recommended steer or queue says), required_corrections (at most 5 objects"
+    " {\"correction\", \"proof\"}). No other keys; at most 600 words.\n\nReview packet:\n"
+)
+
 
 class Reviewer(msgspec.Struct, frozen=True, kw_only=True):
     """One ``[[reviewer]]`` of the config file (``tillerman.rules.schema.ReviewerSpec``)."""

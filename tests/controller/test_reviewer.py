@@ -150,10 +150,15 @@ def test_the_codex_adapter_without_an_agent_message_fails_closed():
 
 
 def test_a_codex_exec_reviewer_through_the_adapter(tmp_path):
-    reviewer = script(tmp_path, f"sys.stdin.read(); sys.stdout.write({stream(json.dumps(GOOD)).decode()!r})\n",
-                      adapter="codex-exec-json")
+    prompt = tmp_path / "prompt.txt"
+    reviewer = script(tmp_path, f"""
+        open({str(prompt)!r}, "w").write(sys.stdin.read())
+        sys.stdout.write({stream(json.dumps(GOOD)).decode()!r})
+    """, adapter="codex-exec-json")
     asked = ask(reviewer, "before_dispatch", packet())
     assert isinstance(asked.outcome, Accepted) and asked.tokens == 950
+    instructions, body = prompt.read_text().split("Review packet:\n")
+    assert "exactly one JSON object" in instructions and json.loads(body)["question"] == QUESTION
 
 
 # -- with the ledger -------------------------------------------------------------------------------
