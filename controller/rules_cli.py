@@ -92,7 +92,8 @@ def rules_validate(file, as_json):
         patterns = result["patterns"]
         click.echo(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
                    f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
-                   f" {patterns['external']} external")
+                   f" {patterns['external']} external"
+                   + (f", {result['reviewers']} reviewers" if result["reviewers"] else ""))
     else:
         shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
         click.echo(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, rule
+from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, reviewer, rule
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -64,7 +64,14 @@ def test_validate_a_config_file(here):
         0, "config.toml: valid config file: 0 grants, built-in owner grant off, patterns 7 critical, 7 external\n", "")
     code, out, _ = run("validate", "config.toml", "--json")
     assert json.loads(out) == {"file": "config.toml", "valid": True, "kind": "config", "grants": 0,
-                               "owner_grant": False, "patterns": {"critical": 7, "external": 7}}
+                               "owner_grant": False, "reviewers": 0, "patterns": {"critical": 7, "external": 7}}
+
+
+def test_validate_a_config_file_with_reviewers(here):
+    (here / "config.toml").write_text(reviewer("codex", ["codex", "exec", "--json", "-"]))
+    assert run("validate", "config.toml") == (
+        0, "config.toml: valid config file: 0 grants, built-in owner grant on, patterns 7 critical, 7 external,"
+           " 1 reviewers\n", "")
 
 
 def test_validate_a_wrong_type_under_defaults(here):
@@ -83,7 +90,7 @@ def test_validate_a_wrong_type_under_defaults(here):
      'integer (got "1"); write it like version = 1'),
     (("owner =", "team ="), 'bad.toml:1: rule "quiet-steer" field owner: missing; add owner = "platform-team"\n'
      'bad.toml:5: rule "quiet-steer" field team: unknown field; expected one of id, version, '
-     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify"),
+     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify, review"),
     (('status = "proposed"', "status = proposed"), "bad.toml:4: invalid TOML: Invalid value at column 10; strings need "
      'quotes, e.g. status = "active"'),
 ])
