@@ -218,3 +218,40 @@ def test_a_failed_call_is_committed_with_its_reason_and_flags(tmp_path):
     last = list(ledger.read())[-1].envelope.event
     assert (last.outcome, last.flags) == ("review_failed:authority_language", ("authority_language",))
     assert json.loads(last.answer)["reason"] == "LGTM"
+
+
+def test_sigkill_during_the_call_then_a_restart_makes_no_second_call(tmp_path):
+    """The reviewer SIGKILLs tillerman mid-call: the durable review_pending survives, and
+    the restarted run fails the checkpoint closed without calling again."""
+    import subprocess
+
+    from tillerman.ledger.sqlite import SQLiteRecorder
+
+    ledger_path, calls = tmp_path / "ledger.sqlite3", tmp_path / "calls"
+    reviewer_script = tmp_path / "killer.py"
+    reviewer_script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        sys.stdin.read()
+        open({str(calls)!r}, "a").write("call\\n")
+        os.kill(os.getppid(), signal.SIGKILL)
+    """))
+    run = textwrap.dedent(f"""
+        import sys
+        from tests.controller.test_reviewer import packet
+        from tillerman.controller.reviewer import run_checkpoint
+        from tillerman.ledger.sqlite import SQLiteRecorder
+        from tillerman.rules.review import Reviewer
+        reviewer = Reviewer(name="killer", command=(sys.executable, {str(reviewer_script)!r}))
+        with SQLiteRecorder({str(ledger_path)!r}) as ledger:
+            print(type(run_checkpoint(ledger, reviewer, packet(), now=1000.0)).__name__)
+    """)
+    root = Path(__file__).resolve().parents[2]
+    first = subprocess.run([sys.executable, "-c", run], cwd=root, capture_output=True, text=True, timeout=60)
+    assert first.returncode == -9, first.stderr
+    second = subprocess.run([sys.executable, "-c", run], cwd=root, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "Refused"
+    assert calls.read_text() == "call\n"  # one call, charged once
+    with SQLiteRecorder(ledger_path) as ledger:
+        kinds = [(type(e.envelope.event).__name__, getattr(e.envelope.event, "outcome", None)) for e in ledger.read()]
+    assert kinds == [("ReviewPending", None), ("ReviewCommitted", "review_interrupted")]
