@@ -192,16 +192,7 @@ class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     grant: list[GrantSpec] = []
     defaults: DefaultsSpec = DefaultsSpec()
-    reviewer: list[ReviewerSpec] = []
-
-    @field_validator("reviewer")
-    @classmethod
-    def _names_unique(cls, specs: list[ReviewerSpec]) -> list[ReviewerSpec]:
-        names = [spec.name for spec in specs]
-        for name in names:
-            if names.count(name) > 1:
-                raise ValueError(f"reviewer name {show(name)} is used twice; give each [[reviewer]] its own name")
-        return specs
+    reviewer: list[ReviewerSpec] = []  # names checked unique by tillerman.rules.files.load_config
 
     def reviewers(self) -> tuple[Reviewer, ...]:
         return tuple(spec.to_reviewer() for spec in self.reviewer)

@@ -52,7 +52,9 @@ def test_an_empty_command_is_refused_on_its_line():
 
 
 def test_a_reviewer_name_is_used_once():
-    assert "reviewer name \"r\" is used twice" in config_error(reviewer("r", ["x"]) + reviewer("r", ["y"]))
+    assert config_error(reviewer("r", ["x"]) + reviewer("r", ["y"])) == (
+        'config.toml:5: reviewer "r" field name: duplicate name, already used at line 2; give each [[reviewer]]'
+        " its own name")
 
 
 def test_a_rule_naming_an_unknown_reviewer_is_refused_on_its_line(tmp_path):
