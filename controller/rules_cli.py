@@ -109,7 +109,8 @@ def rule_json(rule, now: float) -> dict:
         "expires": rule.expires.isoformat() if rule.expires else None,
         "threads": rule.threads if isinstance(rule.threads, str) else list(rule.threads),
         "text": rule.text, "ack_deadline": format_duration(rule.ack_deadline) if rule.ack_deadline else None,
-        "verify": rule.verify, "digest": rule_digest(rule), "warning": lifecycle.warning(rule, now),
+        "verify": rule.verify, "review": rule.review, "digest": rule_digest(rule),
+        "warning": lifecycle.warning(rule, now),
     }
 
 
@@ -142,6 +143,9 @@ def rules_show(rules_path, config_path, now_text, as_json):
         "patterns": {"source": "built-in" if patterns == DEFAULT_PATTERNS else "config",
                      "digest": effective.patterns_digest,
                      "critical": list(patterns.critical), "external": list(patterns.external)},
+        "reviewers": [{"name": r.name, "command": list(r.command), "timeout": format_duration(r.timeout),
+                       "adapter": r.adapter, "max_per_intent": r.max_per_intent,
+                       "max_per_thread_per_hour": r.max_per_thread_per_hour} for r in effective.reviewers],
     }
     if as_json:
         print_json(data)
@@ -163,6 +167,9 @@ def rules_show(rules_path, config_path, now_text, as_json):
     for kind in ("critical", "external"):
         for pattern in data["patterns"][kind]:
             click.echo(f"  {kind:<8}  {pattern}")
+    for r in data["reviewers"]:
+        click.echo(f"reviewer {r['name']}: {' '.join(r['command'])} (timeout {r['timeout']},"
+                   f" {r['max_per_intent']} per intent, {r['max_per_thread_per_hour']} per thread per hour)")
 
 
 def _config_text(data: dict) -> str:

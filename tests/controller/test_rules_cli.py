@@ -423,3 +423,16 @@ def test_the_rules_commands_do_not_import_the_main_command_module():
     probe = "import sys, tillerman.controller.rules_cli; print('tillerman.controller.cli' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_show_lists_the_reviewers_and_a_rules_review(here):
+    (here / "config.toml").write_text(reviewer("codex", ["codex", "exec", "--json", "-"], timeout="90s"))
+    (here / "rules.toml").write_text(rule("quiet", condition={"kind": "turn_quiet", "for": "10m"}, action="steer",
+                                          text="Read src/ first.", review="codex"))
+    code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["rules"][0]["review"] == "codex"
+    assert data["reviewers"] == [{"name": "codex", "command": ["codex", "exec", "--json", "-"], "timeout": "1m30s",
+                                  "adapter": None, "max_per_intent": 2, "max_per_thread_per_hour": 6}]
+    code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml")
+    assert "reviewer codex: codex exec --json - (timeout 1m30s, 2 per intent, 6 per thread per hour)" in out
