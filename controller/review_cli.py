@@ -9,6 +9,8 @@ failed closed, 2 usage or configuration.
 
 from __future__ import annotations
 
+import time
+
 import click
 import msgspec
 
@@ -17,7 +19,7 @@ from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.output import EXIT_CHECK_FAILED, Fail, PathType, errors_to_exit_codes, json_option, print_json
 from tillerman.controller.review_packet import packet_for_intent
 from tillerman.controller.reviewer import ask
-from tillerman.ledger.reviews import fold_reviews
+from tillerman.ledger.reviews import Call, Escalate, Plan, Recorded, Refused, fold_reviews, plan_checkpoint
 from tillerman.rules.review import CHECKPOINTS, Accepted, consequence
 
 
@@ -49,16 +51,21 @@ def review_try(name, checkpoint, intent_id, rules_path, config_path, as_json, le
     ledger = open_intact_ledger(ledger_path)
     try:
         view = intent_view(ledger, intent_id)
-        earlier_returns = fold_reviews(ledger.read()).returns(intent_id)
+        reviews = fold_reviews(ledger.read())
     finally:
         ledger.close()
     packet = packet_for_intent(view, checkpoint, reviewer, effective.ruleset)
+    earlier_returns = reviews.returns(intent_id)
+    recorded = ledger_says(plan_checkpoint(
+        reviews, checkpoint_id=packet.checkpoint_id, checkpoint=checkpoint, intent_id=intent_id,
+        thread_id=packet.thread_id, now=time.time(), max_per_intent=reviewer.max_per_intent,
+        max_per_thread_per_hour=reviewer.max_per_thread_per_hour))
     asked = ask(reviewer, checkpoint, packet)
     then = consequence(checkpoint, asked.outcome, reviewer=name, earlier_returns=earlier_returns)
     accepted = isinstance(asked.outcome, Accepted)
     if as_json:
         print_json({"packet": packet, "called": asked.called, "wall_ms": asked.wall_ms, "tokens": asked.tokens,
-                    "accepted": accepted, "outcome": asked.outcome, "consequence": then})
+                    "accepted": accepted, "outcome": asked.outcome, "consequence": then, "ledger": recorded})
     else:
         click.echo("packet:")
         click.echo(msgspec.json.format(msgspec.json.encode(packet), indent=2).decode())
@@ -77,5 +84,19 @@ def review_try(name, checkpoint, intent_id, rules_path, config_path, as_json, le
         else:
             click.echo(f"failed closed: {asked.outcome.reason}: {asked.outcome.detail}")
         click.echo(f"the controller would: {then.step}: {then.detail}")
+        click.echo(f"the ledger says of {packet.checkpoint_id}: {recorded}")
     if not accepted:
         raise SystemExit(EXIT_CHECK_FAILED)
+
+
+def ledger_says(plan: Plan) -> str:
+    """What a daemon would do at this checkpoint, given what the ledger recorded of it."""
+    match plan:
+        case Call():
+            return "not asked yet: a daemon would call the reviewer"
+        case Recorded(committed):
+            return (f"already committed ({committed.disposition or committed.outcome}): a daemon would use that"
+                    " and call nothing")
+        case Refused(reason=reason, detail=detail) | Escalate(reason=reason, detail=detail):
+            return f"{reason}: {detail}"
+    raise AssertionError(plan)

@@ -83,3 +83,19 @@ def test_an_unknown_intent_is_a_usage_error(ledger, tmp_path):
     code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "rescue", "--intent", "in-none",
                     "--config", config(tmp_path, "{}"))
     assert code == 2 and "no intent in-none" in out
+
+
+def test_try_says_what_the_ledger_recorded_of_the_checkpoint(ledger, tmp_path):
+    from tillerman.ledger.events import ReviewCommitted
+    intent = intent_id()
+    cfg = config(tmp_path, json.dumps(GOOD))
+    args = ("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--intent", intent,
+            "--config", cfg)
+    code, out = run(*args)
+    assert code == 0 and "a daemon would call the reviewer" in out
+    with SQLiteRecorder(ledger) as rec:
+        rec.append([Envelope(event_id="c", source="test", at=2.0, event=ReviewCommitted(
+            checkpoint_id=f"before_dispatch:{intent}@U1", checkpoint="before_dispatch", reviewer="script",
+            intent_id=intent, thread_id="T1", outcome="accepted", disposition="hold"))])
+    code, out = run(*args, "--json")
+    assert code == 0 and "already committed (hold)" in json.loads(out)["ledger"]
