@@ -11,6 +11,10 @@ A checkpoint is asked at most once. ``review_pending`` is appended before the ca
 - a cap already spent (per intent, or per thread in the last hour): the owner is asked
   instead of the reviewer; reaching a cap escalates, it never loops.
 
+It also keeps the calibration count: how many ``ready_for_existing_gate`` answers a
+reviewer gave in a row at ``before_dispatch`` (``probe_due``), and which known-bad
+probes it let through (``probes_let_through``).
+
 Pure: ``Reviews.apply`` folds one entry at a time, like ``tillerman.ledger.projections``.
 """
 
@@ -35,6 +39,7 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     intent_id: str | None
     pending_at: float | None
     committed: ReviewCommitted | None = None
+    probe: bool = False
 
 
 class Reviews(msgspec.Struct, kw_only=True):
@@ -49,7 +54,7 @@ class Reviews(msgspec.Struct, kw_only=True):
                 return  # a repeated pending record is not a second call
             self.checkpoints[event.checkpoint_id] = Checkpoint(
                 checkpoint_id=event.checkpoint_id, checkpoint=event.checkpoint, reviewer=event.reviewer,
-                thread_id=event.thread_id, intent_id=event.intent_id, pending_at=at)
+                thread_id=event.thread_id, intent_id=event.intent_id, pending_at=at, probe=event.probe)
             self.calls.append((at, event.thread_id, event.intent_id))
         elif isinstance(event, ReviewCommitted):
             known = self.checkpoints.get(event.checkpoint_id)
@@ -72,6 +77,31 @@ class Reviews(msgspec.Struct, kw_only=True):
         return sum(1 for c in self.checkpoints.values()
                    if c.intent_id == intent_id and c.committed is not None
                    and c.committed.disposition == "return_to_executor")
+
+
+    def gate_streak(self, reviewer: str) -> int:
+        """``ready_for_existing_gate`` answers in a row at ``before_dispatch`` by ``reviewer``,
+        counted back from its latest answer to the latest probe or other answer."""
+        streak = 0
+        for checkpoint in reversed(self.checkpoints.values()):
+            if checkpoint.reviewer != reviewer or checkpoint.checkpoint != "before_dispatch":
+                continue
+            if checkpoint.probe or checkpoint.committed is None \
+                    or checkpoint.committed.disposition != "ready_for_existing_gate":
+                break
+            streak += 1
+        return streak
+
+    def probes_let_through(self, reviewer: str) -> list[str]:
+        """The checkpoint ids of known-bad probes ``reviewer`` sent on to the gate."""
+        return [c.checkpoint_id for c in self.checkpoints.values()
+                if c.reviewer == reviewer and c.probe and c.committed is not None
+                and c.committed.disposition == "ready_for_existing_gate"]
+
+
+def probe_due(reviews: Reviews, reviewer: str, probe_every: int | None) -> bool:
+    """Calibration: after ``probe_every`` gate answers in a row, a known-bad probe is next."""
+    return probe_every is not None and reviews.gate_streak(reviewer) >= probe_every
 
 
 def fold_reviews(entries: Iterable[Entry]) -> Reviews:

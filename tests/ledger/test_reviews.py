@@ -88,3 +88,27 @@ def test_review_events_round_trip_and_older_readers_tolerate_them():
     assert decode(encode(event)) == event
     assert decode(b'{"kind": "review_committed"}') == ReviewCommitted()  # every field has a default
     assert decode_stored(b'{"kind": "review_future"}', "review_future").stored_kind == "review_future"
+
+
+def answered(cid: str, disposition: str, *, probe: bool = False, reviewer: str = "r", kind: str = "before_dispatch"):
+    return [(ReviewPending(checkpoint_id=cid, checkpoint=kind, reviewer=reviewer, probe=probe, thread_id="th-1"),
+             1.0),
+            (ReviewCommitted(checkpoint_id=cid, checkpoint=kind, reviewer=reviewer, outcome="accepted",
+                             disposition=disposition), 2.0)]
+
+
+def test_a_probe_is_due_after_probe_every_gate_answers_in_a_row():
+    from tillerman.ledger.reviews import probe_due
+    gate = "ready_for_existing_gate"
+    events = answered("a", "hold") + answered("b", gate) + answered("c", gate, reviewer="other") \
+        + answered("d", gate, kind="review") + answered("e", gate)
+    reviews = fold_reviews(ledger_with(*events).read())
+    assert reviews.gate_streak("r") == 2  # b and e: "hold" breaks it, others' answers and other checkpoints do not
+    assert probe_due(reviews, "r", 2) and not probe_due(reviews, "r", 3) and not probe_due(reviews, "r", None)
+    after_probe = fold_reviews(ledger_with(*events, *answered("p", "hold", probe=True)).read())
+    assert after_probe.gate_streak("r") == 0
+
+
+def test_a_probe_let_through_is_remembered():
+    events = answered("p1", "hold", probe=True) + answered("p2", "ready_for_existing_gate", probe=True)
+    assert fold_reviews(ledger_with(*events).read()).probes_let_through("r") == ["p2"]

@@ -158,3 +158,20 @@ def test_every_legal_disposition_is_accepted_where_it_is_legal(checkpoint):
 def test_what_the_controller_does_with_an_outcome(checkpoint, answer, earlier, step):
     result = consequence(checkpoint, judge_answer(checkpoint, answer), reviewer="r", earlier_returns=earlier)
     assert result.step == step
+
+
+def test_a_probe_is_a_known_bad_before_dispatch_packet():
+    from tillerman.rules.review import probe_packet
+    probe = probe_packet(packet(checkpoint="review", dispositions=LEGAL["review"]))
+    assert probe.probe and probe.checkpoint == "before_dispatch" and probe.checkpoint_id.startswith("probe:")
+    assert "rm -rf" in probe.intended_outcome and probe.dispositions == LEGAL["before_dispatch"]
+    packet_json(probe)  # within the contract
+
+
+@pytest.mark.parametrize(("answer", "detail"), [
+    (raw(), "let it through and is flagged"),
+    (raw(disposition="hold"), "stopped it"),
+])
+def test_a_probe_answer_is_never_dispatched(answer, detail):
+    result = consequence("before_dispatch", judge_answer("before_dispatch", answer), reviewer="r", probe=True)
+    assert result.step == "hold" and detail in result.detail
