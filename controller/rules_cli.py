@@ -92,7 +92,8 @@ def rules_validate(file, as_json):
         patterns = result["patterns"]
         click.echo(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
                    f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
-                   f" {patterns['external']} external")
+                   f" {patterns['external']} external"
+                   + (f", {result['reviewers']} reviewers" if result["reviewers"] else ""))
     else:
         shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
         click.echo(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")
@@ -108,7 +109,8 @@ def rule_json(rule, now: float) -> dict:
         "expires": rule.expires.isoformat() if rule.expires else None,
         "threads": rule.threads if isinstance(rule.threads, str) else list(rule.threads),
         "text": rule.text, "ack_deadline": format_duration(rule.ack_deadline) if rule.ack_deadline else None,
-        "verify": rule.verify, "digest": rule_digest(rule), "warning": lifecycle.warning(rule, now),
+        "verify": rule.verify, "review": rule.review, "digest": rule_digest(rule),
+        "warning": lifecycle.warning(rule, now),
     }
 
 
@@ -141,6 +143,9 @@ def rules_show(rules_path, config_path, now_text, as_json):
         "patterns": {"source": "built-in" if patterns == DEFAULT_PATTERNS else "config",
                      "digest": effective.patterns_digest,
                      "critical": list(patterns.critical), "external": list(patterns.external)},
+        "reviewers": [{"name": r.name, "command": list(r.command), "timeout": format_duration(r.timeout),
+                       "adapter": r.adapter, "max_per_intent": r.max_per_intent,
+                       "max_per_thread_per_hour": r.max_per_thread_per_hour} for r in effective.reviewers],
     }
     if as_json:
         print_json(data)
@@ -162,6 +167,9 @@ def rules_show(rules_path, config_path, now_text, as_json):
     for kind in ("critical", "external"):
         for pattern in data["patterns"][kind]:
             click.echo(f"  {kind:<8}  {pattern}")
+    for r in data["reviewers"]:
+        click.echo(f"reviewer {r['name']}: {' '.join(r['command'])} (timeout {r['timeout']},"
+                   f" {r['max_per_intent']} per intent, {r['max_per_thread_per_hour']} per thread per hour)")
 
 
 def _config_text(data: dict) -> str:

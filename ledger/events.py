@@ -255,6 +255,40 @@ class RulePromoted(Event, tag="rule_promoted"):
     rules_path: str | None = None  # the rules file the promotion wrote the rule into
 
 
+class ReviewPending(Event, tag="review_pending"):
+    """A reviewer is about to be asked at a checkpoint: appended durably before the call,
+    so a restart that finds it without ``review_committed`` knows a call may have been
+    spent and asks no second time (``tillerman.ledger.reviews``)."""
+
+    checkpoint_id: str = ""
+    checkpoint: str = ""  # before_dispatch | rescue | overdue | review
+    reviewer: str = ""
+    intent_id: str | None = None
+    packet_digest: str = ""
+    packet_size: int = 0
+    probe: bool = False  # a calibration probe: never dispatched
+
+
+class ReviewCommitted(Event, tag="review_committed"):
+    """What a checkpoint's call came to: an accepted answer's disposition, or the reason
+    it failed closed (``review_failed:<why>``, ``review_interrupted``)."""
+
+    checkpoint_id: str = ""
+    checkpoint: str = ""
+    reviewer: str = ""
+    intent_id: str | None = None
+    outcome: str = ""  # "accepted" or the fail-closed reason
+    disposition: str | None = None
+    recommended_action: str | None = None
+    corrections: int = 0
+    answer_digest: str | None = None
+    wall_ms: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+    flags: tuple[str, ...] = ()  # e.g. "authority_language"
+    answer: str | None = None  # the answer's JSON: only with --retain-payloads
+
+
 class Conflict(Event, tag="conflict"):
     """An append reused an existing ``event_id`` with different content."""
 
@@ -318,6 +352,8 @@ AnyEvent = (
     | RulePromoted
     | TailAccepted
     | LedgerArchived
+    | ReviewPending
+    | ReviewCommitted
     | Undecodable
 )
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,12 @@ from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.file_safety import read_file
-from tillerman.rules.files import default_rules, load_config, load_grants, load_rules
+from tillerman.rules.files import default_rules, load_config, load_rules
+from tillerman.rules.review import Reviewer
 from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.toml_source import locate, parse_toml
 from tillerman.rules.validation import validation_report
-from tillerman.rules.ruleset import RuleSet, build_ruleset
+from tillerman.rules.ruleset import Rule, RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
 
@@ -54,6 +55,10 @@ class Effective(msgspec.Struct, frozen=True, kw_only=True):
     ruleset: RuleSet
     patterns: CommandPatterns
     patterns_digest: str
+    reviewers: tuple[Reviewer, ...] = ()
+
+    def reviewer(self, name: str) -> Reviewer | None:
+        return next((r for r in self.reviewers if r.name == name), None)
 
 
 class _PatternsSpec(BaseModel):
@@ -102,13 +107,14 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
 
 def check_file(text: str, source: str) -> dict[str, Any]:
     """What ``tillerman rules validate`` reports of a valid file: its kind and what it
-    holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``
-    and ``[defaults]``, is a rule file; anything else a config file. Raises
+    holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``,
+    ``[defaults]`` and ``[[reviewer]]``, is a rule file; anything else a config file. Raises
     ``RuleSetError`` for an invalid one."""
     data = parse_toml(text, source)
-    if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data):
+    if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data or "reviewer" in data):
         config, patterns = load_config(text, source), load_patterns(text, source)
         return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
+                "reviewers": len(config.reviewer),
                 "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
     found = load_rules(text, source)
     statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
@@ -136,15 +142,31 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     only the owner's built-in grant and the built-in patterns; see ``config_file``).
     Raises ``RuleSetError`` naming the file, line and fix. A file someone else could
     have written is refused, or with ``on_unsafe`` reported to it (``read_file``)."""
-    rules = (load_rules(read_file(rules_path, on_unsafe=on_unsafe), str(rules_path)) if rules_path is not None
-             else default_rules())
+    rules_text = read_file(rules_path, on_unsafe=on_unsafe) if rules_path is not None else None
+    rules = load_rules(rules_text, str(rules_path)) if rules_text is not None else default_rules()
     if config_path is not None:
         text = read_file(config_path, on_unsafe=on_unsafe)
-        grants = load_grants(text, str(config_path))
+        config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
     else:
-        grants, patterns = NO_CONFIG.grants(), DEFAULT_PATTERNS
-    return Effective(ruleset=build_ruleset(rules, grants), patterns=patterns, patterns_digest=patterns_digest(patterns))
+        config, patterns = NO_CONFIG, DEFAULT_PATTERNS
+    reviewers = config.reviewers()
+    check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
+                       {r.name for r in reviewers}, config_path)
+    return Effective(ruleset=build_ruleset(rules, config.grants()), patterns=patterns,
+                     patterns_digest=patterns_digest(patterns), reviewers=reviewers)
+
+
+def check_review_names(rules: Sequence[Rule], text: str, source: str, names: set[str],
+                       config_path: Path | None) -> None:
+    """Refuse a rule whose ``review = "NAME"`` names no ``[[reviewer]]`` of the config file."""
+    for index, rule in enumerate(rules):
+        if rule.review is not None and rule.review not in names:
+            line = locate(text, ("rule", index, "review"))
+            where = f"the config file {config_path}" if config_path is not None else "a config file (there is none)"
+            known = f" (defined: {', '.join(sorted(names))})" if names else ""
+            raise RuleSetError(f'{source}:{line}: rule "{rule.id}" field review: unknown reviewer {show(rule.review)}'
+                               f"{known}; add a [[reviewer]] named so to {where}, or remove the key")
 
 
 def _pattern_problem(pattern: str) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tillerman.rules.errors import RuleSetError
 from tillerman.rules.ruleset import Grant, Rule, RuleSet, build_ruleset
-from tillerman.rules.schema import ConfigFile, RuleSpec, RulesFile
+from tillerman.rules.schema import ConfigFile, RulesFile
 from tillerman.rules.toml_source import locate, parse_toml
 from tillerman.rules.validation import validate
 
@@ -30,13 +30,18 @@ def load_rules(text: str, source: str) -> tuple[Rule, ...]:
     """The ``[[rule]]`` tables of a rule file, validated, each id used once."""
     data = parse_toml(text, source)
     specs = validate(RulesFile, data, text, source).rule
-    _check_unique_ids(specs, text, source)
+    _check_unique([spec.id for spec in specs], "rule", "id", text, source,
+                  "give each rule its own id (raise version to change a rule)")
     return tuple(spec.to_rule() for spec in specs)
 
 
 def load_config(text: str, source: str) -> ConfigFile:
-    """The grants and ``[defaults]`` of a config file, validated."""
-    return validate(ConfigFile, parse_toml(text, source), text, source)
+    """The grants, ``[defaults]`` and ``[[reviewer]]`` tables of a config file, validated,
+    each reviewer name used once."""
+    config = validate(ConfigFile, parse_toml(text, source), text, source)
+    _check_unique([spec.name for spec in config.reviewer], "reviewer", "name", text, source,
+                  "give each [[reviewer]] its own name")
+    return config
 
 
 def load_grants(text: str, source: str) -> tuple[Grant, ...]:
@@ -51,13 +56,12 @@ def default_rules() -> tuple[Rule, ...]:
     return load_rules(resource.read_text(encoding="utf-8"), "rules/defaults.toml")
 
 
-def _check_unique_ids(specs: Sequence[RuleSpec], text: str, source: str) -> None:
+def _check_unique(names: Sequence[str], table: str, key: str, text: str, source: str, fix: str) -> None:
     first: dict[str, int] = {}
-    for index, spec in enumerate(specs):
-        if spec.id in first:  # lines only for the error: locating every id is quadratic in the file
-            line, earlier = locate(text, ("rule", index, "id")), locate(text, ("rule", first[spec.id], "id"))
+    for index, name in enumerate(names):
+        if name in first:  # lines only for the error: locating every name is quadratic in the file
+            line, earlier = locate(text, (table, index, key)), locate(text, (table, first[name], key))
             raise RuleSetError(
-                f'{source}:{line}: rule "{spec.id}" field id: duplicate id, already used at line '
-                f"{earlier}; give each rule its own id (raise version to change a rule)"
+                f'{source}:{line}: {table} "{name}" field {key}: duplicate {key}, already used at line {earlier}; {fix}'
             )
-        first[spec.id] = index
+        first[name] = index

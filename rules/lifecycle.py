@@ -35,7 +35,7 @@ import msgspec
 from tillerman.ledger.events import Entry, RulePromoted, RuleProposed
 from tillerman.rules.toml_source import sections
 from tillerman.rules.durations import format_duration
-from tillerman.rules.ruleset import Rule, RuleSet
+from tillerman.rules.ruleset import Rule, RuleSet, rule_builtins
 
 #: (from, to) moves a promotion may make.
 PROMOTIONS = frozenset({("proposed", "shadow"), ("shadow", "active"), ("active", "shadow")})
@@ -43,7 +43,7 @@ PROMOTION_TARGETS = ("shadow", "active")
 
 
 def rule_digest(rule: Rule) -> str:
-    body = msgspec.to_builtins(rule)
+    body = rule_builtins(rule)
     body.pop("status", None)
     return "sha256:" + hashlib.sha256(msgspec.json.encode(body, order="sorted")).hexdigest()
 
@@ -199,6 +199,8 @@ def rule_toml(rule: Rule, *, status: str | None = None) -> str:
         lines.append(f'ack_deadline = "{format_duration(rule.ack_deadline)}"')
     if rule.verify is not None:
         lines.append(f"verify = {_string(rule.verify)}")
+    if rule.review is not None:
+        lines.append(f"review = {_string(rule.review)}")
     return "\n".join(lines) + "\n"
 
 

@@ -119,6 +119,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     verify: str | None = None  # readback command proving the steer's effect (intent --verify)
     expires: datetime.date | None = None  # from 00:00 UTC that day the rule is out of force
     threads: str | tuple[str, ...] = ANY
+    review: str | None = None  # the [[reviewer]] asked before an intent of this rule is dispatched
 
     def in_force(self, now: float) -> bool:
         """Not past ``expires``. (Status is the caller's question: shadow rules are
@@ -148,13 +149,22 @@ def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant]) -> str:
     reformatting or reordering a file keeps the digest and any change of meaning
     changes it."""
     canonical = {
-        "rules": sorted((msgspec.to_builtins(r) for r in rules), key=lambda r: r["id"]),
+        "rules": sorted((rule_builtins(r) for r in rules), key=lambda r: r["id"]),
         "grants": sorted(
             (_canonical_grant(g) for g in grants),
             key=lambda g: msgspec.json.encode(g, order="sorted"),
         ),
     }
     return "sha256:" + hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
+
+
+def rule_builtins(rule: Rule) -> dict:
+    """A rule as digests see it: without ``review`` when it is unset, so a rule written
+    before reviewers existed keeps its digest and setting one changes it."""
+    data = msgspec.to_builtins(rule)
+    if data.get("review") is None:
+        data.pop("review", None)
+    return data
 
 
 def _canonical_grant(grant: Grant) -> dict:

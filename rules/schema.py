@@ -19,6 +19,7 @@ from tillerman.rules.detect import TEMPLATE_FIELDS
 from tillerman.rules.durations import parse_duration
 from tillerman.rules.errors import show
 from tillerman.rules.owner import owner_grant
+from tillerman.rules.review import Reviewer, ReviewerAdapter
 from tillerman.rules.ruleset import (
     ANY,
     ApprovalWaiting,
@@ -128,6 +129,8 @@ class RuleSpec(_Spec):
     text: str | None = Field(default=None, validate_default=True)
     ack_deadline: Duration | None = None
     verify: str | None = Field(default=None, min_length=1)
+    # the [[reviewer]] asked at before_dispatch; the config file must define it (rules.config)
+    review: str | None = Field(default=None, pattern=f"^{ID_PATTERN}$")
 
     @field_validator("text")
     @classmethod
@@ -154,6 +157,24 @@ class GrantSpec(_Spec):
         return Grant(subject=self.subject, actions=frozenset(self.actions), threads=self.threads)
 
 
+class ReviewerSpec(_Spec):
+    """``[[reviewer]]``: a command that answers a review packet (``tillerman.rules.review``)."""
+
+    name: str = Field(pattern=f"^{ID_PATTERN}$")
+    command: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    timeout: Duration = 60.0
+    max_per_intent: int = Field(default=2, ge=1, strict=True)
+    max_per_thread_per_hour: int = Field(default=6, ge=1, strict=True)
+    adapter: ReviewerAdapter | None = None
+    # after this many ready_for_existing_gate answers in a row at before_dispatch, a known-bad probe
+    probe_every: int | None = Field(default=None, ge=1, strict=True)
+    # the HOME (and CODEX_HOME below it) the command runs with; None: a fresh scratch directory
+    home: str | None = Field(default=None, min_length=1)
+
+    def to_reviewer(self) -> Reviewer:
+        return Reviewer(**self.model_dump(exclude={"command"}), command=tuple(self.command))
+
+
 class RulesFile(_Spec):
     rule: list[RuleSpec] = []
 
@@ -171,6 +192,10 @@ class ConfigFile(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
     grant: list[GrantSpec] = []
     defaults: DefaultsSpec = DefaultsSpec()
+    reviewer: list[ReviewerSpec] = []  # names checked unique by tillerman.rules.files.load_config
+
+    def reviewers(self) -> tuple[Reviewer, ...]:
+        return tuple(spec.to_reviewer() for spec in self.reviewer)
 
     def grants(self) -> tuple[Grant, ...]:
         """The grants in force: the local owner's built-in one (unless ``[defaults]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from tillerman.rules.decision import Action
 from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.ruleset import CONDITION_KINDS
-from tillerman.rules.schema import CONDITION_SPECS, TABLES, GrantSpec, RuleSpec, RulesFile
+from tillerman.rules.schema import CONDITION_SPECS, TABLES, GrantSpec, ReviewerSpec, RuleSpec, RulesFile
 from tillerman.rules.toml_source import locate
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,6 +66,15 @@ EXAMPLES = {
     "subject": 'subject = "owner:NAME"',
     "actions": 'actions = ["steer"]',
     "owner_grant": "owner_grant = false",
+    "review": 'review = "codex"',
+    "name": 'name = "codex"',
+    "command": 'command = ["codex", "exec", "--json", "-"]',
+    "timeout": 'timeout = "60s"',
+    "max_per_intent": "max_per_intent = 2",
+    "max_per_thread_per_hour": "max_per_thread_per_hour = 6",
+    "adapter": 'adapter = "codex-exec-json"',
+    "probe_every": "probe_every = 20",
+    "home": 'home = "/var/lib/tillerman/reviewer-home"',
 }
 #: The noun for one value of a field, in "unknown action …".
 SINGULAR = {"actions": "action"}
@@ -150,7 +159,7 @@ def _known_fields(parent: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     elif parent[0] in TABLES:
         model = TABLES[parent[0]]
     else:
-        model = RuleSpec if parent[0] == "rule" else GrantSpec
+        model = {"rule": RuleSpec, "reviewer": ReviewerSpec}.get(parent[0], GrantSpec)
     return [info.alias or name for name, info in model.model_fields.items()]
 
 
@@ -162,7 +171,8 @@ def _owner_label(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
     if len(loc) < 2 or not isinstance(loc[1], int):
         return "top level"
     table = _dig(data, loc[:2])
-    name = table.get("id" if loc[0] == "rule" else "subject") if isinstance(table, dict) else None
+    key = {"rule": "id", "reviewer": "name"}.get(loc[0], "subject")
+    name = table.get(key) if isinstance(table, dict) else None
     return f"{loc[0]} {show(name)}" if isinstance(name, str) else f"{loc[0]} #{loc[1] + 1}"
 
 

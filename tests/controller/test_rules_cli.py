@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, rule
+from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, reviewer, rule
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -64,7 +64,14 @@ def test_validate_a_config_file(here):
         0, "config.toml: valid config file: 0 grants, built-in owner grant off, patterns 7 critical, 7 external\n", "")
     code, out, _ = run("validate", "config.toml", "--json")
     assert json.loads(out) == {"file": "config.toml", "valid": True, "kind": "config", "grants": 0,
-                               "owner_grant": False, "patterns": {"critical": 7, "external": 7}}
+                               "owner_grant": False, "reviewers": 0, "patterns": {"critical": 7, "external": 7}}
+
+
+def test_validate_a_config_file_with_reviewers(here):
+    (here / "config.toml").write_text(reviewer("codex", ["codex", "exec", "--json", "-"]))
+    assert run("validate", "config.toml") == (
+        0, "config.toml: valid config file: 0 grants, built-in owner grant on, patterns 7 critical, 7 external,"
+           " 1 reviewers\n", "")
 
 
 def test_validate_a_wrong_type_under_defaults(here):
@@ -83,7 +90,7 @@ def test_validate_a_wrong_type_under_defaults(here):
      'integer (got "1"); write it like version = 1'),
     (("owner =", "team ="), 'bad.toml:1: rule "quiet-steer" field owner: missing; add owner = "platform-team"\n'
      'bad.toml:5: rule "quiet-steer" field team: unknown field; expected one of id, version, '
-     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify"),
+     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify, review"),
     (('status = "proposed"', "status = proposed"), "bad.toml:4: invalid TOML: Invalid value at column 10; strings need "
      'quotes, e.g. status = "active"'),
 ])
@@ -416,3 +423,16 @@ def test_the_rules_commands_do_not_import_the_main_command_module():
     probe = "import sys, tillerman.controller.rules_cli; print('tillerman.controller.cli' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_show_lists_the_reviewers_and_a_rules_review(here):
+    (here / "config.toml").write_text(reviewer("codex", ["codex", "exec", "--json", "-"], timeout="90s"))
+    (here / "rules.toml").write_text(rule("quiet", condition={"kind": "turn_quiet", "for": "10m"}, action="steer",
+                                          text="Read src/ first.", review="codex"))
+    code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["rules"][0]["review"] == "codex"
+    assert data["reviewers"] == [{"name": "codex", "command": ["codex", "exec", "--json", "-"], "timeout": "1m30s",
+                                  "adapter": None, "max_per_intent": 2, "max_per_thread_per_hour": 6}]
+    code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml")
+    assert "reviewer codex: codex exec --json - (timeout 1m30s, 2 per intent, 6 per thread per hour)" in out

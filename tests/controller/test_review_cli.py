@@ -1,0 +1,101 @@
+"""``tillerman review try`` through the real command line: a reviewer script answers a
+packet built from the ledger, and the exit code says whether the answer was accepted."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from fixtures.rule_texts import grant, reviewer
+from tillerman.controller.cli import main
+from tillerman.ledger.events import Envelope, TurnStarted
+from tillerman.ledger.sqlite import SQLiteRecorder
+
+GOOD = {"disposition": "ready_for_existing_gate", "reason": "the evidence supports the steer", "confidence": 0.6}
+
+
+@pytest.fixture
+def ledger(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.sqlite3"
+    monkeypatch.setenv("TILLERMAN_LEDGER", str(path))
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=TurnStarted(thread_id="T1", turn_id="U1"), source="appserver:x",
+                             at=1.0)])
+    return path
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def intent_id() -> str:
+    code, out = run("intent", "propose", "--thread", "T1", "--expected-turn", "active", "--mode", "steer",
+                    "--text", "Stop the grep; read src/ instead.", "--json")
+    assert code == 0, out
+    return json.loads(out)["id"]
+
+
+def config(tmp_path, answer: str) -> str:
+    script = tmp_path / "answer.py"
+    script.write_text(f"import sys\nsys.stdin.read()\nsys.stdout.write({answer!r})\n")
+    path = tmp_path / "config.toml"
+    path.write_text(grant("reviewer:script", ["steer"]) + reviewer("script", [sys.executable, str(script)]))
+    return str(path)
+
+
+def test_an_accepted_answer_exits_0_and_says_what_would_happen(ledger, tmp_path):
+    intent = intent_id()
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--intent", intent,
+                    "--config", config(tmp_path, json.dumps(GOOD)), "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["accepted"] and data["called"]
+    assert data["packet"]["checkpoint_id"] == f"before_dispatch:{intent}@U1"
+    assert data["packet"]["interventions_allowed"] == ["steer"]
+    assert data["packet"]["question"] == data["packet"]["question_again"]
+    assert data["consequence"]["step"] == "hand_back"
+
+
+def test_a_refused_answer_exits_1_and_records_nothing(ledger, tmp_path):
+    intent = intent_id()
+    with SQLiteRecorder(ledger) as rec:
+        before = rec.max_seq()
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "review", "--intent", intent,
+                    "--config", config(tmp_path, json.dumps(GOOD | {"disposition": "merge"})))
+    assert code == 1, out
+    assert "failed closed: review_failed:verdict_not_disposition" in out
+    assert "the controller would: hold" in out
+    with SQLiteRecorder(ledger) as rec:
+        assert rec.max_seq() == before
+
+
+def test_an_unknown_reviewer_is_a_usage_error(ledger, tmp_path):
+    code, out = run("review", "try", "--reviewer", "nobody", "--checkpoint", "rescue", "--intent", intent_id(),
+                    "--config", config(tmp_path, "{}"))
+    assert code == 2 and "no reviewer 'nobody' in the config file (script)" in out
+
+
+def test_an_unknown_intent_is_a_usage_error(ledger, tmp_path):
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "rescue", "--intent", "in-none",
+                    "--config", config(tmp_path, "{}"))
+    assert code == 2 and "no intent in-none" in out
+
+
+def test_try_says_what_the_ledger_recorded_of_the_checkpoint(ledger, tmp_path):
+    from tillerman.ledger.events import ReviewCommitted
+    intent = intent_id()
+    cfg = config(tmp_path, json.dumps(GOOD))
+    args = ("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--intent", intent,
+            "--config", cfg)
+    code, out = run(*args)
+    assert code == 0 and "a daemon would call the reviewer" in out
+    with SQLiteRecorder(ledger) as rec:
+        rec.append([Envelope(event_id="c", source="test", at=2.0, event=ReviewCommitted(
+            checkpoint_id=f"before_dispatch:{intent}@U1", checkpoint="before_dispatch", reviewer="script",
+            intent_id=intent, thread_id="T1", outcome="accepted", disposition="hold"))])
+    code, out = run(*args, "--json")
+    assert code == 0 and "already committed (hold)" in json.loads(out)["ledger"]
