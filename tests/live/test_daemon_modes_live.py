@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.codex_server import AppServer
+from fixtures.codex_server import AppServer, codex_version
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from tests.live.daemon_support import ruleset_from, session, wait_until
 from tillerman.controller import intent_requests
@@ -85,6 +85,6 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
         assert seen["steerable"] and seen["active_turn"] == turn and seen["critical_tool"] is False
         codex = status["daemon"]["codex"]
         assert codex["url"] == app_server.url and codex["connected"]
-        assert codex["server_version"] == "0.163.0" and codex["client_name"] == "tillerman"
+        assert codex["server_version"] == ".".join(map(str, codex_version())) and codex["client_name"] == "tillerman"
         assert codex["originator"] == "harness" and codex["initialized_first"] is False  # the harness came first
         assert status["daemon"]["heartbeat"] and status["open_intents"] >= 0
