@@ -151,7 +151,7 @@ class GuardedAdapter:
         except AppServerDisconnected as lost:
             return NoAnswer(command, "disconnected", self.clock(), {"detail": str(lost)})
         reply = REPLY_PARSERS[type(command)](result)
-        if not getattr(reply, "readable", True):
+        if isinstance(reply, wire.Listing) and not reply.readable:
             # A listing without its list proves nothing absent: the outcome stays unknown.
             return NoAnswer(command, "unreadable_reply", self.clock(), {"detail": "no data list in the reply"})
         return Replied(command, reply, self.clock())

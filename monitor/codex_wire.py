@@ -180,6 +180,9 @@ class QueueStarted(msgspec.Struct, frozen=True):
 
 Reply = (SteerAccepted | InterruptAccepted | QueuedSubmission | QueuePage | TurnPage | TerminalList | Terminated
          | QueueStarted)
+#: The replies that list what the server holds: absence may be concluded only from a
+#: readable one.
+Listing = QueuePage | TurnPage | TerminalList
 
 
 def parse_steer_accepted(result: object) -> SteerAccepted:
