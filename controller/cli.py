@@ -42,6 +42,7 @@ from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.recheck import CannotCheck, check_ledger
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
 from tillerman.controller.replay import FORMATS, ReplayError, collect_files
+from tillerman.controller.report_cli import report, timeline_cmd
 from tillerman.controller.review_cli import review
 from tillerman.controller.rules_cli import rules
 from tillerman.controller.timefmt import iso, parse_time, shorten
@@ -665,3 +666,5 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
 
 main.add_command(rules)
 main.add_command(review)
+main.add_command(report)
+main.add_command(timeline_cmd)
