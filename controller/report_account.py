@@ -306,11 +306,14 @@ def _cancelled(facts: Facts, inside: Callable[[float | None], bool]) -> Cancelle
                   if v.intent.mode == "interrupt" and reached(v, State.DISPATCH_UNKNOWN)}
     keys = {(t.thread_id, t.turn_id): t for t in turns}
     terminated = [c for c in facts.calls.values() if (c.thread_id, c.turn_id) in keys
-                  and (c.status is None or c.status in ("interrupted", "cancelled", "aborted"))]
+                  and _cut_short(c, keys[(c.thread_id, c.turn_id)])]
     turn_seconds = [t.seconds for t in turns if t.seconds is not None]
 
     def ran(call) -> float | None:
-        end = call.ended_at if call.ended_at is not None else keys[(call.thread_id, call.turn_id)].ended_at
+        """From its start to its end, or to the turn's end when it outlived the turn."""
+        turn_end = keys[(call.thread_id, call.turn_id)].ended_at
+        end = call.ended_at if call.ended_at is not None and (turn_end is None or call.ended_at <= turn_end) \
+            else turn_end
         return None if end is None or call.started_at is None else max(0.0, end - call.started_at)
 
     command_seconds = [s for s in (ran(c) for c in terminated) if s is not None]
@@ -320,11 +323,18 @@ def _cancelled(facts: Facts, inside: Callable[[float | None], bool]) -> Cancelle
                                     "interrupted turns that a dispatched interrupt intent targeted"),
         turn_seconds=_seconds(turn_seconds, len(turns), "interrupted turns' run time (duration, else end - start)",
                               "no interrupted turn"),
-        commands_terminated=count(len(terminated), "tool calls of interrupted turns with no completion, or completed"
+        commands_terminated=count(len(terminated), "tool calls of interrupted turns still running when the turn ended"
+                                                   " (completed after it, or never), or completed"
                                                    " interrupted/cancelled/aborted", 2 * len(terminated)),
-        command_seconds=_seconds(command_seconds, len(terminated), "terminated calls' run time (start to its end,"
-                                 " else to the turn's end)", "no command was terminated"),
+        command_seconds=_seconds(command_seconds, len(terminated), "terminated calls' run time (start to the"
+                                 " earlier of its end and the turn's end)", "no command was terminated"),
     )
+
+
+def _cut_short(call, turn) -> bool:
+    if call.status in ("interrupted", "cancelled", "aborted"):
+        return True
+    return call.ended_seq is None or call.ended_seq > turn.ended_seq
 
 
 def _seconds(values: list[float], events: int, how: str, why_none: str) -> Figure:

@@ -57,6 +57,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
     status: str | None = None  # None: no completion recorded
     exit_code: int | None = None
     seq: int = 0
+    ended_seq: int | None = None
 
 
 class Span(msgspec.Struct, kw_only=True):
@@ -191,7 +192,7 @@ class Facts:
                 thread_id=e.thread_id, turn_id=e.turn_id, item_id=e.item_id, item_type=e.item_type,
                 tool=e.tool, critical=e.critical, seq=seq)
         if call.status is None:
-            call.status, call.ended_at, call.exit_code = e.status, at, e.exit_code
+            call.status, call.ended_at, call.exit_code, call.ended_seq = e.status, at, e.exit_code, seq
             call.critical = call.critical or e.critical
             call.tool = call.tool or e.tool
         span = self.spans.get(("approval", e.thread_id, e.item_id))
