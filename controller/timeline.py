@@ -109,8 +109,9 @@ header button { font: inherit; padding: 2px 8px; }
 .intent-marker.proposed, .intent-marker.dispatch_unknown, .intent-marker.queued { background: #e0a000; }
 .journey-line { top: 71px; height: 2px; background: #2e8b57; opacity: .5; }
 .journey-step { top: 68px; width: 6px; height: 6px; margin-left: -3px; background: #1d2330; border-radius: 1px; }
-#axis { position: relative; height: 18px; margin: 0 12px; font-size: 11px; color: #556; border-bottom: 1px solid #99a; }
+#axis { position: relative; overflow: hidden; white-space: nowrap; height: 18px; margin: 0 12px; font-size: 11px; color: #556; border-bottom: 1px solid #99a; }
 #axis span { position: absolute; transform: translateX(-50%); }
+#axis span:first-child { transform: none; } #axis span:last-child { transform: translateX(-100%); }
 #detail { margin: 10px 12px; padding: 8px; background: #fff; border: 1px solid #dde; min-height: 40px;
   white-space: pre-wrap; font-family: ui-monospace, monospace; font-size: 12px; }
 </style></head>
@@ -234,8 +235,8 @@ function draw() {
     ticks.appendChild(span);
   }
   axis.replaceChildren(ticks);
-  statusLine.textContent = drawn + " marks drawn of " + marks.length + (skipped ? "; " + skipped +
-    " more in this window: zoom in to draw them" : "");
+  statusLine.textContent = drawn + " marks drawn" + (skipped ? "; " + skipped +
+    " more items in this window: zoom in to draw them" : "") + " (" + marks.length + " items in all)";
   statusLine.dataset.drawn = drawn;
 }
 function move(f) { const w = view[1] - view[0]; view = [view[0] + w * f, view[1] + w * f]; draw(); }

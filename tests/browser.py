@@ -42,11 +42,11 @@ def chromium() -> Path:
     return CHROMIUM
 
 
-def _run(page: Path, *extra: str) -> subprocess.CompletedProcess:
+def _run(page: Path, *extra: str, size: str = "1400,900") -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="tillerman-chromium-") as profile:
         return subprocess.run(
             [str(chromium()), *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=3000",
-             "--window-size=1400,900", *extra, page.resolve().as_uri()],
+             f"--window-size={size}", *extra, page.resolve().as_uri()],
             capture_output=True, text=True, timeout=120)
 
 
@@ -57,8 +57,8 @@ def chromium_dom(page: Path) -> str:
     return done.stdout
 
 
-def chromium_screenshot(page: Path, png: Path) -> Path:
-    done = _run(page, f"--screenshot={png}")
+def chromium_screenshot(page: Path, png: Path, size: str = "1400,900") -> Path:
+    done = _run(page, f"--screenshot={png}", size=size)
     assert done.returncode == 0 and png.exists(), done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return png

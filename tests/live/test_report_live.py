@@ -116,6 +116,6 @@ async def test_report_equals_the_raw_ledger_counts_and_the_timeline_draws_the_in
         assert f'data-intent="{intent_id}"' in dom
     assert dom.count('class="mark turn-band') >= 3
     assert "tool-call" in dom
-    shot = chromium_screenshot(page, tmp_path / "timeline.png")
+    shot = chromium_screenshot(page, tmp_path / "timeline.png", size="1400,360")
     if os.environ.get("TILLERMAN_UPDATE_DOCS"):  # how docs/timeline-live.png is made
         shutil.copyfile(shot, DOCS_SCREENSHOT)
