@@ -263,12 +263,15 @@ def test_intent_propose_task_class(tmp_path: Path) -> None:
     base = ["intent", "propose", "--ledger", str(ledger), "--thread", "T", "--mode", "queue", "--text", "x", "--json"]
     labeled = CliRunner().invoke(main, [*base, "--task-class", "docs"])
     assert labeled.exit_code == 0, labeled.output
+    assert json.loads(labeled.output)["task_class"] == "docs"
+    plain = CliRunner().invoke(main, base)
+    assert json.loads(plain.output)["task_class"] == "unlabeled"
     bad = CliRunner().invoke(main, [*base, "--task-class", "two\nlines"])
     assert bad.exit_code == 2 and "--task-class must be one line" in bad.output
     with SQLiteRecorder(ledger) as recorder:
         labels = [e.envelope.event.intent.task_label for e in recorder.read()
                   if isinstance(e.envelope.event, ev.IntentProposed)]
-    assert labels == ["docs"]
+    assert labels == ["docs", "unlabeled"]
 
 
 # -- the report database -------------------------------------------------------------------
