@@ -62,3 +62,48 @@ def chromium_screenshot(page: Path, png: Path, size: str = "1400,900") -> Path:
     assert done.returncode == 0 and png.exists(), done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return png
+
+
+def chromium_evaluate(page: Path, expression: str, timeout: float = 60.0):
+    """The value of ``expression`` evaluated in the loaded page, over the DevTools
+    protocol (a click, then what the page shows)."""
+    import json
+    import time
+    import urllib.request
+
+    from websockets.sync.client import connect
+
+    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-") as profile:
+        browser = subprocess.Popen(
+            [str(chromium()), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             "--window-size=1400,900", page.resolve().as_uri()],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + timeout
+            while not (port_file.exists() and port_file.read_text().strip()):
+                assert time.monotonic() < deadline, "chromium never opened its DevTools port"
+                time.sleep(0.05)
+            port = port_file.read_text().split()[0]
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
+                    pages = [t for t in json.load(answer) if t["type"] == "page" and t["url"].startswith("file:")]
+                if pages:
+                    break
+                assert time.monotonic() < deadline, "chromium never opened the page"
+                time.sleep(0.05)
+            with connect(pages[0]["webSocketDebuggerUrl"], max_size=None) as ws:
+                ws.send(json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {
+                    "expression": f"new Promise(r => (document.readyState === 'complete' ? r() :"
+                                  f" addEventListener('load', () => r()))).then(() => ({expression}))",
+                    "awaitPromise": True, "returnByValue": True}}))
+                while True:
+                    reply = json.loads(ws.recv(timeout=timeout))
+                    if reply.get("id") == 1:
+                        break
+            result = reply["result"]
+            assert "exceptionDetails" not in result, result
+            return result["result"].get("value")
+        finally:
+            browser.terminate()
+            browser.wait(timeout=30)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from tests.browser import chromium_dom, chromium_screenshot
+from tests.browser import chromium_dom, chromium_evaluate, chromium_screenshot
 from tillerman.controller.cli import main
 from tillerman.controller.intent_requests import proposal_envelopes, transition_envelope
 from tillerman.controller.report_fold import fold_facts
@@ -85,3 +85,16 @@ def test_a_session_of_5000_turns_keeps_the_dom_bounded(tmp_path: Path) -> None:
     assert elements <= 5000, f"{elements} elements in the DOM for 5,000 turns"
     assert 0 < dom.count("turn-band") < 5000  # a window, not the whole session
     assert "data-intent=" in dom
+
+
+def test_clicking_an_intent_marker_shows_its_journey_with_evidence(tmp_path: Path) -> None:
+    recorder = MemoryRecorder()
+    recorder.append(big_session(60))
+    page = tmp_path / "small.html"
+    page.write_text(render_html(timeline_data(fold_facts(recorder.read()))))
+    shown = chromium_evaluate(page, "(document.querySelector('.intent-marker').click(),"
+                                    " document.getElementById('detail').textContent)")
+    journey = json.loads(shown)
+    assert journey["id"] == "in-00000000000000000000"
+    assert [(s["kind"], s["state"], s["reason"]) for s in journey["steps"]] == [
+        ("proposed", "proposed", "owner:unknown"), ("transition", "dispatch_unknown", "dispatching")]
