@@ -42,6 +42,7 @@ from tillerman.controller.render import intent_json, overdue_json
 from tillerman.controller.recheck import CannotCheck, check_ledger
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
 from tillerman.controller.replay import FORMATS, ReplayError, collect_files
+from tillerman.controller.report_cli import report, timeline_cmd
 from tillerman.controller.review_cli import review
 from tillerman.controller.rules_cli import rules
 from tillerman.controller.timefmt import iso, parse_time, shorten
@@ -107,11 +108,14 @@ def intent() -> None:
               help="interrupt: resume the server's queue, which the interrupt pauses, once the turn has ended.")
 @click.option("--owner", default=local_login,
               help="Who owns it (default: the login name of the user running tillerman).")
+@click.option("--task-class", help="A label the account groups by (tillerman report --by task_class);"
+                                   " default: unlabeled.")
 @json_option
 @ledger_option
 @errors_to_exit_codes
 def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadline, expires,
-                   expect, verify, supersedes, ack_token, force, resume_queue, owner, as_json, ledger_path):
+                   expect, verify, supersedes, ack_token, force, resume_queue, owner, task_class, as_json,
+                   ledger_path):
     """Record a new intent (state: proposed); the daemon delivers it.
 
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
@@ -122,7 +126,7 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
             ledger, thread_id=thread, expected_turn=expected_turn, mode=mode, text=text,
             ack_deadline=ack_deadline, effect_deadline=effect_deadline, expires=expires,
             expect=expect, verify=verify, supersedes=supersedes, owner=owner,
-            ack_token=ack_token, force=force, resume_queue=resume_queue,
+            ack_token=ack_token, force=force, resume_queue=resume_queue, task_class=task_class,
         )
         view = intent_lib.intent_view(ledger, new.id)
     _print_intent(view, as_json, history=False)
@@ -662,3 +666,5 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
 
 main.add_command(rules)
 main.add_command(review)
+main.add_command(report)
+main.add_command(timeline_cmd)

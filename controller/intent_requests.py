@@ -54,6 +54,7 @@ def build_intent(
     ack_token: str | None = None,
     force: bool = False,
     resume_queue: bool = False,
+    task_class: str | None = None,
     **fields,
 ) -> Intent:
     """Validate a request completely and bind it to its target; ``expected_turn='active'``
@@ -65,7 +66,7 @@ def build_intent(
     if not isinstance(text, str) or not text.strip():
         raise IntentError("the intent text is empty; say precisely what should change")
     _check_names(thread=thread_id, expected_turn=expected_turn, owner=owner, producer=producer,
-                 supersedes=supersedes, expect=expect, verify=verify, intent_id=intent_id)
+                 supersedes=supersedes, expect=expect, verify=verify, intent_id=intent_id, task_class=task_class)
     try:
         check_time(now, "the time of the proposal")
         ack_deadline = check_duration(ack_deadline, "--ack-deadline")
@@ -89,6 +90,8 @@ def build_intent(
     if effect_deadline is None and has_check:
         effect_deadline = DEFAULT_EFFECT_DEADLINE
     producer = producer or f"owner:{owner or 'unknown'}"
+    if task_class is not None:
+        fields["task_class"] = task_class  # absent otherwise: the record keeps its old bytes
     return Intent(
         id=intent_id or intent_id_from(thread_id, expected_turn, mode, text, now, os.urandom(8).hex()),
         thread_id=thread_id, mode=mode, text=text, text_digest=text_digest(text),

@@ -32,6 +32,7 @@ def intent_json(view: IntentView, *, history: bool) -> dict:
         "resume_queue": i.resume_queue,
         "replayed": i.replayed,
         "rule_id": i.rule_id,
+        "task_class": i.task_label,
         "ruleset_digest": i.ruleset_digest,
         "last_decision": None if view.last_decision is None else
         {"action": view.last_decision[0], "reason": view.last_decision[1]},

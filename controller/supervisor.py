@@ -141,13 +141,15 @@ class Step:
 
     def _intent(self, projection: Projection, finding: Finding, action: Action, now: float) -> Intent:
         intent_id = intent_id_from(finding.key)
+        rule = self.ruleset.rule(finding.rule_id)
+        labels = {"task_class": rule.task_class} if rule is not None and isinstance(rule.task_class, str) else {}
         return build_intent(
             projection, thread_id=finding.thread_id, mode=action.value, text=finding.text or finding.finding,
             now=now, expected_turn=finding.turn_id,
             ack_deadline=finding.ack_deadline if finding.ack_deadline is not None else 120.0,
             producer=f"rule:{finding.rule_id}", owner=None, intent_id=intent_id, verify=finding.verify,
             rule_id=finding.rule_id, rule_version=finding.rule_version,
-            ruleset_digest=self.ruleset.digest, replayed=self.replay,
+            ruleset_digest=self.ruleset.digest, replayed=self.replay, **labels,
         )
 
     def _decision_envelope(self, view: IntentView, decision: Decision, now: float) -> Envelope:

@@ -15,6 +15,7 @@ import msgspec
 
 Mode = Literal["steer", "queue", "interrupt"]
 MODES: tuple[Mode, ...] = ("steer", "queue", "interrupt")
+UNLABELED = "unlabeled"  # the task class of an intent that names none
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +41,13 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     resume_queue: bool = False  # interrupt: resume the server's paused queue afterwards
     force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
     replayed: bool = False  # simulated by replay: never dispatchable
+    # A label the account groups by (``tillerman report --by task_class``). UNSET is left
+    # out of the encoding, so an intent without one records the bytes it always did.
+    task_class: str | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def task_label(self) -> str:
+        return self.task_class if isinstance(self.task_class, str) else UNLABELED
 
     @property
     def client_user_message_id(self) -> str:

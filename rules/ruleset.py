@@ -120,6 +120,8 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     expires: datetime.date | None = None  # from 00:00 UTC that day the rule is out of force
     threads: str | tuple[str, ...] = ANY
     review: str | None = None  # the [[reviewer]] asked before an intent of this rule is dispatched
+    # the label its intents carry (``Intent.task_class``); UNSET keeps the rule set's digest
+    task_class: str | msgspec.UnsetType = msgspec.UNSET
 
     def in_force(self, now: float) -> bool:
         """Not past ``expires``. (Status is the caller's question: shadow rules are

@@ -131,6 +131,8 @@ class RuleSpec(_Spec):
     verify: str | None = Field(default=None, min_length=1)
     # the [[reviewer]] asked at before_dispatch; the config file must define it (rules.config)
     review: str | None = Field(default=None, pattern=f"^{ID_PATTERN}$")
+    # a label for the account (``tillerman report --by task_class``), given to its intents
+    task_class: str | None = Field(default=None, pattern=f"^{ID_PATTERN}$")
 
     @field_validator("text")
     @classmethod
@@ -145,7 +147,9 @@ class RuleSpec(_Spec):
         return text
 
     def to_rule(self) -> Rule:
-        return Rule(**self.model_dump(exclude={"condition"}), condition=self.condition.to_condition())
+        # an unset task class is left out, so the rule set's digest stays what it was
+        exclude = {"condition"} | ({"task_class"} if self.task_class is None else set())
+        return Rule(**self.model_dump(exclude=exclude), condition=self.condition.to_condition())
 
 
 class GrantSpec(_Spec):

@@ -183,7 +183,7 @@ RULE_HEAD = rule("stall", owner="me", review_by="2027-03-01")
         pytest.param(
             'condition = { kind = "turn_quiet", for = "10m" }\naction = "observe"\ncolour = "red"\n',
             'rules.toml:9: rule "stall" field colour: unknown field; expected one of id, version, status, owner, '
-            "review_by, expires, threads, condition, action, text, ack_deadline, verify, review",
+            "review_by, expires, threads, condition, action, text, ack_deadline, verify, review, task_class",
             id="unknown rule field",
         ),
         pytest.param(

@@ -1,0 +1,276 @@
+"""The facts an account and a timeline are made of, folded from ledger entries.
+
+``Facts.apply`` is called once per entry in seq order and does no I/O, like
+``tillerman.ledger.projections``; it reuses that fold for the intents (their records,
+states and journeys) and ``tillerman.ledger.reviews`` for the reviewer's calls, and
+adds what neither keeps: every turn with its start and end, every tool call with its
+run time, approval waits, queue entries, the reports made for a person, the decisions,
+the echoes of our own messages (to count deliveries), and where the ledger's time ends.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Entry
+from tillerman.ledger.intents import client_id_to_intent_id
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.reviews import Reviews
+
+#: The finding ``tillerman.rules.detect`` writes for a ``turn_quiet`` condition: a stall.
+STALL_FINDING = re.compile(r"^turn (?P<turn>\S+) made no progress")
+#: Item types that are messages, not tool calls.
+MESSAGE_ITEMS = frozenset({"userMessage", "agentMessage", "reasoning", "user_message", "agent_message"})
+
+
+class Turn(msgspec.Struct, kw_only=True):
+    thread_id: str
+    turn_id: str
+    started_at: float | None = None
+    ended_at: float | None = None
+    status: str | None = None  # None: still open when the ledger ends
+    duration_ms: int | None = None
+    seq: int = 0  # where it started (or, with no start recorded, ended)
+    ended_seq: int = 0
+
+    @property
+    def seconds(self) -> float | None:
+        if self.duration_ms is not None:
+            return self.duration_ms / 1000
+        if self.started_at is not None and self.ended_at is not None:
+            return max(0.0, self.ended_at - self.started_at)
+        return None
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    thread_id: str
+    turn_id: str | None
+    item_id: str
+    item_type: str
+    tool: str | None = None
+    critical: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
+    status: str | None = None  # None: no completion recorded
+    exit_code: int | None = None
+    seq: int = 0
+    ended_seq: int | None = None
+
+
+class Span(msgspec.Struct, kw_only=True):
+    """An approval wait or a queue entry: something that waited from ``start`` to ``end``."""
+
+    kind: str  # "approval" | "queue"
+    thread_id: str
+    turn_id: str | None
+    key: str
+    start: float | None
+    end: float | None = None
+    detail: str = ""
+
+
+class PersonReport(msgspec.Struct, kw_only=True):
+    """A ``report`` event: a finding for a person (``shadow`` ones are not sent to anyone)."""
+
+    seq: int
+    at: float | None
+    thread_id: str | None
+    turn_id: str | None
+    rule_id: str
+    finding: str
+    action: str | None
+    shadow: bool
+    intent_id: str | None
+
+
+class Decision(msgspec.Struct, kw_only=True):
+    seq: int
+    at: float | None
+    thread_id: str | None
+    intent_id: str
+    action: str
+    reason: str
+    rule_id: str | None
+    shadow: bool
+
+
+class Progress(msgspec.Struct, kw_only=True):
+    """The first sign of life in a turn after ``after``: the agent's, not our own message."""
+
+    at: float | None
+    seq: int
+
+
+class Facts:
+    def __init__(self) -> None:
+        self.projection = Projection()
+        self.reviews = Reviews()
+        self.turns: dict[tuple[str, str], Turn] = {}
+        self.calls: dict[tuple[str, str], ToolCall] = {}
+        self.spans: dict[tuple[str, str, str], Span] = {}
+        self.reports: list[PersonReport] = []
+        self.decisions: list[Decision] = []
+        # intent id -> the (turn, item) of each echo of its message: more than one is a duplicate
+        self.echoes: dict[str, set[tuple[str | None, str | None]]] = {}
+        # (thread, turn) -> (at, seq) of each agent event in it, for how stalls ended
+        self.activity: dict[tuple[str, str], list[tuple[float | None, int]]] = {}
+        self.events = 0
+        self.kinds: dict[str, int] = {}
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.undecodable = 0
+
+    def fold(self, entries) -> Facts:
+        for entry in entries:
+            self.apply(entry)
+        return self
+
+    def apply(self, entry: Entry) -> None:
+        env = entry.envelope
+        event = env.event
+        at = env.at if env.at is not None else env.observed_at
+        self.projection.apply(entry)
+        self.reviews.apply(entry)
+        self.events += 1
+        kind = ev.kind_of(event)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if at is not None:
+            self.first_at = at if self.first_at is None else min(self.first_at, at)
+            self.last_at = at if self.last_at is None else max(self.last_at, at)
+        step = _STEPS.get(type(event))
+        if step is not None:
+            step(self, event, at, entry.seq)
+
+    # -- per kind ---------------------------------------------------------------
+
+    def _turn(self, e: ev.Event) -> Turn | None:
+        if e.thread_id is None or e.turn_id is None:
+            return None
+        key = (e.thread_id, e.turn_id)
+        turn = self.turns.get(key)
+        if turn is None:
+            turn = self.turns[key] = Turn(thread_id=e.thread_id, turn_id=e.turn_id)
+        return turn
+
+    def _turn_started(self, e: ev.TurnStarted, at, seq) -> None:
+        turn = self._turn(e)
+        if turn is not None and turn.started_at is None:  # a second source's copy is the same turn
+            turn.started_at, turn.seq = at, seq
+
+    def _turn_completed(self, e: ev.TurnCompleted, at, seq) -> None:
+        turn = self._turn(e)
+        if turn is None or turn.status is not None:
+            return
+        turn.status, turn.ended_at, turn.duration_ms, turn.ended_seq = e.status, at, e.duration_ms, seq
+        if not turn.seq:
+            turn.seq = seq
+        for span in self.spans.values():  # the server resolves what waited in the turn
+            if span.kind == "approval" and span.thread_id == e.thread_id and span.turn_id == e.turn_id \
+                    and span.end is None:
+                span.end = at
+
+    def _item_started(self, e: ev.ItemStarted, at, seq) -> None:
+        self._active(e, at, seq)
+        if e.thread_id is None or e.item_type in MESSAGE_ITEMS:
+            return
+        key = (e.thread_id, e.item_id)
+        if key not in self.calls:
+            self.calls[key] = ToolCall(thread_id=e.thread_id, turn_id=e.turn_id, item_id=e.item_id,
+                                       item_type=e.item_type, tool=e.tool, critical=e.critical,
+                                       started_at=at, seq=seq)
+
+    def _item_completed(self, e: ev.ItemCompleted, at, seq) -> None:
+        self._active(e, at, seq)
+        if e.thread_id is None or e.item_type in MESSAGE_ITEMS:
+            return
+        call = self.calls.get((e.thread_id, e.item_id))
+        if call is None:  # a format that records only the end
+            call = self.calls[(e.thread_id, e.item_id)] = ToolCall(
+                thread_id=e.thread_id, turn_id=e.turn_id, item_id=e.item_id, item_type=e.item_type,
+                tool=e.tool, critical=e.critical, seq=seq)
+        if call.status is None:
+            call.status, call.ended_at, call.exit_code, call.ended_seq = e.status, at, e.exit_code, seq
+            call.critical = call.critical or e.critical
+            call.tool = call.tool or e.tool
+        span = self.spans.get(("approval", e.thread_id, e.item_id))
+        if span is not None and span.end is None:
+            span.end = at
+
+    def _active(self, e: ev.Event, at, seq) -> None:
+        if e.thread_id is not None and e.turn_id is not None:
+            self.activity.setdefault((e.thread_id, e.turn_id), []).append((at, seq))
+
+    def _user_message(self, e: ev.UserMessage, at, seq) -> None:
+        intent_id = client_id_to_intent_id(e.client_id)
+        if intent_id is not None:
+            self.echoes.setdefault(intent_id, set()).add((e.turn_id, e.item_id))
+
+    def _approval_requested(self, e: ev.ApprovalRequested, at, seq) -> None:
+        if e.thread_id is not None:
+            self.spans.setdefault(("approval", e.thread_id, e.item_id), Span(
+                kind="approval", thread_id=e.thread_id, turn_id=e.turn_id, key=e.item_id, start=at,
+                detail=e.approval_kind))
+
+    def _approval_resolved(self, e: ev.ApprovalResolved, at, seq) -> None:
+        span = self.spans.get(("approval", e.thread_id or "", e.item_id))
+        if span is not None and span.end is None:
+            span.end = at
+            span.detail = f"{span.detail}: {e.decision}" if e.decision else span.detail
+
+    def _queue_changed(self, e: ev.QueueChanged, at, seq) -> None:
+        if e.thread_id is None or not e.known:
+            return
+        present = {entry.id for entry in e.entries}
+        for entry in e.entries:
+            self.spans.setdefault(("queue", e.thread_id, entry.id), Span(
+                kind="queue", thread_id=e.thread_id, turn_id=e.turn_id, key=entry.id, start=at,
+                detail=client_id_to_intent_id(entry.client_id) or ""))
+        for (kind, thread, key), span in self.spans.items():
+            if kind == "queue" and thread == e.thread_id and key not in present and span.end is None:
+                span.end = at
+
+    def _report(self, e: ev.Report, at, seq) -> None:
+        detail = e.detail
+        intent = detail.get("intent_id")
+        self.reports.append(PersonReport(
+            seq=seq, at=at, thread_id=e.thread_id, turn_id=e.turn_id, rule_id=e.rule_id, finding=e.finding,
+            action=detail.get("action") if isinstance(detail.get("action"), str) else None,
+            shadow=bool(detail.get("shadow")), intent_id=intent if isinstance(intent, str) else None))
+
+    def _decision(self, e: ev.DecisionRecorded, at, seq) -> None:
+        self.decisions.append(Decision(seq=seq, at=at, thread_id=e.thread_id, intent_id=e.intent_id,
+                                       action=e.action, reason=e.reason, rule_id=e.rule_id, shadow=e.shadow))
+
+    def _undecodable(self, e: ev.Undecodable, at, seq) -> None:
+        self.undecodable += 1
+
+    # -- views ------------------------------------------------------------------
+
+    def first_activity_after(self, thread_id: str, turn_id: str, after_seq: int) -> Progress | None:
+        for at, seq in self.activity.get((thread_id, turn_id), ()):
+            if seq > after_seq:
+                return Progress(at=at, seq=seq)
+        return None
+
+
+_STEPS = {
+    ev.TurnStarted: Facts._turn_started,
+    ev.TurnCompleted: Facts._turn_completed,
+    ev.ItemStarted: Facts._item_started,
+    ev.ItemCompleted: Facts._item_completed,
+    ev.AgentMessage: Facts._active,
+    ev.UserMessage: Facts._user_message,
+    ev.ApprovalRequested: Facts._approval_requested,
+    ev.ApprovalResolved: Facts._approval_resolved,
+    ev.QueueChanged: Facts._queue_changed,
+    ev.Report: Facts._report,
+    ev.DecisionRecorded: Facts._decision,
+    ev.Undecodable: Facts._undecodable,
+}
+
+
+def fold_facts(entries) -> Facts:
+    return Facts().fold(entries)

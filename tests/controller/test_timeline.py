@@ -1,0 +1,100 @@
+"""``tillerman timeline``: the page for a recorded session, and for a session of 5,000
+turns, opened in real headless chromium (``tests.browser``): turn bands and intent
+markers are in the DOM, nothing is fetched from the network, and the DOM stays bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tests.browser import chromium_dom, chromium_evaluate, chromium_screenshot
+from tillerman.controller.cli import main
+from tillerman.controller.intent_requests import proposal_envelopes, transition_envelope
+from tillerman.controller.report_fold import fold_facts
+from tillerman.controller.timeline import MAX_DRAWN, render_html, timeline_data
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent, text_digest
+from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.projections import Projection
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSIONS = ROOT / "fixtures" / "sessions"
+
+
+def test_recorded_session_page_shows_turns_calls_and_the_intent(tmp_path: Path) -> None:
+    page = tmp_path / "timeline.html"
+    out = CliRunner().invoke(main, ["timeline", "--config", str(SESSIONS / "replay" / "grants.toml"),
+                                    str(SESSIONS), "--html", str(page)])
+    assert out.exit_code == 0, out.output
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "the page must load nothing from a network"
+    data = json.loads(re.search(r'id="timeline-data">(.*?)</script>', text, re.S)[1].replace("<\\/", "</"))
+    assert data["intents"] and data["turns"] and data["calls"]
+    dom = chromium_dom(page)
+    assert dom.count('class="mark turn-band') == len(data["turns"])
+    for intent in data["intents"]:
+        assert f'data-intent="{intent["id"]}"' in dom
+    assert dom.count("journey-step") >= sum(len(i["steps"]) for i in data["intents"])
+    assert "stall-marker" in dom and "tool-call" in dom
+    chromium_screenshot(page, tmp_path / "recorded.png")
+
+
+def test_thread_filter_and_unknown_thread(tmp_path: Path) -> None:
+    page = tmp_path / "t.html"
+    out = CliRunner().invoke(main, ["timeline", str(SESSIONS), "--thread", "no-such-thread", "--html", str(page)])
+    assert out.exit_code == 2 and "is not in the ledger" in out.output
+
+
+def big_session(turns: int) -> list[Envelope]:
+    """``turns`` turns of one thread, each with a tool call, and an intent every 50 turns."""
+    out: list[Envelope] = []
+    for n in range(turns):
+        at, turn = 10.0 * n, f"turn-{n}"
+        out += [Envelope(event_id=f"s{n}", source="appserver", at=at, event=ev.TurnStarted(thread_id="T", turn_id=turn)),
+                Envelope(event_id=f"i{n}", source="appserver", at=at + 1, event=ev.ItemStarted(
+                    thread_id="T", turn_id=turn, item_id=f"c{n}", item_type="commandExecution", critical=n % 7 == 0)),
+                Envelope(event_id=f"j{n}", source="appserver", at=at + 3, event=ev.ItemCompleted(
+                    thread_id="T", turn_id=turn, item_id=f"c{n}", item_type="commandExecution")),
+                Envelope(event_id=f"e{n}", source="appserver", at=at + 8, event=ev.TurnCompleted(
+                    thread_id="T", turn_id=turn))]
+        if n % 50 == 0:
+            intent = Intent(id=f"in-{n:020d}", thread_id="T", mode="steer", text="x", text_digest=text_digest("x"),
+                            created_at=at + 2, ack_deadline=at + 60, expires_at=at + 600, expected_turn_id=turn)
+            out += proposal_envelopes(intent, Projection())
+            out.append(transition_envelope(intent, State.PROPOSED, State.DISPATCH_UNKNOWN, "dispatching", {}, at + 2))
+    return out
+
+
+def test_a_session_of_5000_turns_keeps_the_dom_bounded(tmp_path: Path) -> None:
+    recorder = MemoryRecorder()
+    recorder.append(big_session(5000))
+    data = timeline_data(fold_facts(recorder.read()))
+    assert len(data["turns"]) == 5000 and len(data["calls"]) == 5000
+    page = tmp_path / "big.html"
+    page.write_text(render_html(data))
+    dom = chromium_dom(page)
+    elements = len(re.findall(r"<[a-zA-Z]", dom))
+    drawn = int(re.search(r'id="status" data-drawn="(\d+)"', dom)[1])
+    assert 0 < drawn <= MAX_DRAWN
+    assert elements <= 5000, f"{elements} elements in the DOM for 5,000 turns"
+    assert 0 < dom.count("turn-band") < 5000  # a window, not the whole session
+    assert "data-intent=" in dom
+
+
+def test_clicking_an_intent_marker_shows_its_journey_with_evidence(tmp_path: Path) -> None:
+    recorder = MemoryRecorder()
+    recorder.append(big_session(60))
+    page = tmp_path / "small.html"
+    page.write_text(render_html(timeline_data(fold_facts(recorder.read()))))
+    shown = chromium_evaluate(page, "(document.querySelector('.intent-marker').click(),"
+                                    " document.getElementById('detail').textContent)")
+    journey = json.loads(shown)
+    assert journey["id"] == "in-00000000000000000000"
+    assert [(s["kind"], s["state"], s["reason"]) for s in journey["steps"]] == [
+        ("proposed", "proposed", "owner:unknown"), ("transition", "dispatch_unknown", "dispatching")]
