@@ -64,9 +64,11 @@ def chromium_screenshot(page: Path, png: Path, size: str = "1400,900") -> Path:
     return png
 
 
-def chromium_evaluate(page: Path, expression: str, timeout: float = 60.0):
+def chromium_evaluate(page: Path, expression: str, wait_for: str, timeout: float = 60.0):
     """The value of ``expression`` evaluated in the loaded page, over the DevTools
-    protocol (a click, then what the page shows)."""
+    protocol (a click, then what the page shows), once an element matching the CSS
+    selector ``wait_for`` exists: the page draws after its load event, later still on a
+    loaded machine."""
     import json
     import time
     import urllib.request
@@ -93,14 +95,20 @@ def chromium_evaluate(page: Path, expression: str, timeout: float = 60.0):
                 assert time.monotonic() < deadline, "chromium never opened the page"
                 time.sleep(0.05)
             with connect(pages[0]["webSocketDebuggerUrl"], max_size=None) as ws:
-                ws.send(json.dumps({"id": 1, "method": "Runtime.evaluate", "params": {
-                    "expression": f"new Promise(r => (document.readyState === 'complete' ? r() :"
-                                  f" addEventListener('load', () => r()))).then(() => ({expression}))",
-                    "awaitPromise": True, "returnByValue": True}}))
-                while True:
-                    reply = json.loads(ws.recv(timeout=timeout))
-                    if reply.get("id") == 1:
+                # An evaluation sent while the page is still navigating finds its context
+                # destroyed and answers with an error: ask again in the new context.
+                for attempt in range(1, 1000):
+                    ws.send(json.dumps({"id": attempt, "method": "Runtime.evaluate", "params": {
+                        "expression": f"new Promise(r => {{ const poll = () => document.querySelector("
+                                      f"{json.dumps(wait_for)}) ? r() : setTimeout(poll, 50); poll(); }})"
+                                      f".then(() => ({expression}))",
+                        "awaitPromise": True, "returnByValue": True}}))
+                    while (reply := json.loads(ws.recv(timeout=timeout))).get("id") != attempt:
+                        pass
+                    if "result" in reply:
                         break
+                    assert time.monotonic() < deadline, f"chromium never evaluated: {reply}"
+                    time.sleep(0.05)
             result = reply["result"]
             assert "exceptionDetails" not in result, result
             return result["result"].get("value")

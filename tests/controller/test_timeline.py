@@ -93,7 +93,8 @@ def test_clicking_an_intent_marker_shows_its_journey_with_evidence(tmp_path: Pat
     page = tmp_path / "small.html"
     page.write_text(render_html(timeline_data(fold_facts(recorder.read()))))
     shown = chromium_evaluate(page, "(document.querySelector('.intent-marker').click(),"
-                                    " document.getElementById('detail').textContent)")
+                                    " document.getElementById('detail').textContent)",
+                              wait_for=".intent-marker")
     journey = json.loads(shown)
     assert journey["id"] == "in-00000000000000000000"
     assert [(s["kind"], s["state"], s["reason"]) for s in journey["steps"]] == [
