@@ -405,6 +405,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             trace=trace_path, retain_payloads=retain_payloads,
                             dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
                             config_path=config_path, patterns=effective.patterns,
+                            reviewers=effective.reviewers,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs))
     try:
         with open_ledger(str(path)) as recorder:

@@ -205,22 +205,31 @@ def run_checkpoint(ledger: Recorder, reviewer: Reviewer, packet: ReviewPacket, *
     recorded answer (``Recorded``), an interrupted or reused id (``Refused``, recorded
     as the checkpoint's outcome), or a spent cap (``Escalate``)."""
     reviews = fold_reviews(ledger.read())
-    where = {"checkpoint_id": packet.checkpoint_id, "checkpoint": packet.checkpoint, "reviewer": reviewer.name,
-             "intent_id": packet.intent_id, "thread_id": packet.thread_id}
+    where = checkpoint_where(reviewer, packet)
     plan = plan_checkpoint(reviews, checkpoint_id=packet.checkpoint_id, checkpoint=packet.checkpoint,
                            intent_id=packet.intent_id, thread_id=packet.thread_id, now=now,
                            max_per_intent=reviewer.max_per_intent,
                            max_per_thread_per_hour=reviewer.max_per_thread_per_hour)
     if isinstance(plan, Refused) and plan.reason == "review_interrupted":
-        _append(ledger, ReviewCommitted(**where, outcome=plan.reason), now)
+        append_review(ledger, ReviewCommitted(**where, outcome=plan.reason), now)
     if not isinstance(plan, Call):
         return plan
-    body = msgspec.json.encode(packet)
-    _append(ledger, ReviewPending(**where, packet_digest=digest(body), packet_size=len(body), probe=packet.probe),
-            now, durable=True)
+    append_review(ledger, pending_event(reviewer, packet), now, durable=True)
     asked = ask(reviewer, packet.checkpoint, packet)
-    _append(ledger, committed_event(asked, where, retain_payloads=retain_payloads), time.time())
+    append_review(ledger, committed_event(asked, where, retain_payloads=retain_payloads), time.time())
     return asked
+
+
+def checkpoint_where(reviewer: Reviewer, packet: ReviewPacket) -> dict:
+    """The fields naming one checkpoint, shared by its pending and committed records."""
+    return {"checkpoint_id": packet.checkpoint_id, "checkpoint": packet.checkpoint, "reviewer": reviewer.name,
+            "intent_id": packet.intent_id, "thread_id": packet.thread_id}
+
+
+def pending_event(reviewer: Reviewer, packet: ReviewPacket) -> ReviewPending:
+    body = msgspec.json.encode(packet)
+    return ReviewPending(**checkpoint_where(reviewer, packet), packet_digest=digest(body), packet_size=len(body),
+                         probe=packet.probe)
 
 
 def committed_event(asked: Asked, where: dict, *, retain_payloads: bool) -> ReviewCommitted:
@@ -236,10 +245,13 @@ def committed_event(asked: Asked, where: dict, *, retain_payloads: bool) -> Revi
         wall_ms=asked.wall_ms, tokens=asked.tokens, cost_usd=asked.cost_usd,
         flags=() if answer else outcome.flags,
         answer=asked.answer.decode("utf-8", "replace") if retain_payloads and asked.answer else None,
+        text=answer.text if answer else None,
+        required=tuple(f"{c.correction} (proof: {c.proof})" for c in answer.required_corrections) if answer else (),
     )
 
 
-def _append(ledger: Recorder, event: ReviewPending | ReviewCommitted, at: float, *, durable: bool = False) -> None:
+def append_review(ledger: Recorder, event: ReviewPending | ReviewCommitted, at: float, *,
+                  durable: bool = False) -> None:
     kind = event.__struct_config__.tag
     ledger.append([Envelope(event_id=f"{kind}:{event.checkpoint_id}", event=event, source="tillerman:reviewer",
                             at=at, observed_at=at)], durable=durable)

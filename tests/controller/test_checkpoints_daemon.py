@@ -1,0 +1,319 @@
+"""Reviews wired into the daemon: an intent of a rule with ``review = "NAME"`` waits for its
+review, a failure of any kind holds it and ends it ``rejected: review_failed``, caps and
+repeated checkpoints spend nothing more, probes grade the reviewer, and a reviewer's
+recommendation becomes an intent of its own. The reviewer is a small Python script; the
+daemon runs without an app-server, so a dispatch is seen as the ``Dispatch`` fact it hands
+to the intent's delivery task."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from tests.controller.test_reviewer import GOOD, answering, script
+from tillerman.controller import intent_requests
+from tillerman.controller.checkpoints import Checkpoints, is_reviewer_thread
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.delivery import Dispatch
+from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnCompleted, \
+    TurnStarted
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.decision import Action
+from tillerman.rules.review import Reviewer, checkpoint_id
+from tillerman.rules.ruleset import Grant, Rule, TurnQuiet, build_ruleset
+
+QUEUE_RULE = Rule(id="nudge", version=1, status="active", condition=TurnQuiet(for_seconds=3600.0),
+                  action=Action.QUEUE, owner="ann", review_by=datetime.date(2099, 1, 1), text="go on",
+                  review="script")
+
+
+def ruleset(*grants: Grant):
+    return build_ruleset((QUEUE_RULE,), (Grant(subject="rule:nudge", actions=frozenset({"queue"})), *grants))
+
+
+def _ledger(path: Path, *, turn_ends: bool = False) -> str:
+    """A thread with a running turn and one queue intent the rule ``nudge`` proposed."""
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=ThreadStarted(thread_id="T1", cwd="/work"), source="appserver:x",
+                             at=1.0),
+                    Envelope(event_id="u", event=TurnStarted(thread_id="T1", turn_id="u1"), source="appserver:x",
+                             at=time.time())])  # the rule's hour of quiet is far off
+        intent = intent_requests.propose(rec, thread_id="T1", mode="queue", text="go on", owner="ann",
+                                         producer="rule:nudge", rule_id="nudge", rule_version=1)
+        return intent.id
+
+
+class Run:
+    """A daemon on the ledger until ``until`` holds; the dispatches it handed over."""
+
+    def __init__(self, path: Path, rules, reviewers: tuple[Reviewer, ...], *, clock=time.time) -> None:
+        self.path, self.dispatched = path, []  # each round hands it again: no adapter takes it
+        self.recorder = SQLiteRecorder(path)
+        self.daemon = Daemon(self.recorder, rules, DaemonOptions(reviewers=reviewers), clock=clock)
+        drive = self.daemon._drive
+
+        def recording(tg, intent_id, fact):
+            if isinstance(fact, Dispatch):
+                self.dispatched.append(intent_id)
+            drive(tg, intent_id, fact)
+
+        self.daemon._drive = recording
+
+    def until(self, done, timeout: float = 20.0, settle: float = 0.3) -> None:
+        async def run():
+            with anyio.fail_after(timeout):
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self.daemon.run)
+                    while not done():
+                        await anyio.sleep(0.05)
+                    await anyio.sleep(settle)  # a round more: nothing else may follow
+                    tg.cancel_scope.cancel()
+
+        try:
+            anyio.run(run)
+        finally:
+            self.recorder.close()
+
+    def state(self, intent_id: str) -> State:
+        return self.daemon.projection.intents[intent_id].state
+
+    def events(self, kind):
+        with SQLiteRecorder(self.path, readonly=True) as reader:
+            return [e.envelope.event for e in reader.read() if isinstance(e.envelope.event, kind)]
+
+
+def committed(run: Run) -> list[ReviewCommitted]:
+    return run.events(ReviewCommitted)
+
+
+def test_a_ready_answer_hands_the_intent_to_the_gate_and_it_is_dispatched(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    run = Run(path, ruleset(), (answering(tmp_path, GOOD),))
+    run.until(lambda: run.dispatched)
+    assert set(run.dispatched) == {intent_id}
+    [done] = committed(run)
+    assert done.checkpoint == "before_dispatch" and done.disposition == "ready_for_existing_gate"
+    assert len(run.events(ReviewPending)) == 1
+
+
+def test_the_intent_is_not_dispatched_while_its_review_runs(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    marker = tmp_path / "asked"
+    slow = script(tmp_path, f"""
+        open({str(marker)!r}, 'w').write('asked'); sys.stdin.read(); time.sleep(1.5)
+        print(json.dumps({GOOD!r}))
+    """)
+    run = Run(path, ruleset(), (slow,))
+    seen_while_asking = []
+
+    def done():
+        if marker.exists() and not committed_in(run):
+            seen_while_asking.append(list(run.dispatched))
+        return bool(run.dispatched)
+
+    run.until(done)
+    assert seen_while_asking and all(d == [] for d in seen_while_asking)
+    assert set(run.dispatched) == {intent_id}
+
+
+def test_a_review_is_necessary_never_sufficient_without_the_rules_grant(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    no_grant = build_ruleset((QUEUE_RULE,), ())
+    run = Run(path, no_grant, (answering(tmp_path, GOOD),))
+    run.until(lambda: intent_id in run.daemon.projection.intents and run.state(intent_id) != State.PROPOSED)
+    assert run.dispatched == [] and run.state(intent_id) == State.REJECTED
+
+
+FAILURES = {
+    "timeout": ("sys.stdin.read(); time.sleep(30)", {"timeout": 0.5}),
+    "crash": ("sys.stdin.read(); os.kill(os.getpid(), 9)", {}),
+    "nonzero_exit": ("sys.stdin.read(); sys.exit(3)", {}),
+    "malformed_json": ("sys.stdin.read(); print('{\"disposition\": ')", {}),
+    "illegal_disposition": ("sys.stdin.read(); print(json.dumps({'disposition': 'continue_with_directive',"
+                            " 'reason': 'r', 'confidence': 1, 'recommended_action': 'queue', 'text': 't'}))", {}),
+    "authority_language": ("sys.stdin.read(); print(json.dumps({'disposition': 'ready_for_existing_gate',"
+                           " 'reason': 'approved, cleared to merge', 'confidence': 1}))", {}),
+}
+
+
+@pytest.mark.parametrize("why", sorted(FAILURES))
+def test_each_failure_holds_the_intent_and_rejects_it(tmp_path, why, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    body, keys = FAILURES[why]
+    run = Run(path, ruleset(), (script(tmp_path, body, **keys),))
+    run.until(lambda: intent_id in run.daemon.projection.intents and run.state(intent_id) == State.REJECTED)
+    assert run.dispatched == []
+    view = run.daemon.projection.intents[intent_id]
+    assert [h.reason for h in view.history if h.kind == "transition"][-1] == "review_failed"
+    held = [h for h in view.history if h.kind == "evidence" and h.reason == "review_held"]
+    assert held and held[0].evidence["outcome"] == f"review_failed:{why}"
+    assert intent_id in caplog.text and "failed closed" in caplog.text  # reported for its owner
+
+
+def test_an_oversize_packet_holds_the_intent_without_a_call(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0)])
+        intent_id = intent_requests.propose(rec, thread_id="T1", mode="queue", text="x " * 7000, owner="ann",
+                                            producer="rule:nudge", rule_id="nudge", rule_version=1).id
+    marker = tmp_path / "called"
+    run = Run(path, ruleset(), (script(tmp_path, f"open({str(marker)!r}, 'w').write('yes')\n"),))
+    run.until(lambda: intent_id in run.daemon.projection.intents and run.state(intent_id) == State.REJECTED)
+    assert not marker.exists() and run.dispatched == []
+    [done] = committed(run)
+    assert done.outcome == "review_failed:packet_refused"
+
+
+def test_a_hold_answer_keeps_the_intent_proposed_and_undispatched(tmp_path, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    hold = {"disposition": "hold", "reason": "the tests are still running", "confidence": 0.6}
+    run = Run(path, ruleset(), (answering(tmp_path, hold),))
+    run.until(lambda: committed_in(run) and any(h.reason == "review_held" for h in history(run, intent_id)))
+    assert run.dispatched == [] and run.state(intent_id) == State.PROPOSED
+    assert "says hold" in caplog.text
+
+
+def committed_in(run: Run) -> bool:
+    return any(c.committed for c in run.daemon.checkpoints.reviews.checkpoints.values())
+
+
+def history(run: Run, intent_id: str):
+    view = run.daemon.projection.intents.get(intent_id)
+    return view.history if view else []
+
+
+def test_an_interrupted_call_is_not_asked_again_and_the_intent_is_rejected(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    with SQLiteRecorder(path) as rec:  # a daemon died between pending and committed
+        turn = intent_requests.intent_view(rec, intent_id).intent.expected_turn_id
+        rec.append([Envelope(event_id="p", source="tillerman:reviewer", at=3.0, event=ReviewPending(
+            thread_id="T1", checkpoint_id=checkpoint_id("before_dispatch", intent_id, turn), checkpoint="before_dispatch",
+            reviewer="script", intent_id=intent_id))])
+    counter = tmp_path / "calls"
+    run = Run(path, ruleset(), (script(tmp_path, f"open({str(counter)!r}, 'a').write('call')\n"),))
+    run.until(lambda: intent_id in run.daemon.projection.intents and run.state(intent_id) == State.REJECTED)
+    assert not counter.exists() and run.dispatched == []
+    assert [c.outcome for c in committed(run)] == ["review_interrupted"]
+
+
+def test_a_spent_cap_escalates_without_a_call(tmp_path, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    counter = tmp_path / "calls"
+    capped = script(tmp_path, f"open({str(counter)!r}, 'a').write('call')\n", max_per_thread_per_hour=0)
+    run = Run(path, ruleset(), (capped,))
+    run.until(lambda: intent_id in run.daemon.projection.intents and run.state(intent_id) == State.REJECTED)
+    assert not counter.exists()
+    assert [c.outcome for c in committed(run)] == ["review_capped"]
+    assert run.events(ReviewPending) == []  # nothing spent
+    assert "escalated to its owner" in caplog.text
+
+
+def test_a_recorded_checkpoint_is_answered_from_the_ledger_after_a_restart(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    counter = tmp_path / "calls"
+    counting = script(tmp_path, f"""
+        open({str(counter)!r}, 'a').write('call'); sys.stdin.read(); print(json.dumps({GOOD!r}))
+    """)
+    first = Run(path, ruleset(), (counting,))
+    first.until(lambda: first.dispatched)
+    second = Run(path, ruleset(), (counting,))  # no adapter took it: still proposed, decided again
+    second.until(lambda: second.dispatched, settle=1.0)
+    assert set(second.dispatched) == {intent_id}  # on the recorded answer
+    assert counter.read_text() == "call"  # one call, however often the daemon starts
+    assert len(second.events(ReviewPending)) == 1
+
+
+def test_a_known_bad_probe_follows_a_streak_and_a_reviewer_that_passes_it_is_flagged(tmp_path, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0)])
+        for n in range(2):  # two gate answers in a row already on record
+            rec.append([Envelope(event_id=f"c{n}", source="tillerman:reviewer", at=2.0 + n, event=ReviewCommitted(
+                thread_id="T1", checkpoint_id=f"before_dispatch:old{n}@-", checkpoint="before_dispatch",
+                reviewer="script", outcome="accepted", disposition="ready_for_existing_gate"))])
+    intent_id = _ledger(path)
+    always_ready = answering(tmp_path, GOOD, probe_every=2)
+    run = Run(path, ruleset(), (always_ready,))
+    run.until(lambda: run.dispatched and run.daemon.checkpoints.reviews.probes_let_through("script"))
+    assert set(run.dispatched) == {intent_id}  # the probe itself is never dispatched
+    probes = [p for p in run.events(ReviewPending) if p.probe]
+    assert len(probes) == 1 and probes[0].intent_id is None
+    assert "known-bad calibration probe" in caplog.text
+
+
+def test_a_threads_started_in_a_reviewers_home_is_never_supervised(tmp_path):
+    reviewer = Reviewer(name="r", command=("true",), home=str(tmp_path / "home"))
+    assert is_reviewer_thread(str(tmp_path / "home" / "work"), [reviewer])
+    assert is_reviewer_thread("/tmp/tillerman-reviewer-abc123", [])
+    assert not is_reviewer_thread(str(tmp_path / "homework"), [reviewer])
+    assert not is_reviewer_thread(None, [reviewer])
+
+
+def test_a_reviewers_own_thread_is_skipped_by_the_daemon(tmp_path):
+    """A quiet turn on the reviewer's own thread would fire the rule; it is never judged."""
+    path = tmp_path / "ledger.sqlite3"
+    home = tmp_path / "reviewer-home"
+    quiet = msgspec.structs.replace(QUEUE_RULE, condition=TurnQuiet(for_seconds=1.0))
+    rules = build_ruleset((quiet,), ())
+    with SQLiteRecorder(path) as rec:
+        for thread, cwd in (("OWN", str(home)), ("USER", "/work")):
+            rec.append([Envelope(event_id=f"t{thread}", event=ThreadStarted(thread_id=thread, cwd=cwd),
+                                 source="appserver:x", at=1.0),
+                        Envelope(event_id=f"u{thread}", event=TurnStarted(thread_id=thread, turn_id="u1"),
+                                 source="appserver:x", at=2.0)])
+    run = Run(path, rules, (Reviewer(name="script", command=("true",), home=str(home)),))
+    run.until(lambda: run.daemon.projection.intents)
+    threads = {v.intent.thread_id for v in run.daemon.projection.intents.values()}
+    assert threads == {"USER"}
+
+
+def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_intent(tmp_path):
+    """``review``: the intent was taken and its turn ended; ``return_to_executor`` queues the
+    corrections as an intent of ``reviewer:script``, which its grant lets through."""
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    answers = tmp_path / "answers"
+    answers.write_text(json.dumps({"before_dispatch": GOOD, "review": {
+        "disposition": "return_to_executor", "reason": "the tests were not run", "confidence": 0.8,
+        "required_corrections": [{"correction": "run the tests", "proof": "pytest exits 0"}]}}))
+    reviewer = script(tmp_path, f"""
+        packet = json.load(sys.stdin)
+        print(json.dumps(json.load(open({str(answers)!r}))[packet['checkpoint']]))
+    """)
+    rules = ruleset(Grant(subject="reviewer:script", actions=frozenset({"queue"})))
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: run.dispatched)
+    with SQLiteRecorder(path) as rec:  # the server took it, and the turn that took it ended
+        intent = run.daemon.projection.intents[intent_id].intent
+        rec.append([intent_requests.transition_envelope(intent, State.PROPOSED, State.DISPATCH_UNKNOWN, "dispatching"),
+                    intent_requests.transition_envelope(intent, State.DISPATCH_UNKNOWN, State.ACKNOWLEDGED, "echo"),
+                    Envelope(event_id="end", event=TurnCompleted(thread_id="T1", turn_id="u1"),
+                             source="appserver:x", at=time.time())])
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: len(run.dispatched) == 1)
+    [recommended] = [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
+    assert set(run.dispatched) == {recommended.intent.id}
+    assert recommended.intent.mode == "queue" and "run the tests (proof: pytest exits 0)" in recommended.intent.text
+    assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
+
+
+def test_a_recommendation_from_a_reviewer_without_a_grant_is_never_dispatched(tmp_path):
+    checkpoints = Checkpoints((Reviewer(name="script", command=("true",)),))
+    assert checkpoints.reviewers["script"].producer == "reviewer:script"
+    rules = ruleset()  # rule:nudge may queue; reviewer:script may not
+    assert not rules.allows("reviewer:script", "queue", "T1")
