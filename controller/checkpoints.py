@@ -48,9 +48,16 @@ from tillerman.ledger.intents import intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import Call, Escalate, Plan, Recorded, Refused, Reviews, plan_checkpoint, probe_due
-from tillerman.rules.decision import Action
-from tillerman.rules.review import Accepted, Correction, ReviewAnswer, Reviewer, ReviewPacket, checkpoint_id, consequence,\
-    probe_packet
+from tillerman.rules.review import (
+    Accepted,
+    Correction,
+    ReviewAnswer,
+    Reviewer,
+    ReviewPacket,
+    checkpoint_id,
+    consequence,
+    probe_packet,
+)
 from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -208,13 +215,13 @@ class Checkpoints:
         """The records each committed checkpoint not yet acted on leads to: evidence on
         its intent, a rejection, the reviewer's own intent. Once each (``acted``)."""
         out: list[Envelope] = []
-        for checkpoint_id in sorted(self.unsettled):
-            checkpoint = self.reviews.checkpoints[checkpoint_id]
+        for cid in sorted(self.unsettled):
+            checkpoint = self.reviews.checkpoints[cid]
             committed = checkpoint.committed
             if committed is None:
                 continue
             if checkpoint.probe:
-                self.unsettled.discard(checkpoint_id)
+                self.unsettled.discard(cid)
                 if committed.disposition == "ready_for_existing_gate":
                     log.warning("reviewer %s let a known-bad calibration probe through (%s): it is flagged in"
                                 " `tillerman status`", checkpoint.reviewer, checkpoint.checkpoint_id)
@@ -222,7 +229,7 @@ class Checkpoints:
             view = projection.intents.get(checkpoint.intent_id or "")
             reviewer = self.reviewers.get(checkpoint.reviewer)
             if view is None or reviewer is None:
-                self.unsettled.discard(checkpoint_id)  # nothing of ours to act on
+                self.unsettled.discard(cid)  # nothing of ours to act on
                 continue
             out += self._consequence(projection, view, reviewer, committed, now)
         return out

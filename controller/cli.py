@@ -471,6 +471,9 @@ def status_cmd(as_json, ledger_path):
     if data["unsupervised_threads"]:
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
+    for name, probes in data["flagged_reviewers"].items():
+        click.echo(f"reviewer {name} FLAGGED: let {len(probes)} known-bad calibration probe(s) through"
+                   f" ({', '.join(probes)}); check its command and prompt before trusting its answers")
 
 
 def _daemon_lines(daemon: dict) -> list[str]:

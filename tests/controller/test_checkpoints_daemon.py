@@ -18,7 +18,7 @@ import pytest
 
 from tests.controller.test_reviewer import GOOD, answering, script
 from tillerman.controller import intent_requests
-from tillerman.controller.checkpoints import Checkpoints, is_reviewer_thread
+from tillerman.controller.checkpoints import is_reviewer_thread
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.delivery import Dispatch
 from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnCompleted, \
@@ -254,6 +254,13 @@ def test_a_known_bad_probe_follows_a_streak_and_a_reviewer_that_passes_it_is_fla
     probes = [p for p in run.events(ReviewPending) if p.probe]
     assert len(probes) == 1 and probes[0].intent_id is None
     assert "known-bad calibration probe" in caplog.text
+    from click.testing import CliRunner
+
+    from tillerman.controller.cli import main
+    shown = CliRunner().invoke(main, ["status", "--ledger", str(path), "--json"])
+    assert list(json.loads(shown.output)["flagged_reviewers"]) == ["script"]
+    shown = CliRunner().invoke(main, ["status", "--ledger", str(path)])
+    assert "reviewer script FLAGGED" in shown.output
 
 
 def test_a_threads_started_in_a_reviewers_home_is_never_supervised(tmp_path):
@@ -282,9 +289,11 @@ def test_a_reviewers_own_thread_is_skipped_by_the_daemon(tmp_path):
     assert threads == {"USER"}
 
 
-def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_intent(tmp_path):
+@pytest.mark.parametrize("granted", [True, False])
+def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_intent(tmp_path, granted):
     """``review``: the intent was taken and its turn ended; ``return_to_executor`` queues the
-    corrections as an intent of ``reviewer:script``, which its grant lets through."""
+    corrections as an intent of ``reviewer:script``: its own grant lets it through, and
+    without one it is refused like anyone's (the rule's grant is not lent to it)."""
     path = tmp_path / "ledger.sqlite3"
     intent_id = _ledger(path)
     answers = tmp_path / "answers"
@@ -295,7 +304,7 @@ def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_in
         packet = json.load(sys.stdin)
         print(json.dumps(json.load(open({str(answers)!r}))[packet['checkpoint']]))
     """)
-    rules = ruleset(Grant(subject="reviewer:script", actions=frozenset({"queue"})))
+    rules = ruleset(*[Grant(subject="reviewer:script", actions=frozenset({"queue"}))] * granted)
     run = Run(path, rules, (reviewer,))
     run.until(lambda: run.dispatched)
     with SQLiteRecorder(path) as rec:  # the server took it, and the turn that took it ended
@@ -305,15 +314,16 @@ def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_in
                     Envelope(event_id="end", event=TurnCompleted(thread_id="T1", turn_id="u1"),
                              source="appserver:x", at=time.time())])
     run = Run(path, rules, (reviewer,))
-    run.until(lambda: len(run.dispatched) == 1)
-    [recommended] = [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
-    assert set(run.dispatched) == {recommended.intent.id}
+
+    def recommended():
+        return [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
+
+    run.until(lambda: run.dispatched if granted else any(v.state != State.PROPOSED for v in recommended()))
+    [recommended] = recommended()
+    if granted:
+        assert set(run.dispatched) == {recommended.intent.id}
+    else:
+        assert run.dispatched == [] and recommended.state == State.REJECTED
+        assert recommended.last_decision == ("escalate", "no_grant")
     assert recommended.intent.mode == "queue" and "run the tests (proof: pytest exits 0)" in recommended.intent.text
     assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
-
-
-def test_a_recommendation_from_a_reviewer_without_a_grant_is_never_dispatched(tmp_path):
-    checkpoints = Checkpoints((Reviewer(name="script", command=("true",)),))
-    assert checkpoints.reviewers["script"].producer == "reviewer:script"
-    rules = ruleset()  # rule:nudge may queue; reviewer:script may not
-    assert not rules.allows("reviewer:script", "queue", "T1")
