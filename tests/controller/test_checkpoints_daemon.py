@@ -327,3 +327,58 @@ def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_in
         assert recommended.last_decision == ("escalate", "no_grant")
     assert recommended.intent.mode == "queue" and "run the tests (proof: pytest exits 0)" in recommended.intent.text
     assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
+
+
+def by_checkpoint(tmp_path: Path, answers: dict) -> Reviewer:
+    """A reviewer answering each checkpoint its own way."""
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps(answers))
+    return script(tmp_path, f"""
+        packet = json.load(sys.stdin)
+        print(json.dumps(json.load(open({str(path)!r}))[packet['checkpoint']]))
+    """)
+
+
+DIRECTIVE = {"disposition": "continue_with_directive", "recommended_action": "queue", "confidence": 0.7,
+             "text": "Read the failing test before changing the code again.", "reason": "two failures in this turn"}
+REVIEWER_MAY_QUEUE = Grant(subject="reviewer:script", actions=frozenset({"queue"}))
+
+
+def test_a_rule_firing_twice_on_a_turn_is_a_rescue_whose_directive_replaces_its_second_intent(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    _ledger(path)
+    with SQLiteRecorder(path) as rec:  # the rule fired again on the same turn
+        again = intent_requests.propose(rec, thread_id="T1", mode="queue", text="go on", owner="ann",
+                                        producer="rule:nudge", rule_id="nudge", rule_version=1,
+                                        intent_id="in-000000000000000000aa")
+    run = Run(path, ruleset(REVIEWER_MAY_QUEUE), (by_checkpoint(tmp_path, {"before_dispatch": GOOD,
+                                                                             "rescue": DIRECTIVE}),))
+
+    def recommended():
+        return [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
+
+    run.until(lambda: any(i in run.dispatched for i in (v.intent.id for v in recommended())))
+    [rescue] = [c for c in committed(run) if c.checkpoint == "rescue"]
+    assert rescue.intent_id == again.id and rescue.disposition == "continue_with_directive"
+    assert again.id not in run.dispatched and run.state(again.id) == State.EXPIRED  # superseded, never sent
+    [directive] = recommended()
+    assert directive.intent.text == DIRECTIVE["text"] and directive.intent.supersedes == again.id
+
+
+def test_an_intent_overdue_for_the_second_time_is_reviewed(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=ThreadStarted(thread_id="T1"), source="appserver:x", at=1.0)])
+        late = intent_requests.propose(rec, now=time.time() - 10, thread_id="T1", mode="queue", text="go on",
+                                       owner="ann", producer="rule:nudge", rule_id="nudge", rule_version=1,
+                                       ack_deadline=2.0)  # due 8 s ago, and again 6 s ago
+    hold = {"disposition": "hold", "reason": "wait for the build", "confidence": 0.5}
+    run = Run(path, ruleset(REVIEWER_MAY_QUEUE), (by_checkpoint(tmp_path, {"before_dispatch": hold,
+                                                                             "overdue": DIRECTIVE}),))
+    run.until(lambda: any(c.committed and c.checkpoint == "overdue"
+                          for c in run.daemon.checkpoints.reviews.checkpoints.values())
+              and run.state(late.id) != State.PROPOSED)
+    assert late.id not in run.dispatched  # held at before_dispatch, then superseded
+    [directive] = [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
+    assert directive.intent.supersedes == late.id
+    assert sorted(c.checkpoint for c in committed(run)) == ["before_dispatch", "overdue"]
