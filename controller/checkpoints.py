@@ -40,7 +40,15 @@ from tillerman.controller.intent_requests import IntentError, build_intent, evid
     transition_envelope
 from tillerman.controller.overdue import _due as deadline_of
 from tillerman.controller.review_packet import packet_for_intent
-from tillerman.controller.reviewer import Asked, append_review, ask, checkpoint_where, committed_event, pending_event
+from tillerman.controller.reviewer import (
+    Asked,
+    append_review,
+    ask,
+    checkpoint_where,
+    committed_event,
+    pending_event,
+    review_envelope,
+)
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope, ReviewCommitted
 from tillerman.ledger.intent_states import State
@@ -88,8 +96,9 @@ def is_reviewer_thread(cwd: str | None, reviewers: Iterable[Reviewer]) -> bool:
 
 
 class Checkpoints:
-    def __init__(self, reviewers: Iterable[Reviewer] = ()) -> None:
+    def __init__(self, reviewers: Iterable[Reviewer] = (), *, replay: bool = False) -> None:
         self.reviewers = {r.name: r for r in reviewers}
+        self.replay = replay  # replay's intents are simulated (``replayed``): reviewed all the same
         self.reviews = Reviews()
         self.in_flight: set[str] = set()
         self.acted: set[str] = set()  # checkpoint ids whose consequence is on record (review_* evidence)
@@ -125,7 +134,7 @@ class Checkpoints:
         """The reviewer the intent's rule names; None for an intent no rule with ``review``
         produced (a person's, a reviewer's own: a reviewer is never reviewed)."""
         intent = view.intent
-        if intent.rule_id is None or intent.replayed:
+        if intent.rule_id is None or intent.replayed != self.replay:
             return None
         rule = next((r for r in ruleset.rules if r.id == intent.rule_id), None)
         return self.reviewers.get(rule.review) if rule is not None and rule.review else None
@@ -165,7 +174,9 @@ class Checkpoints:
         ended, self.ended_turns = self.ended_turns, []
         for thread_id, turn_id in ended:
             for intent_id in self.by_thread.get(thread_id, ()):
-                view = projection.intents[intent_id]
+                view = projection.intents.get(intent_id)
+                if view is None:  # settled and forgotten (replay)
+                    continue
                 reviewer = self.reviewer_of(view, ruleset)
                 if reviewer is not None and view.state in _AFTER_TURN and self._review_wanted(intent_id):
                     jobs += self._job(view, "review", reviewer, ruleset, now, turn_id=turn_id)
@@ -279,7 +290,7 @@ class Checkpoints:
                 projection, thread_id=intent.thread_id, mode=mode, text=text or committed.checkpoint_id, now=now,
                 expected_turn="active" if mode in ("steer", "interrupt") and snapshot.active_turn_id else None,
                 producer=reviewer.producer, owner=intent.owner, intent_id=intent_id_from(f"review:{committed.checkpoint_id}"),
-                supersedes=intent.id if view.state == State.PROPOSED else None)
+                supersedes=intent.id if view.state == State.PROPOSED else None, replayed=self.replay)
         except IntentError as exc:
             log.warning("intent %s: the %s review's recommendation cannot be proposed (%s)", intent.id, kind, exc)
             return []
@@ -313,6 +324,40 @@ def _answer_of(committed: ReviewCommitted) -> ReviewAnswer:
                         required_corrections=tuple(Correction(correction=c, proof="") for c in committed.required))
 
 
+def review_counts(checkpoints: Checkpoints, held: Iterable[str] = ()) -> dict[str, dict[str, int]]:
+    """Reviews by checkpoint (``probe`` for calibration probes) and disposition, or the
+    outcome of one that failed closed; ``held`` (checkpoint ids): not asked, held."""
+    out: dict[str, dict[str, int]] = {}
+    for checkpoint in checkpoints.reviews.checkpoints.values():
+        if checkpoint.committed is not None:
+            kind = "probe" if checkpoint.probe else checkpoint.checkpoint
+            said = checkpoint.committed.disposition or checkpoint.committed.outcome
+            out.setdefault(kind, {}).setdefault(said, 0)
+            out[kind][said] += 1
+    for cid in held:
+        known = checkpoints.reviews.checkpoints.get(cid)
+        if known is None or known.committed is None:
+            kind = cid.split(":", 1)[0]
+            out.setdefault(kind, {}).setdefault("held", 0)
+            out[kind]["held"] += 1
+    return {kind: dict(sorted(said.items())) for kind, said in sorted(out.items())}
+
+
+def without_call(job: Job, at: float) -> Envelope:
+    """The record of a checkpoint settled with no call: an interrupted call, a spent cap."""
+    assert isinstance(job.plan, Refused | Escalate)
+    return review_envelope(ReviewCommitted(**checkpoint_where(job.reviewer, job.packet), outcome=job.plan.reason), at)
+
+
+def asked_now(job: Job, at: float, *, retain_payloads: bool = False,
+              asker: Callable[..., Asked] = ask) -> list[Envelope]:
+    """Ask in this thread (replay's ``--review``): the pending and committed records."""
+    asked = asker(job.reviewer, job.packet.checkpoint, job.packet)
+    where = checkpoint_where(job.reviewer, job.packet)
+    return [review_envelope(pending_event(job.reviewer, job.packet), at),
+            review_envelope(committed_event(asked, where, retain_payloads=retain_payloads), at)]
+
+
 async def ask_at(recorder: Recorder, job: Job, *, clock: Callable[[], float] = time.time,
                  retain_payloads: bool = False, asker: Callable[..., Asked] = ask) -> None:
     """Settle one checkpoint: ``review_pending`` durably, the call in a worker thread (a
@@ -320,7 +365,7 @@ async def ask_at(recorder: Recorder, job: Job, *, clock: Callable[[], float] = t
     reason there was none (an interrupted call, a spent cap)."""
     where = checkpoint_where(job.reviewer, job.packet)
     if isinstance(job.plan, Refused | Escalate):
-        append_review(recorder, ReviewCommitted(**where, outcome=job.plan.reason), clock())
+        recorder.append([without_call(job, clock())])
         return
     append_review(recorder, pending_event(job.reviewer, job.packet), clock(), durable=True)
     asked = await anyio.to_thread.run_sync(asker, job.reviewer, job.packet.checkpoint, job.packet)

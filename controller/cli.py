@@ -217,10 +217,13 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--check", is_flag=True,
               help="Decide again every decision the ledger PATH records, with the rule set then in force;"
                    " exit 1 at the first that differs.")
+@click.option("--review", is_flag=True,
+              help="Ask the configured reviewers at checkpoints the inputs did not record (default: hold them,"
+                   " with no call, so the replay is deterministic).")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
 @errors_to_exit_codes
-def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, as_json, paths):
+def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, review, as_json, paths):
     """Run recorded sessions through the normalizer, rules and policy on a virtual
     clock. Dispatches nothing; never touches a configured ledger.
 
@@ -233,7 +236,8 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
     if check:
         given = [name for name, value in (("--format", fmt != "auto"), ("--ledger", ledger_path),
                                           ("--rules", rules_path), ("--config", config_path),
-                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs)) if value]
+                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs),
+                                          ("--review", review)) if value]
         if given or len(paths) != 1:
             raise Fail("--check takes one ledger and uses the rule sets it recorded: give only"
                        f" --check [--json] LEDGER{' (drop ' + ', '.join(given) + ')' if given else ''}")
@@ -247,7 +251,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
     ledger = open_ledger(ledger_path) if ledger_path is not None else None
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     settings = ReplaySettings(ruleset=effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                              retain_payloads=retain_payloads)
+                              retain_payloads=retain_payloads, reviewers=effective.reviewers, review=review)
     try:
         summary = replay_files(found, settings, jobs=jobs or os.cpu_count() or 1, ledger=ledger, progress=progress)
     except ReplayError as exc:
@@ -271,6 +275,8 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         click.echo("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
     for item in summary.overdue:
         click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
+    for kind, said in (summary.reviews or {}).items():
+        click.echo(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
 
 
 def _check(path: str, as_json: bool) -> None:

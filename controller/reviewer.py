@@ -287,6 +287,11 @@ def committed_event(asked: Asked, where: dict, *, retain_payloads: bool) -> Revi
 
 def append_review(ledger: Recorder, event: ReviewPending | ReviewCommitted, at: float, *,
                   durable: bool = False) -> None:
+    ledger.append([review_envelope(event, at)], durable=durable)
+
+
+def review_envelope(event: ReviewPending | ReviewCommitted, at: float) -> Envelope:
+    """One review record; its id names the checkpoint, so it is recorded once."""
     kind = event.__struct_config__.tag
-    ledger.append([Envelope(event_id=f"{kind}:{event.checkpoint_id}", event=event, source="tillerman:reviewer",
-                            at=at, observed_at=at)], durable=durable)
+    return Envelope(event_id=f"{kind}:{event.checkpoint_id}", event=event, source="tillerman:reviewer",
+                    at=at, observed_at=at)

@@ -8,6 +8,7 @@ to the intent's delivery task."""
 from __future__ import annotations
 
 import datetime
+import sys
 import json
 import time
 from pathlib import Path
@@ -382,3 +383,55 @@ def test_an_intent_overdue_for_the_second_time_is_reviewed(tmp_path):
     [directive] = [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
     assert directive.intent.supersedes == late.id
     assert sorted(c.checkpoint for c in committed(run)) == ["before_dispatch", "overdue"]
+
+
+# -- replay ------------------------------------------------------------------------------------------
+
+STALL_ROLLOUT = (Path(__file__).resolve().parents[2] / "fixtures" / "sessions" / "replay"
+                 / "rollout-2026-10-19T22-00-00-0199b000-0000-7000-8000-00000000bb01.jsonl")
+
+
+def _replay_files(tmp_path: Path, reviewer_body: str) -> tuple[Path, Path]:
+    """The built-in rules with ``review = "script"`` on the repeated-failure rule (the
+    rollout makes it fire once), and a config with that reviewer and the rule's grant."""
+    from fixtures.rule_texts import grant, reviewer
+    defaults = (Path(__file__).resolve().parents[2] / "rules" / "defaults.toml").read_text()
+    rules = tmp_path / "rules.toml"
+    rules.write_text(defaults.replace('id = "repeated-failure"\n', 'id = "repeated-failure"\nreview = "script"\n'))
+    body = tmp_path / "reviewer.py"
+    body.write_text("import json, sys\n" + reviewer_body)
+    config = tmp_path / "config.toml"
+    config.write_text(reviewer("script", [sys.executable, str(body)])
+                      + grant("rule:repeated-failure", ["steer"], threads="*"))
+    return rules, config
+
+
+def replay_json(*args) -> dict:
+    from click.testing import CliRunner
+
+    from tillerman.controller.cli import main
+    result = CliRunner().invoke(main, ["replay", "--json", "--jobs", "1", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_replay_holds_a_new_checkpoint_without_a_call_and_asks_it_with_review(tmp_path):
+    calls = tmp_path / "calls"
+    escalate = {"disposition": "escalate_to_human", "reason": "still failing", "confidence": 0.5}
+    rules, config = _replay_files(tmp_path, f"open({str(calls)!r}, 'a').write('call')\n"
+                                            f"answers = {{'before_dispatch': {GOOD!r}, 'overdue': {escalate!r}}}\n"
+                                            "print(json.dumps(answers[json.load(sys.stdin)['checkpoint']]))\n")
+    held = replay_json("--rules", rules, "--config", config, STALL_ROLLOUT)
+    # the replayed steer is never sent, so it also comes to be overdue for the second time
+    assert held["reviews"] == {"before_dispatch": {"held": 1}, "overdue": {"held": 1}} and not calls.exists()
+    ledger = tmp_path / "asked.sqlite3"
+    asked = replay_json("--rules", rules, "--config", config, "--review", "--ledger", ledger, STALL_ROLLOUT)
+    answered = {"before_dispatch": {"ready_for_existing_gate": 1}, "overdue": {"escalate_to_human": 1}}
+    assert asked["reviews"] == answered and calls.read_text() == "callcall"
+    assert asked["decisions_digest"] == held["decisions_digest"]  # replay dispatches nothing either way
+    again = replay_json("--rules", rules, "--config", config, "--review", ledger)  # the answers on record are used
+    assert again["reviews"] == answered and calls.read_text() == "callcall"
+
+
+def test_replay_without_reviewers_shows_no_reviews():
+    assert "reviews" not in replay_json(STALL_ROLLOUT)
