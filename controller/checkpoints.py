@@ -38,9 +38,10 @@ import msgspec
 
 from tillerman.controller.intent_requests import IntentError, build_intent, evidence_envelope, proposal_envelopes, \
     transition_envelope
-from tillerman.controller.overdue import _due as deadline_of
+from tillerman.controller.overdue import deadline
 from tillerman.controller.review_packet import packet_for_intent
 from tillerman.controller.reviewer import (
+    SCRATCH_PREFIX,
     Asked,
     append_review,
     ask,
@@ -70,8 +71,6 @@ from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
 
-#: Where ``tillerman.controller.reviewer`` makes a reviewer's scratch home (and working directory).
-SCRATCH_PREFIX = os.path.join(tempfile.gettempdir(), "tillerman-reviewer-")
 #: The evidence reason on an intent a review held (failed, capped, hold, escalated).
 HELD = "review_held"
 _AFTER_TURN = frozenset({State.ACKNOWLEDGED, State.ACTION_STARTED, State.EFFECT_VERIFIED, State.EFFECT_FAILED})
@@ -90,7 +89,8 @@ def is_reviewer_thread(cwd: str | None, reviewers: Iterable[Reviewer]) -> bool:
     configured): the reviewer's own session, never supervised or reviewed."""
     if not cwd:
         return False
-    homes = [SCRATCH_PREFIX] + [os.path.join(os.path.expanduser(r.home), "") for r in reviewers if r.home]
+    homes = [os.path.join(tempfile.gettempdir(), SCRATCH_PREFIX)]
+    homes += [os.path.join(os.path.expanduser(r.home), "") for r in reviewers if r.home]
     here = os.path.join(cwd, "")
     return any(here.startswith(home) for home in homes)
 
@@ -125,7 +125,8 @@ class Checkpoints:
             if isinstance(cid := event.evidence.get("checkpoint_id"), str):
                 self.acted.add(cid)
                 self.unsettled.discard(cid)
-        elif isinstance(event, ev.TurnCompleted) and event.thread_id and event.turn_id:
+        elif isinstance(event, ev.TurnCompleted) and event.thread_id in self.by_thread and event.turn_id \
+                and self.reviewers:  # ``due`` takes them; with no reviewer nothing would
             self.ended_turns.append((event.thread_id, event.turn_id))
 
     # -- which reviewer, which checkpoint ----------------------------------------------
@@ -173,21 +174,34 @@ class Checkpoints:
                 jobs += self._job(view, "overdue", reviewer, ruleset, now)
         ended, self.ended_turns = self.ended_turns, []
         for thread_id, turn_id in ended:
+            kept = []
             for intent_id in self.by_thread.get(thread_id, ()):
                 view = projection.intents.get(intent_id)
-                if view is None:  # settled and forgotten (replay)
-                    continue
-                reviewer = self.reviewer_of(view, ruleset)
-                if reviewer is not None and view.state in _AFTER_TURN and self._review_wanted(intent_id):
+                reviewer = None if view is None else self.reviewer_of(view, ruleset)
+                if reviewer is None or view.state in (State.EXPIRED, State.REJECTED) or self._reviewed(intent_id):
+                    continue  # nothing more to review: forgotten here
+                kept.append(intent_id)
+                if view.state in _AFTER_TURN and self._review_wanted(intent_id):
                     jobs += self._job(view, "review", reviewer, ruleset, now, turn_id=turn_id)
+            self.by_thread[thread_id] = kept
         return jobs
 
     def _review_wanted(self, intent_id: str) -> bool:
         """The turn that took the intent ended: reviewed once, and again only after each
         earlier review returned it to the executor (a second return escalates instead)."""
-        asked = [c for c in self.reviews.checkpoints.values() if c.intent_id == intent_id and c.checkpoint == "review"]
-        returns = self.reviews.returns(intent_id)
+        asked, returns = self._reviews_of(intent_id)
         return all(c.committed is not None for c in asked) and len(asked) == returns < 2
+
+    def _reviewed(self, intent_id: str) -> bool:
+        """No review of the intent will be wanted again: one said something other than
+        return_to_executor, or two returned it."""
+        asked, returns = self._reviews_of(intent_id)
+        committed = sum(1 for c in asked if c.committed is not None)
+        return returns >= 2 or committed > returns
+
+    def _reviews_of(self, intent_id: str) -> tuple[list, int]:
+        asked = [c for c in self.reviews.checkpoints.values() if c.intent_id == intent_id and c.checkpoint == "review"]
+        return asked, self.reviews.returns(intent_id)
 
     def _job(self, view: IntentView, kind: str, reviewer: Reviewer, ruleset: RuleSet, now: float, *,
              turn_id: str | None = None, probe_allowed: bool = False) -> list[Job]:
@@ -309,7 +323,7 @@ class Checkpoints:
 
 
 def _second_deadline(view: IntentView) -> float | None:
-    due = deadline_of(view)
+    due = deadline(view)
     return None if due is None else due[1] + max(0.0, due[1] - view.intent.created_at)
 
 

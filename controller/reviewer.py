@@ -56,6 +56,9 @@ from tillerman.rules.review import (
 
 #: What a ``codex exec --json`` stream may hold: every event of a turn, far more than the answer.
 MAX_STREAM_BYTES = 8 * 1024 * 1024
+#: A reviewer's scratch home and working directory, under the temporary directory: a thread
+#: started there is the reviewer's own (``tillerman.controller.checkpoints.is_reviewer_thread``).
+SCRATCH_PREFIX = "tillerman-reviewer-"
 STDERR_SHOWN = 300
 
 
@@ -109,7 +112,7 @@ def ask(reviewer: Reviewer, checkpoint: str, packet: ReviewPacket) -> Asked:
 
 def _run(reviewer: Reviewer, body: bytes) -> bytes | FailedClosed:
     """The command's stdout, or why the call failed."""
-    scratch = Path(tempfile.mkdtemp(prefix="tillerman-reviewer-"))
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     home = Path(reviewer.home).expanduser() if reviewer.home else scratch
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
     (home / ".codex").mkdir(parents=True, exist_ok=True)

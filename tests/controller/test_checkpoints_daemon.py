@@ -330,14 +330,14 @@ def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_in
     assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
 
 
-def by_checkpoint(tmp_path: Path, answers: dict) -> Reviewer:
+def by_checkpoint(tmp_path: Path, answers: dict, **keys) -> Reviewer:
     """A reviewer answering each checkpoint its own way."""
     path = tmp_path / "answers.json"
     path.write_text(json.dumps(answers))
     return script(tmp_path, f"""
         packet = json.load(sys.stdin)
         print(json.dumps(json.load(open({str(path)!r}))[packet['checkpoint']]))
-    """)
+    """, **keys)
 
 
 DIRECTIVE = {"disposition": "continue_with_directive", "recommended_action": "queue", "confidence": 0.7,
@@ -435,3 +435,41 @@ def test_replay_holds_a_new_checkpoint_without_a_call_and_asks_it_with_review(tm
 
 def test_replay_without_reviewers_shows_no_reviews():
     assert "reviews" not in replay_json(STALL_ROLLOUT)
+
+
+def _taken(path: Path, intent, turn: str) -> None:
+    """The server took the intent and the turn that took it ended."""
+    with SQLiteRecorder(path) as rec:
+        rec.append([intent_requests.transition_envelope(intent, State.PROPOSED, State.DISPATCH_UNKNOWN, "dispatching"),
+                    intent_requests.transition_envelope(intent, State.DISPATCH_UNKNOWN, State.ACKNOWLEDGED, "echo"),
+                    Envelope(event_id=f"start-{turn}", event=TurnStarted(thread_id="T1", turn_id=turn),
+                             source="appserver:x", at=time.time()),
+                    Envelope(event_id=f"end-{turn}", event=TurnCompleted(thread_id="T1", turn_id=turn),
+                             source="appserver:x", at=time.time())])
+
+
+def test_a_second_unresolved_return_to_executor_escalates_instead_of_asking_again(tmp_path, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    returned = {"disposition": "return_to_executor", "reason": "the tests were not run", "confidence": 0.8,
+                "required_corrections": [{"correction": "run the tests", "proof": "pytest exits 0"}]}
+    # three calls on the intent: its gate and two reviews (the default cap of 2 would escalate the second)
+    reviewer = by_checkpoint(tmp_path, {"before_dispatch": GOOD, "review": returned}, max_per_intent=3)
+    rules = ruleset(REVIEWER_MAY_QUEUE)
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: run.dispatched)
+    _taken(path, run.daemon.projection.intents[intent_id].intent, "u1")
+
+    def recommended(run):
+        return [v for v in run.daemon.projection.intents.values() if v.intent.producer == "reviewer:script"]
+
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: recommended(run))
+    [correction] = recommended(run)
+    _taken(path, correction.intent, "u2")  # the correction's turn ended: not resolved either
+
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: any(h.evidence.get("escalated") for h in history(run, intent_id)))
+    assert [c.disposition for c in committed(run) if c.checkpoint == "review"] == ["return_to_executor"] * 2
+    assert len(recommended(run)) == 1  # asked the owner, not the executor again
+    assert "second unresolved return_to_executor" in caplog.text
