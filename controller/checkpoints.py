@@ -135,7 +135,7 @@ class Checkpoints:
         """The reviewer the intent's rule names; None for an intent no rule with ``review``
         produced (a person's, a reviewer's own: a reviewer is never reviewed)."""
         intent = view.intent
-        if intent.rule_id is None or intent.replayed != self.replay:
+        if not self.reviewers or intent.rule_id is None or intent.replayed != self.replay:
             return None
         rule = next((r for r in ruleset.rules if r.id == intent.rule_id), None)
         return self.reviewers.get(rule.review) if rule is not None and rule.review else None

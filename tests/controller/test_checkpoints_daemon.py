@@ -105,25 +105,31 @@ def test_a_ready_answer_hands_the_intent_to_the_gate_and_it_is_dispatched(tmp_pa
     assert len(run.events(ReviewPending)) == 1
 
 
-def test_the_intent_is_not_dispatched_while_its_review_runs(tmp_path):
+def test_the_intent_is_not_dispatched_while_its_review_runs_and_other_intents_go_on(tmp_path):
+    """The review runs off the decision path: while it runs, the reviewed intent waits and
+    a person's intent on another thread is decided and dispatched."""
     path = tmp_path / "ledger.sqlite3"
     intent_id = _ledger(path)
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t2", event=ThreadStarted(thread_id="T2"), source="appserver:x", at=1.0)])
+        other = intent_requests.propose(rec, thread_id="T2", mode="queue", text="and then", owner="ann")
     marker = tmp_path / "asked"
     slow = script(tmp_path, f"""
-        open({str(marker)!r}, 'w').write('asked'); sys.stdin.read(); time.sleep(1.5)
+        open({str(marker)!r}, 'w').write('asked'); sys.stdin.read(); time.sleep(2)
         print(json.dumps({GOOD!r}))
     """)
-    run = Run(path, ruleset(), (slow,))
+    run = Run(path, ruleset(Grant(subject="owner:ann", actions=frozenset({"queue"}))), (slow,))
     seen_while_asking = []
 
     def done():
         if marker.exists() and not committed_in(run):
-            seen_while_asking.append(list(run.dispatched))
-        return bool(run.dispatched)
+            seen_while_asking.append(set(run.dispatched))
+        return intent_id in run.dispatched
 
     run.until(done)
-    assert seen_while_asking and all(d == [] for d in seen_while_asking)
-    assert set(run.dispatched) == {intent_id}
+    assert seen_while_asking and all(intent_id not in seen for seen in seen_while_asking)
+    assert other.id in seen_while_asking[-1]  # decided and handed on while the review ran
+    assert set(run.dispatched) == {intent_id, other.id}
 
 
 def test_a_review_is_necessary_never_sufficient_without_the_rules_grant(tmp_path):
