@@ -56,7 +56,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.reviews import Call, Escalate, Plan, Recorded, Refused, Reviews, plan_checkpoint, probe_due
+from tillerman.ledger.reviews import Call, Escalate, Plan, Refused, Reviews, plan_checkpoint, probe_due
 from tillerman.rules.review import (
     Accepted,
     Correction,
@@ -205,17 +205,15 @@ class Checkpoints:
 
     def _job(self, view: IntentView, kind: str, reviewer: Reviewer, ruleset: RuleSet, now: float, *,
              turn_id: str | None = None, probe_allowed: bool = False) -> list[Job]:
-        packet = packet_for_intent(view, kind, reviewer, ruleset)
-        if turn_id is not None:
-            packet = msgspec.structs.replace(packet, checkpoint_id=checkpoint_id(kind, view.intent.id, turn_id))
-        if packet.checkpoint_id in self.in_flight:
-            return []
+        cid = checkpoint_id(kind, view.intent.id, turn_id or view.intent.expected_turn_id)
+        known = self.reviews.checkpoints.get(cid)
+        if cid in self.in_flight or (known is not None and known.committed is not None):
+            return []  # asked, or answered: ``consequences`` acts on the record, nothing is spent
+        packet = msgspec.structs.replace(packet_for_intent(view, kind, reviewer, ruleset), checkpoint_id=cid)
         plan = plan_checkpoint(self.reviews, checkpoint_id=packet.checkpoint_id, checkpoint=kind,
                                intent_id=view.intent.id, thread_id=view.intent.thread_id, now=now,
                                max_per_intent=reviewer.max_per_intent,
                                max_per_thread_per_hour=reviewer.max_per_thread_per_hour)
-        if isinstance(plan, Recorded):
-            return []  # answered before: ``consequences`` acts on the record, nothing is spent
         if isinstance(plan, Refused) and plan.reason != "review_interrupted":
             log.warning("review of intent %s held: %s", view.intent.id, plan.detail)
             return []
