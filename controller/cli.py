@@ -221,10 +221,13 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--check", is_flag=True,
               help="Decide again every decision the ledger PATH records, with the rule set then in force;"
                    " exit 1 at the first that differs.")
+@click.option("--review", is_flag=True,
+              help="Ask the configured reviewers at checkpoints the inputs did not record (default: hold them,"
+                   " with no call, so the replay is deterministic).")
 @json_option
 @click.argument("paths", nargs=-1, required=True)
 @errors_to_exit_codes
-def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, as_json, paths):
+def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, review, as_json, paths):
     """Run recorded sessions through the normalizer, rules and policy on a virtual
     clock. Dispatches nothing; never touches a configured ledger.
 
@@ -237,7 +240,8 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
     if check:
         given = [name for name, value in (("--format", fmt != "auto"), ("--ledger", ledger_path),
                                           ("--rules", rules_path), ("--config", config_path),
-                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs)) if value]
+                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs),
+                                          ("--review", review)) if value]
         if given or len(paths) != 1:
             raise Fail("--check takes one ledger and uses the rule sets it recorded: give only"
                        f" --check [--json] LEDGER{' (drop ' + ', '.join(given) + ')' if given else ''}")
@@ -251,7 +255,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
     ledger = open_ledger(ledger_path) if ledger_path is not None else None
     progress = _Progress() if sys.stderr.isatty() and not as_json else None
     settings = ReplaySettings(ruleset=effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                              retain_payloads=retain_payloads)
+                              retain_payloads=retain_payloads, reviewers=effective.reviewers, review=review)
     try:
         summary = replay_files(found, settings, jobs=jobs or os.cpu_count() or 1, ledger=ledger, progress=progress)
     except ReplayError as exc:
@@ -275,6 +279,8 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         click.echo("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
     for item in summary.overdue:
         click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
+    for kind, said in (summary.reviews or {}).items():
+        click.echo(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
 
 
 def _check(path: str, as_json: bool) -> None:
@@ -409,6 +415,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             trace=trace_path, retain_payloads=retain_payloads,
                             dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
                             config_path=config_path, patterns=effective.patterns,
+                            reviewers=effective.reviewers,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs))
     try:
         with open_ledger(str(path)) as recorder:
@@ -474,6 +481,9 @@ def status_cmd(as_json, ledger_path):
     if data["unsupervised_threads"]:
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
+    for name, probes in data["flagged_reviewers"].items():
+        click.echo(f"reviewer {name} FLAGGED: let {len(probes)} known-bad calibration probe(s) through"
+                   f" ({', '.join(probes)}); check its command and prompt before trusting its answers")
 
 
 def _daemon_lines(daemon: dict) -> list[str]:

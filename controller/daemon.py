@@ -36,6 +36,7 @@ import watchfiles
 from anyio.abc import TaskStatus
 
 from tillerman.controller.adapter import GuardedAdapter
+from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.intent_requests import intent_view
@@ -74,6 +75,7 @@ from tillerman.monitor.watch import RUST_TIMEOUT_MS, Watch
 from tillerman.monitor.redact import redact_message
 from tillerman.rules.config import Effective, patterns_digest
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
+from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -102,6 +104,7 @@ class DaemonOptions:
     rules_path: str | None = None  # watched: a valid change is applied, an invalid one recorded and refused
     config_path: str | None = None  # --config as given; None: the default file, watched even while absent
     patterns: CommandPatterns = DEFAULT_PATTERNS
+    reviewers: tuple[Reviewer, ...] = ()  # [[reviewer]]: asked at the checkpoints of rules with `review`
 
 
 class Daemon:
@@ -129,6 +132,7 @@ class Daemon:
         self._unjudged: set[str] = set()
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
         self.notifier = OverdueNotifier(options.on_overdue)
+        self.checkpoints = Checkpoints(options.reviewers)  # fed by ``_fold``; reviews run as tasks
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
@@ -141,6 +145,9 @@ class Daemon:
         connection comes and goes on its own; nothing is sent before it has read back
         what was under way (``_connection``)."""
         self.projection = projections.load(self.recorder)
+        if self.checkpoints.reviewers:  # what was asked and answered before: once, at the start
+            for entry in self.recorder.read(limit=self.projection.seq):
+                self.checkpoints.note(entry)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
             self._refold(tg, self.clock())
@@ -198,6 +205,7 @@ class Daemon:
                     log.error("ledger not writable (%s): rule set change held until it is recorded", exc)
                 if swap is not None and not pending:  # same loop as the brain: no step sees half a swap
                     self.step.ruleset = swap.ruleset
+                    self.checkpoints.reviewers = {r.name: r for r in swap.reviewers}
                     if self.adapter is not None:
                         self.adapter.ruleset = swap.ruleset
                     self.tap.use_patterns(swap.patterns)
@@ -409,13 +417,21 @@ class Daemon:
             return
         threads = list(self.projection.threads) if timer_due else sorted(self._unjudged)
         self._unjudged.clear()  # what the folds below add is judged by the next round
+        if self.checkpoints.reviewers:  # a reviewer's own session is never supervised
+            threads = [t for t in threads
+                       if not is_reviewer_thread(self.projection.recorded_cwd(t), self.checkpoints.reviewers.values())]
         self._fold_own(tg, now, self._write(self.step.step(self.projection, threads, now)))
+        self._fold_own(tg, now, self._write(self.checkpoints.consequences(self.projection, self.step.ruleset, now)))
         wanted = set(threads)
         views = [v for v in self.projection.open_intents() if timer_due or v.intent.thread_id in wanted]
         envelopes, decided = self.step.decide_intents(self.projection, views, now)
         self._fold_own(tg, now, self._write(envelopes))
         for view, decision in decided:
             self._act(tg, view, decision, now)
+        if self.checkpoints.reviewers:
+            views = [self.projection.intents[v.intent.id] for v in views]
+            for job in self.checkpoints.due(self.projection, views, self.step.ruleset, now):
+                tg.start_soon(self._review, job)
         self.notifier.update(self.projection, now)
         self._due = self._next_due(now)
 
@@ -446,6 +462,7 @@ class Daemon:
         for entry in entries:
             self.projection.apply(entry)
             self.timers.note(entry)
+            self.checkpoints.note(entry)
             event = entry.envelope.event
             if isinstance(event, ev.Undecodable):
                 log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
@@ -462,7 +479,12 @@ class Daemon:
     def _next_due(self, now: float) -> float | None:
         """The earliest deadline of an open intent or rule timer of a thread after ``now``
         (``tillerman.controller.timers``: only the threads folded since are computed again)."""
-        return self.timers.next_due(self.projection, self.step.ruleset, now)
+        due = self.timers.next_due(self.projection, self.step.ruleset, now)
+        if self.checkpoints.reviewers:  # an intent overdue for the second time is a checkpoint
+            second = self.checkpoints.next_due(self.projection.open_intents(), self.step.ruleset)
+            if second is not None and second > now:
+                due = second if due is None else min(due, second)
+        return due
 
     # -- acting on decisions ----------------------------------------------------------
 
@@ -471,6 +493,8 @@ class Daemon:
         if decision.action in DISPATCH_ACTIONS:
             if self.options.dry_run or view.state != State.PROPOSED:
                 return
+            if not self.checkpoints.may_dispatch(view, self.step.ruleset):
+                return  # held until its review answers ready_for_existing_gate (a task asks it)
             active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
             self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex, active_turn))
         elif decision.action is Action.RECONCILE:
@@ -525,6 +549,15 @@ class Daemon:
             log.info("the turns of thread %s came back without a list: nothing concluded from them", thread_id)
             return None
         return listed.turns
+
+    async def _review(self, job: Job) -> None:
+        """One checkpoint, off the decision path; the brain folds its records and acts on them."""
+        try:
+            await ask_at(self.recorder, job, clock=self.clock, retain_payloads=self.options.retain_payloads)
+        except OperationalError as exc:  # not recorded: asked again once the ledger takes writes
+            log.error("review %s: ledger not writable (%s); the intent stays held", job.packet.checkpoint_id, exc)
+            self.checkpoints.done(job)
+        self.wake()
 
     def _drive(self, tg, intent_id: str, fact) -> None:
         tg.start_soon(self._carry_out, intent_id, fact)

@@ -39,7 +39,7 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
 def overdue(projection: Projection, now: float) -> list[Overdue]:
     found = []
     for view in projection.open_intents():
-        due = _due(view)
+        due = deadline(view)
         if due is None or now < due[1]:
             continue
         intent, state = view.intent, view.state
@@ -54,7 +54,8 @@ def overdue(projection: Projection, now: float) -> list[Overdue]:
     return sorted(found, key=lambda o: (o.due_at, o.intent_id))
 
 
-def _due(view: IntentView) -> tuple[str, float] | None:
+def deadline(view: IntentView) -> tuple[str, float] | None:
+    """The deadline the intent waits on now: ("ack" | "effect", when); None when it waits on none."""
     if view.state in _AWAITING_ACK:
         return "ack", view.intent.ack_deadline
     if view.state in _AWAITING_EFFECT and view.intent.effect_deadline is not None:

@@ -42,6 +42,7 @@ from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.recorder import Recorder
 from tillerman.monitor.file_threads import file_threads
 from tillerman.monitor.formats import detect_format
+from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
 
@@ -53,6 +54,8 @@ class ReplaySettings(msgspec.Struct, frozen=True, kw_only=True):
     patterns: CommandPatterns = DEFAULT_PATTERNS
     retain_payloads: bool = False
     keep_entries: bool = False  # a ledger is written: return every entry recorded
+    reviewers: tuple[Reviewer, ...] = ()  # [[reviewer]]: recorded answers used, new checkpoints held
+    review: bool = False  # --review: new checkpoints are asked
 
 
 class GroupResult(msgspec.Struct, frozen=True):
@@ -89,7 +92,7 @@ def replay_group(settings: ReplaySettings, paths: list[str], progress: Progress 
     recorder = ledger if ledger is not None else MemoryRecorder() if keep else ChainOnlyRecorder()
     summary = Replayer(recorder, settings.ruleset, fmt=settings.fmt, patterns=settings.patterns,
                        retain_payloads=settings.retain_payloads, progress=progress,
-                       on_decision=lines.append).run(paths)
+                       on_decision=lines.append, reviewers=settings.reviewers, review=settings.review).run(paths)
     envelopes = msgspec.msgpack.encode([e.envelope for e in recorder.read()]) if keep else b""
     return GroupResult(summary, b"".join(lines), envelopes)
 
@@ -101,6 +104,8 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
     events = decisions = reports = 0
     intents: Counter[str] = Counter()
     overdue: list[dict] = []
+    reviews: dict[str, Counter[str]] = {}
+    reviewed = False
     for group, result in zip(groups, results, strict=True):
         summary = result.summary
         for path, file in zip(group, summary.files, strict=True):
@@ -109,12 +114,18 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
         events, decisions, reports = events + summary.events, decisions + summary.decisions, reports + summary.reports
         intents.update(summary.intents)
         overdue.extend(summary.overdue)
+        if summary.reviews is not msgspec.UNSET:  # reviewers configured: counted, even when none
+            for kind, said in summary.reviews.items():
+                reviews.setdefault(kind, Counter()).update(said)
+            reviewed = True
         if ledger is not None:
             _append(ledger, _envelopes.decode(result.envelopes))
     return ReplaySummary(
         files=[by_path[path].pop(0) for path in paths], events=events, decisions=decisions,
         decisions_digest="sha256:" + digest.hexdigest(), reports=reports, intents=dict(sorted(intents.items())),
         overdue=overdue, ruleset_digest=ruleset.digest,
+        reviews={kind: dict(sorted(said.items())) for kind, said in sorted(reviews.items())}
+        if reviewed else msgspec.UNSET,
     )
 
 

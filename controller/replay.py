@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from tillerman.controller.checkpoints import Checkpoints, asked_now, review_counts, without_call
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
 from tillerman.controller.supervisor import Step
@@ -41,6 +42,7 @@ from tillerman.ledger.forgetting import ForgettingProjection
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.reviews import Call
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.counts import Counts, EventCounter
@@ -51,6 +53,7 @@ from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.detect import Triggers, triggers, triggers_may_find
+from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
 CHUNK = 1 << 20
@@ -96,6 +99,9 @@ class ReplaySummary(msgspec.Struct, kw_only=True):
     overdue: list[dict]
     ruleset_digest: str
     ledger: str | None = None
+    # Reviews by checkpoint and disposition (or fail-closed outcome; "held": a new checkpoint
+    # not asked). Unset (and not shown) when no reviewer is configured.
+    reviews: dict[str, dict[str, int]] | msgspec.UnsetType = msgspec.UNSET
 
 
 Progress = Callable[[str, int, int], None]  # (path, bytes done, bytes total)
@@ -181,6 +187,8 @@ class Replayer:
         retain_payloads: bool = False,
         progress: Progress | None = None,
         on_decision: Callable[[bytes], None] | None = None,
+        reviewers: tuple[Reviewer, ...] = (),
+        review: bool = False,
     ) -> None:
         if fmt not in FORMATS:
             raise ReplayError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -194,6 +202,12 @@ class Replayer:
         # (``tillerman.controller.parallel_replay``) digests its groups' lines in order.
         self.on_decision = on_decision
         self.step = Step(ruleset, replay=True)
+        # Reviews (``tillerman.controller.checkpoints``): a recorded answer is used, a new
+        # checkpoint is held (no call: deterministic) or, with ``review``, asked.
+        self.checkpoints = Checkpoints(reviewers, replay=True) if reviewers else None
+        self.review = review
+        self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
+        self._held: list[str] = []
         self.projection = _CachingProjection()
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
@@ -252,6 +266,7 @@ class Replayer:
             intents=self.projection.intent_counts(),
             overdue=[overdue_json(o) for o in overdue(self.projection, now)],
             ruleset_digest=self.ruleset.digest,
+            reviews=review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
         )
 
     def _replay_file(self, path: Path) -> FileSummary:
@@ -270,6 +285,9 @@ class Replayer:
         counter = EventCounter()
         if fmt == "ledger":
             records, unknown = 0, {}
+            if self.checkpoints is not None:
+                for env in _review_records(path):
+                    self._recorded_reviews.setdefault(env.event.checkpoint_id, []).append(env)
             for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
                 records += 1
                 counter.add(env.event)
@@ -363,6 +381,24 @@ class Replayer:
         wanted = set(thread_ids)
         views = [v for v in self._open.values() if v.intent.thread_id in wanted]
         self._record(self.step.decide_intents(self.projection, views, now)[0])
+        if self.checkpoints is not None:
+            self._checkpoints([v.intent.id for v in views], now)
+
+    def _checkpoints(self, intent_ids: list[str], now: float) -> None:
+        checkpoints = self.checkpoints
+        self._record(checkpoints.consequences(self.projection, self.ruleset, now))
+        views = [self._open[i] for i in intent_ids if i in self._open]
+        for job in checkpoints.due(self.projection, views, self.ruleset, now):
+            recorded = self._recorded_reviews.get(job.packet.checkpoint_id)
+            if recorded:
+                self._record(recorded)  # the answer the ledger recorded: no call
+            elif not isinstance(job.plan, Call):
+                self._record([without_call(job, now)])
+            elif self.review:
+                self._record(asked_now(job, now, retain_payloads=self.retain_payloads))
+            else:
+                self._held.append(job.packet.checkpoint_id)  # held: never asked, never dispatched
+        self._record(checkpoints.consequences(self.projection, self.ruleset, now))
 
     def _fold_ahead(self, env: Envelope) -> None:
         """Fold an observation the ledger is certain to store as the next row (it cannot
@@ -414,6 +450,8 @@ class Replayer:
         self._account(entry)
         self.projection.apply(entry)
         self.timers.note(entry)
+        if self.checkpoints is not None:
+            self.checkpoints.note(entry)
         event = entry.envelope.event
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
             intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
@@ -450,10 +488,18 @@ def _ledger_envelopes(path: Path) -> Iterator[Envelope]:
     ``ledger export``): replay re-derives every decision from them, so tillerman's own
     rows are skipped. An observation row this version cannot decode is kept as
     quarantined input (its seq and size), and the replay goes on."""
-    if read_head(path).startswith(_SQLITE_MAGIC):
-        yield from _observations(path, _stored_entries(path))
-        return
-    yield from _observations(path, _exported_entries(path))
+    yield from _observations(path, _entries(path))
+
+
+def _entries(path: Path) -> Iterator[Entry]:
+    return _stored_entries(path) if read_head(path).startswith(_SQLITE_MAGIC) else _exported_entries(path)
+
+
+def _review_records(path: Path) -> Iterator[Envelope]:
+    """The review records of a ledger: what its reviewers answered, used instead of a call."""
+    for entry in _entries(path):
+        if isinstance(entry.envelope.event, ev.ReviewPending | ev.ReviewCommitted):
+            yield entry.envelope
 
 
 def _stored_entries(path: Path) -> Iterator[Entry]:

@@ -10,6 +10,9 @@ The I/O edge of ``tillerman.rules.review`` (the contract) and
   sessions there, never where tillerman watches, so it is never supervised or reviewed;
 - for ``codex-exec-json``, with ``INSTRUCTIONS`` before the packet (``codex exec -``
   reads its prompt from stdin) and the answer taken from the final agent message;
+- for ``claude-print-json``, the same on stdin (``claude -p`` reads its prompt there) and
+  the answer taken from the ``result`` of the one JSON object ``--output-format json``
+  prints, with its token usage and ``total_cost_usd``;
 - with stdout in a file read up to a bound, so a flood or a grandchild holding the pipe
   cannot block or exhaust tillerman.
 
@@ -53,6 +56,9 @@ from tillerman.rules.review import (
 
 #: What a ``codex exec --json`` stream may hold: every event of a turn, far more than the answer.
 MAX_STREAM_BYTES = 8 * 1024 * 1024
+#: A reviewer's scratch home and working directory, under the temporary directory: a thread
+#: started there is the reviewer's own (``tillerman.controller.checkpoints.is_reviewer_thread``).
+SCRATCH_PREFIX = "tillerman-reviewer-"
 STDERR_SHOWN = 300
 
 
@@ -78,32 +84,39 @@ def ask(reviewer: Reviewer, checkpoint: str, packet: ReviewPacket) -> Asked:
         return Asked(outcome=failed("packet_refused", str(exc)), packet_digest=digest(body),
                      packet_size=len(body), called=False)
     started = time.monotonic()
-    prompt = INSTRUCTIONS.encode() + body if reviewer.adapter == "codex-exec-json" else body
+    prompt = INSTRUCTIONS.encode() + body if reviewer.adapter is not None else body
     run = _run(reviewer, prompt)
     wall_ms = round((time.monotonic() - started) * 1000)
     common = {"packet_digest": digest(body), "packet_size": len(body), "called": True, "wall_ms": wall_ms}
     if isinstance(run, FailedClosed):
         return Asked(outcome=run, **common)
-    answer, tokens = (codex_exec_answer(run) if reviewer.adapter == "codex-exec-json" else (run, None))
+    cost = None
+    if reviewer.adapter == "codex-exec-json":
+        answer, tokens = codex_exec_answer(run)
+    elif reviewer.adapter == "claude-print-json":
+        answer, tokens, cost = claude_print_answer(run)
+    else:
+        answer, tokens = run, None
     if isinstance(answer, FailedClosed):
-        return Asked(outcome=answer, tokens=tokens, **common)
+        return Asked(outcome=answer, tokens=tokens, cost_usd=cost, **common)
     if len(answer) > MAX_ANSWER_BYTES:
         return Asked(outcome=failed("too_long", f"the answer is over {MAX_ANSWER_BYTES} bytes"), tokens=tokens,
-                     **common)
+                     cost_usd=cost, **common)
     outcome = judge_answer(checkpoint, answer)
     if isinstance(outcome, Accepted):
         tokens = outcome.answer.tokens if outcome.answer.tokens is not None else tokens
-        return Asked(outcome=outcome, tokens=tokens, cost_usd=outcome.answer.cost_usd, answer=answer, **common)
-    return Asked(outcome=outcome, tokens=tokens, answer=answer, **common)
+        cost = outcome.answer.cost_usd if outcome.answer.cost_usd is not None else cost
+        return Asked(outcome=outcome, tokens=tokens, cost_usd=cost, answer=answer, **common)
+    return Asked(outcome=outcome, tokens=tokens, cost_usd=cost, answer=answer, **common)
 
 
 def _run(reviewer: Reviewer, body: bytes) -> bytes | FailedClosed:
     """The command's stdout, or why the call failed."""
-    scratch = Path(tempfile.mkdtemp(prefix="tillerman-reviewer-"))
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     home = Path(reviewer.home).expanduser() if reviewer.home else scratch
     env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
     (home / ".codex").mkdir(parents=True, exist_ok=True)
-    limit = MAX_STREAM_BYTES if reviewer.adapter == "codex-exec-json" else MAX_ANSWER_BYTES
+    limit = MAX_STREAM_BYTES if reviewer.adapter is not None else MAX_ANSWER_BYTES
     try:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             try:
@@ -189,6 +202,31 @@ def codex_exec_answer(stream: bytes) -> tuple[bytes | FailedClosed, int | None]:
     return _unfenced(message).encode("utf-8"), tokens
 
 
+def claude_print_answer(output: bytes) -> tuple[bytes | FailedClosed, int | None, float | None]:
+    """The answer in what ``claude -p --output-format json`` prints: one ``result``
+    object whose ``result`` is the final text (a Markdown fence around it removed); and
+    the tokens (``usage``) and cost (``total_cost_usd``) it reports. ``is_error`` (an API
+    error, an aborted turn) fails closed whatever the text says."""
+    try:
+        record = json.loads(output)
+    except ValueError as exc:
+        return failed("no_answer", f"claude -p --output-format json printed no JSON object ({exc})"), None, None
+    if not isinstance(record, dict) or record.get("type") != "result":
+        return failed("no_answer", "claude -p --output-format json printed no result object"), None, None
+    usage = record.get("usage")
+    tokens = sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int)) \
+        if isinstance(usage, dict) else None
+    cost = record.get("total_cost_usd")
+    cost = float(cost) if isinstance(cost, int | float) else None
+    text = record.get("result")
+    if record.get("is_error"):
+        why = record.get("terminal_reason") or record.get("subtype") or "error"
+        return failed("no_answer", f"claude -p failed ({why}): {str(text or '')[:STDERR_SHOWN]}"), tokens, cost
+    if not isinstance(text, str) or not text.strip():
+        return failed("no_answer", "the claude -p result is empty"), tokens, cost
+    return _unfenced(text).encode("utf-8"), tokens, cost
+
+
 def _unfenced(text: str) -> str:
     text = text.strip()
     if text.startswith("```") and text.endswith("```") and "\n" in text:
@@ -205,22 +243,31 @@ def run_checkpoint(ledger: Recorder, reviewer: Reviewer, packet: ReviewPacket, *
     recorded answer (``Recorded``), an interrupted or reused id (``Refused``, recorded
     as the checkpoint's outcome), or a spent cap (``Escalate``)."""
     reviews = fold_reviews(ledger.read())
-    where = {"checkpoint_id": packet.checkpoint_id, "checkpoint": packet.checkpoint, "reviewer": reviewer.name,
-             "intent_id": packet.intent_id, "thread_id": packet.thread_id}
+    where = checkpoint_where(reviewer, packet)
     plan = plan_checkpoint(reviews, checkpoint_id=packet.checkpoint_id, checkpoint=packet.checkpoint,
                            intent_id=packet.intent_id, thread_id=packet.thread_id, now=now,
                            max_per_intent=reviewer.max_per_intent,
                            max_per_thread_per_hour=reviewer.max_per_thread_per_hour)
     if isinstance(plan, Refused) and plan.reason == "review_interrupted":
-        _append(ledger, ReviewCommitted(**where, outcome=plan.reason), now)
+        append_review(ledger, ReviewCommitted(**where, outcome=plan.reason), now)
     if not isinstance(plan, Call):
         return plan
-    body = msgspec.json.encode(packet)
-    _append(ledger, ReviewPending(**where, packet_digest=digest(body), packet_size=len(body), probe=packet.probe),
-            now, durable=True)
+    append_review(ledger, pending_event(reviewer, packet), now, durable=True)
     asked = ask(reviewer, packet.checkpoint, packet)
-    _append(ledger, committed_event(asked, where, retain_payloads=retain_payloads), time.time())
+    append_review(ledger, committed_event(asked, where, retain_payloads=retain_payloads), time.time())
     return asked
+
+
+def checkpoint_where(reviewer: Reviewer, packet: ReviewPacket) -> dict:
+    """The fields naming one checkpoint, shared by its pending and committed records."""
+    return {"checkpoint_id": packet.checkpoint_id, "checkpoint": packet.checkpoint, "reviewer": reviewer.name,
+            "intent_id": packet.intent_id, "thread_id": packet.thread_id}
+
+
+def pending_event(reviewer: Reviewer, packet: ReviewPacket) -> ReviewPending:
+    body = msgspec.json.encode(packet)
+    return ReviewPending(**checkpoint_where(reviewer, packet), packet_digest=digest(body), packet_size=len(body),
+                         probe=packet.probe)
 
 
 def committed_event(asked: Asked, where: dict, *, retain_payloads: bool) -> ReviewCommitted:
@@ -236,10 +283,18 @@ def committed_event(asked: Asked, where: dict, *, retain_payloads: bool) -> Revi
         wall_ms=asked.wall_ms, tokens=asked.tokens, cost_usd=asked.cost_usd,
         flags=() if answer else outcome.flags,
         answer=asked.answer.decode("utf-8", "replace") if retain_payloads and asked.answer else None,
+        text=answer.text if answer else None,
+        required=tuple(f"{c.correction} (proof: {c.proof})" for c in answer.required_corrections) if answer else (),
     )
 
 
-def _append(ledger: Recorder, event: ReviewPending | ReviewCommitted, at: float, *, durable: bool = False) -> None:
+def append_review(ledger: Recorder, event: ReviewPending | ReviewCommitted, at: float, *,
+                  durable: bool = False) -> None:
+    ledger.append([review_envelope(event, at)], durable=durable)
+
+
+def review_envelope(event: ReviewPending | ReviewCommitted, at: float) -> Envelope:
+    """One review record; its id names the checkpoint, so it is recorded once."""
     kind = event.__struct_config__.tag
-    ledger.append([Envelope(event_id=f"{kind}:{event.checkpoint_id}", event=event, source="tillerman:reviewer",
-                            at=at, observed_at=at)], durable=durable)
+    return Envelope(event_id=f"{kind}:{event.checkpoint_id}", event=event, source="tillerman:reviewer",
+                    at=at, observed_at=at)

@@ -14,6 +14,7 @@ from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.timefmt import iso
 from tillerman.ledger import projections
 from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.reviews import fold_reviews
 
 
 def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
@@ -45,7 +46,15 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
         "overdue": len(overdue(projection, now)),
         "last_seq": projection.seq,
         "undecodable": {str(seq): why for seq, why in sorted(projection.undecodable.items())},
+        "flagged_reviewers": flagged_reviewers(recorder),
     }
+
+
+def flagged_reviewers(recorder: Recorder) -> dict[str, list[str]]:
+    """Reviewers that let a known-bad calibration probe through -> those probes' checkpoint ids."""
+    reviews = fold_reviews(recorder.read())
+    names = sorted({c.reviewer for c in reviews.checkpoints.values() if c.probe})
+    return {name: probes for name in names if (probes := reviews.probes_let_through(name))}
 
 
 def _daemon(recorder: Recorder, ledger_path: Path) -> dict:

@@ -287,6 +287,10 @@ class ReviewCommitted(Event, tag="review_committed"):
     cost_usd: float | None = None
     flags: tuple[str, ...] = ()  # e.g. "authority_language"
     answer: str | None = None  # the answer's JSON: only with --retain-payloads
+    # The reviewer's own words a recommendation is built from (never the agent's): the text
+    # of a recommended steer or queue, and each required correction with its proof.
+    text: str | None = None
+    required: tuple[str, ...] = ()
 
 
 class Conflict(Event, tag="conflict"):

@@ -58,10 +58,10 @@ MAX_SUMMARY_CHARS = 200
 #: The most of a reviewer's stdout read: far above any 600-word answer, a bound on memory.
 MAX_ANSWER_BYTES = 64 * 1024
 
-ReviewerAdapter = Literal["codex-exec-json"]
+ReviewerAdapter = Literal["codex-exec-json", "claude-print-json"]
 
 #: What a model reviewer is told before the packet, where its CLI reads the prompt from
-#: stdin (the ``codex-exec-json`` adapter); a script reads the packet alone.
+#: stdin (the ``codex-exec-json`` and ``claude-print-json`` adapters); a script reads the packet alone.
 INSTRUCTIONS = (
     "You are a reviewer for tillerman, a supervisor of coding agents. Read the review packet below (JSON) and"
     " answer its question. You have no authority: you do not approve, clear, merge or deploy anything; say what"

@@ -255,3 +255,47 @@ def test_sigkill_during_the_call_then_a_restart_makes_no_second_call(tmp_path):
     with SQLiteRecorder(ledger_path) as ledger:
         kinds = [(type(e.envelope.event).__name__, getattr(e.envelope.event, "outcome", None)) for e in ledger.read()]
     assert kinds == [("ReviewPending", None), ("ReviewCommitted", "review_interrupted")]
+
+
+def claude_result(text: str, **more) -> dict:
+    """The one object ``claude -p --output-format json`` prints (Claude Code 2.1.332)."""
+    return {"type": "result", "subtype": "success", "is_error": False, "duration_ms": 1635, "duration_api_ms": 54,
+            "num_turns": 1, "result": text, "stop_reason": "end_turn", "session_id": "99582ced-0000",
+            "total_cost_usd": 0.000188, "terminal_reason": "completed", "permission_denials": [],
+            "usage": {"input_tokens": 1200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "output_tokens": 80, "service_tier": "standard"},
+            "uuid": "b97b7c4d-0000", **more}
+
+
+def fake_claude(tmp_path: Path, printed: dict, status: int = 0) -> Reviewer:
+    """A ``claude`` that checks what it was given on stdin and prints ``printed``."""
+    return script(tmp_path, f"""
+        prompt = sys.stdin.read()
+        assert prompt.startswith("You are a reviewer for tillerman"), prompt[:80]
+        packet = json.loads(prompt.split("Review packet:\\n", 1)[1])
+        assert packet["question"] == packet["question_again"]
+        print(json.dumps({printed!r}))
+        sys.exit({status})
+    """, name="claude", adapter="claude-print-json")
+
+
+def test_a_claude_print_json_reviewer_through_the_adapter(tmp_path):
+    answer = "```json\n" + json.dumps(GOOD) + "\n```"
+    asked = ask(fake_claude(tmp_path, claude_result(answer)), "before_dispatch", packet())
+    assert isinstance(asked.outcome, Accepted), asked.outcome
+    assert asked.outcome.answer.disposition == "ready_for_existing_gate"
+    assert (asked.tokens, asked.cost_usd) == (1280, 0.000188)
+
+
+@pytest.mark.parametrize(("printed", "status", "why"), [
+    (claude_result("API Error: 400 fake server: scripted failure", is_error=True, terminal_reason="api_error"), 1,
+     "nonzero_exit"),
+    (claude_result("slow r", is_error=True, subtype="error_during_execution", terminal_reason="aborted_streaming"),
+     0, "no_answer"),
+    (claude_result(""), 0, "no_answer"),
+    (claude_result("Looks fine to me."), 0, "malformed_json"),
+    ({"type": "assistant"}, 0, "no_answer"),
+])
+def test_a_claude_print_json_failure_fails_closed(tmp_path, printed, status, why):
+    asked = ask(fake_claude(tmp_path, printed, status), "before_dispatch", packet())
+    assert isinstance(asked.outcome, FailedClosed) and asked.outcome.reason == f"review_failed:{why}"
