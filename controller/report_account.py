@@ -113,6 +113,8 @@ class Reviewer(msgspec.Struct, kw_only=True):
     tokens: Figure
     outcomes: dict[str, int]
     dispositions: dict[str, int]
+    # Calibration: reviewers that sent a known-bad probe on to the gate -> those probes.
+    flagged: dict[str, list[str]]
 
 
 class Stall(msgspec.Struct, kw_only=True):
@@ -375,6 +377,7 @@ def _reviewer(facts: Facts, inside: Callable[[float | None], bool]) -> Reviewer:
         tokens=total(tokens, "tokens"),
         outcomes=dict(sorted(Counter(c.outcome for c in committed).items())),
         dispositions=dict(sorted(Counter(c.disposition for c in committed if c.disposition).items())),
+        flagged=facts.reviews.flagged(),
     )
 
 

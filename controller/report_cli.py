@@ -180,6 +180,8 @@ def render_text(result: Account) -> list[str]:
     lines += ["", "Reviewer", _line("calls", r.calls), _line("cost (USD)", r.cost_usd), _line("tokens", r.tokens)]
     lines += [f"  outcome {k}: {v}" for k, v in r.outcomes.items()]
     lines += [f"  disposition {k}: {v}" for k, v in r.dispositions.items()]
+    lines += [f"  !! FLAGGED {name}: let {len(probes)} known-bad probe(s) through ({', '.join(probes)})"
+              for name, probes in r.flagged.items()]
     s = result.stalls
     lines += ["", "Stalls", _line("detected", s.detected),
               _line("recovered after an intervention", s.recovered_after_intervention),

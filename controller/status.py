@@ -52,9 +52,7 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
 
 def flagged_reviewers(recorder: Recorder) -> dict[str, list[str]]:
     """Reviewers that let a known-bad calibration probe through -> those probes' checkpoint ids."""
-    reviews = fold_reviews(recorder.read())
-    names = sorted({c.reviewer for c in reviews.checkpoints.values() if c.probe})
-    return {name: probes for name in names if (probes := reviews.probes_let_through(name))}
+    return fold_reviews(recorder.read()).flagged()
 
 
 def _daemon(recorder: Recorder, ledger_path: Path) -> dict:

@@ -98,6 +98,11 @@ class Reviews(msgspec.Struct, kw_only=True):
                 if c.reviewer == reviewer and c.probe and c.committed is not None
                 and c.committed.disposition == "ready_for_existing_gate"]
 
+    def flagged(self) -> dict[str, list[str]]:
+        """Reviewers that let a known-bad calibration probe through -> those probes' checkpoint ids."""
+        names = sorted({c.reviewer for c in self.checkpoints.values() if c.probe})
+        return {name: probes for name in names if (probes := self.probes_let_through(name))}
+
 
 def probe_due(reviews: Reviews, reviewer: str, probe_every: int | None) -> bool:
     """Calibration: after ``probe_every`` gate answers in a row, a known-bad probe is next."""

@@ -22,6 +22,7 @@ from tillerman.controller.intent_requests import SOURCE, proposal_envelopes, tra
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
 from tillerman.controller.replay import collect_files
 from tillerman.controller.report_account import account
+from tillerman.controller.report_cli import render_text
 from tillerman.controller.report_fold import fold_facts
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
@@ -200,6 +201,20 @@ def test_reviewer_calls_and_cost_zero_is_a_figure() -> None:
     assert r.dispositions == {"ready_for_existing_gate": 2}
     unpriced = account(facts_of(review(1, None))).reviewer.cost_usd
     assert unpriced.value is None and "none of the 1 committed reviews" in unpriced.why
+
+
+def test_a_reviewer_that_lets_a_probe_through_is_flagged() -> None:
+    def probe(n: int, disposition: str) -> list[Envelope]:
+        return [
+            Envelope(event_id=f"p{n}", source=SOURCE, at=10.0 + n, event=ev.ReviewPending(
+                thread_id="T", checkpoint_id=f"probe{n}", checkpoint="before_dispatch", reviewer=f"r{n}",
+                probe=True)),
+            Envelope(event_id=f"c{n}", source=SOURCE, at=11.0 + n, event=ev.ReviewCommitted(
+                thread_id="T", checkpoint_id=f"probe{n}", checkpoint="before_dispatch", reviewer=f"r{n}",
+                outcome="accepted", disposition=disposition))]
+    facts = facts_of(probe(1, "ready_for_existing_gate"), probe(2, "hold"))
+    assert account(facts).reviewer.flagged == {"r1": ["probe1"]}
+    assert any("FLAGGED r1" in line for line in render_text(account(facts)))
 
 
 # -- recorded sessions against the raw events ------------------------------------------
