@@ -289,6 +289,30 @@ class ReviewCommitted(Event, tag="review_committed"):
     answer: str | None = None  # the answer's JSON: only with --retain-payloads
 
 
+class NotificationSent(Event, tag="notification_sent"):
+    """A ``[[notify]]`` sink took a group of notices (``tillerman.controller.notify``).
+    Each key names one notice and its step (``overdue:INTENT@ack``,
+    ``escalation:INTENT@no_grant``, ``report:EVENT@1``, ``…@resolved``): what was sent is
+    read back from these after a restart, never kept in memory only."""
+
+    sink: str = ""
+    keys: tuple[str, ...] = ()
+    attempt: int = 1
+    wall_ms: int | None = None
+
+
+class NotificationFailed(Event, tag="notification_failed"):
+    """One attempt to hand notices to a sink failed (it exited non-zero, answered an
+    HTTP error, could not be reached, or hung past its timeout). ``retry_in`` is when the
+    next attempt follows; None: the sink was given up on for these notices."""
+
+    sink: str = ""
+    keys: tuple[str, ...] = ()
+    attempt: int = 1
+    error: str = ""
+    retry_in: float | None = None
+
+
 class Conflict(Event, tag="conflict"):
     """An append reused an existing ``event_id`` with different content."""
 
@@ -354,6 +378,8 @@ AnyEvent = (
     | LedgerArchived
     | ReviewPending
     | ReviewCommitted
+    | NotificationSent
+    | NotificationFailed
     | Undecodable
 )
 
