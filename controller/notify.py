@@ -130,11 +130,11 @@ class Notifier:
             if flying is not None:
                 flying.discard(key)
             subject, _, step = key.rpartition("@")
-            if subject not in self.state.alerts and step != RESOLVED and event.thread_id is not None:
+            if subject not in self.state.alerts and step != RESOLVED and event.thread is not None:
                 # an overdue intent notified before a restart: only its resolution is left to say
                 kind = subject.partition(":")[0]
                 if kind == "overdue":
-                    self.state.alerts[subject] = Alert(kind="overdue", thread_id=event.thread_id, step=step,
+                    self.state.alerts[subject] = Alert(kind="overdue", thread_id=event.thread, step=step,
                                                        at=at, facts={"intent": subject.partition(":")[2]})
         self._forget_finished()
 

@@ -73,14 +73,14 @@ class SinkRunner:
                 error = await _send(sink, body)
             if error is None:
                 self._record(handover, NotificationSent(
-                    thread_id=handover.thread_id, sink=sink.name, keys=handover.keys, attempt=attempt,
+                    thread=handover.thread_id, sink=sink.name, keys=handover.keys, attempt=attempt,
                     wall_ms=round((time.monotonic() - started) * 1000)))
                 return
             retry_in = next(delays) if attempt < MAX_ATTEMPTS else None
             then = f"retrying in {retry_in:g}s" if retry_in is not None else "giving up on these notices"
             log.warning("notify sink %s failed (attempt %d): %s; %s", sink.name, attempt, error, then)
             self._record(handover, NotificationFailed(
-                thread_id=handover.thread_id, sink=sink.name, keys=handover.keys, attempt=attempt,
+                thread=handover.thread_id, sink=sink.name, keys=handover.keys, attempt=attempt,
                 error=error[-300:], retry_in=retry_in))
             if retry_in is None:
                 return

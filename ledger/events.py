@@ -296,6 +296,9 @@ class NotificationSent(Event, tag="notification_sent"):
     read back from these after a restart, never kept in memory only."""
 
     sink: str = ""
+    # the thread the notices are about; not ``thread_id``: a notification is no event of
+    # the thread, and folding it as one would make a thread known that was never seen
+    thread: str | None = None
     keys: tuple[str, ...] = ()
     attempt: int = 1
     wall_ms: int | None = None
@@ -307,6 +310,7 @@ class NotificationFailed(Event, tag="notification_failed"):
     next attempt follows; None: the sink was given up on for these notices."""
 
     sink: str = ""
+    thread: str | None = None
     keys: tuple[str, ...] = ()
     attempt: int = 1
     error: str = ""

@@ -1,0 +1,83 @@
+"""The daemon's notifications end to end (no app-server: the notifier needs none): an
+overdue intent is handed to the sinks once, and its settling once more, even when the
+daemon was restarted in between; ``--metrics`` counts what the brain folds."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import anyio
+
+from tillerman.controller import intent_requests
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.metrics import Metrics
+from tillerman.ledger.events import Envelope, NotificationSent, ThreadStarted
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.notify import NotifySink
+from tillerman.rules.ruleset import Grant, build_ruleset
+
+ANN_MAY_QUEUE = build_ruleset((), (Grant(subject="owner:ann", actions=frozenset({"queue"})),))
+
+
+def _notices(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def _run_until(recorder, options: DaemonOptions, done) -> Daemon:
+    daemon = Daemon(recorder, ANN_MAY_QUEUE, options)
+
+    async def run():
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                while not done():
+                    await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    return daemon
+
+
+def test_every_overdue_intent_gets_exactly_one_resolved_notice_across_a_restart(tmp_path):
+    out = tmp_path / "notices.jsonl"
+    sink = NotifySink(name="file", command=("sh", "-c", f"cat >> {out}; echo >> {out}"), group_window=0.2)
+    options = DaemonOptions(url=f"unix://{tmp_path}/nobody-listens.sock", sinks=(sink,))
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as recorder:
+        late = intent_requests.propose(recorder, now=time.time() - 10, thread_id="T1", mode="queue", text="later",
+                                       owner="ann", ack_deadline=1.0)
+        _run_until(recorder, options, lambda: len(_notices(out)) == 1 and any(
+            isinstance(e.envelope.event, NotificationSent) for e in recorder.read()))
+        intent_requests.transition(recorder, late.id, State.EXPIRED, "cancelled")  # settles while stopped
+    for _ in range(2):  # restarted: the resolution only; restarted again: nothing
+        with SQLiteRecorder(path) as recorder:
+            _run_until(recorder, options, lambda: len(_notices(out)) >= 2)
+    first, resolved = [n for group in _notices(out) for n in group["notices"]]
+    assert (first["intent"], first["step"], first["resolved"]) == (late.id, "ack", False)
+    assert (resolved["intent"], resolved["resolved"], resolved["settled"]) == (late.id, True, "expired")
+    with SQLiteRecorder(path) as recorder:
+        sent = [e.envelope.event.keys for e in recorder.read() if isinstance(e.envelope.event, NotificationSent)]
+    assert sent == [(f"overdue:{late.id}@ack",), (f"overdue:{late.id}@resolved",)]
+
+
+def test_metrics_count_what_the_daemon_folds(tmp_path):
+    metrics = Metrics()
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
+        recorder.append([Envelope(event_id="t1", event=ThreadStarted(thread_id="T1"), source="appserver:x",
+                                  at=time.time() - 20)])  # a thread seen live, so the policy judges grants
+        intent_requests.propose(recorder, now=time.time() - 10, thread_id="T1", mode="queue", text="later",
+                                owner="ann", ack_deadline=1.0)
+        intent_requests.propose(recorder, thread_id="T1", mode="queue", text="later", owner="bob")  # no grant
+        options = DaemonOptions(url=f"unix://{tmp_path}/nobody-listens.sock", metrics=metrics)
+        _run_until(recorder, options, lambda: metrics.registry.get_sample_value(
+            "tillerman_intents", {"state": "rejected"}) == 1 and metrics.registry.get_sample_value(
+            "tillerman_overdue_intents") == 1)
+    value = metrics.registry.get_sample_value
+    assert value("tillerman_decisions_total", {"action": "escalate"}) == 1
+    assert value("tillerman_intents", {"state": "proposed"}) == 1
+    assert value("tillerman_events_ingested_total", {"source": "tillerman"}) >= 3
+    assert value("tillerman_events_ingested_total", {"source": "appserver:x"}) is None  # folded before the start
+    assert value("tillerman_ledger_append_seconds_count") >= 1
