@@ -93,6 +93,7 @@ def key_of(subject: str, step: str) -> str:
 class Notifier:
     def __init__(self, sinks: Iterable[NotifySink]) -> None:
         self.sinks = tuple(sinks)
+        self.kinds = frozenset(kind for sink in self.sinks for kind in sink.kinds)  # what any sink takes
         self.state = _State()
         self.in_flight: dict[str, set[str]] = {sink.name: set() for sink in self.sinks}
         self._groups: dict[tuple[str, str], float] = {}  # (sink, thread) -> when its window opened
@@ -107,13 +108,13 @@ class Notifier:
             return
         self.state.seq = entry.seq
         event, at = entry.envelope.event, entry.envelope.at or 0.0
-        if isinstance(event, ev.Report) and event.thread_id is not None and not event.detail.get("shadow") \
+        if isinstance(event, ev.Report) and "report" in self.kinds and event.thread_id is not None and not event.detail.get("shadow") \
                 and event.detail.get("action") in _PERSON_ACTIONS:
             self.state.alerts[f"report:{entry.envelope.event_id}"] = Alert(
                 kind="report", thread_id=event.thread_id, step="1", at=at,
                 facts={"turn": event.turn_id, "rule": event.rule_id, "finding": event.finding})
-        elif isinstance(event, ev.DecisionRecorded) and event.action == "escalate" and not event.shadow \
-                and event.thread_id is not None:
+        elif isinstance(event, ev.DecisionRecorded) and "escalation" in self.kinds and event.action == "escalate" \
+                and not event.shadow and event.thread_id is not None:
             self.state.alerts[f"escalation:{event.intent_id}"] = Alert(
                 kind="escalation", thread_id=event.thread_id, step=event.reason, at=at,
                 facts={"intent": event.intent_id, "reason": event.reason, "rule": event.rule_id})
@@ -161,7 +162,7 @@ class Notifier:
         if not self.sinks:
             return []
         current: dict[str, dict] = {}
-        for item in found:
+        for item in found if "overdue" in self.kinds else ():
             subject = f"overdue:{item.intent_id}"
             current[subject] = overdue_json(item)
             self.state.alerts[subject] = Alert(kind="overdue", thread_id=item.thread_id, step=item.deadline,
