@@ -108,8 +108,8 @@ class Notifier:
             return
         self.state.seq = entry.seq
         event, at = entry.envelope.event, entry.envelope.at or 0.0
-        if isinstance(event, ev.Report) and "report" in self.kinds and event.thread_id is not None and not event.detail.get("shadow") \
-                and event.detail.get("action") in _PERSON_ACTIONS:
+        if isinstance(event, ev.Report) and "report" in self.kinds and event.thread_id is not None \
+                and not event.detail.get("shadow") and event.detail.get("action") in _PERSON_ACTIONS:
             self.state.alerts[f"report:{entry.envelope.event_id}"] = Alert(
                 kind="report", thread_id=event.thread_id, step="1", at=at,
                 facts={"turn": event.turn_id, "rule": event.rule_id, "finding": event.finding})
@@ -131,12 +131,11 @@ class Notifier:
             if flying is not None:
                 flying.discard(key)
             subject, _, step = key.rpartition("@")
-            if subject not in self.state.alerts and step != RESOLVED and event.thread is not None:
+            kind, _, intent_id = subject.partition(":")
+            if kind == "overdue" and subject not in self.state.alerts and step != RESOLVED and event.thread:
                 # an overdue intent notified before a restart: only its resolution is left to say
-                kind = subject.partition(":")[0]
-                if kind == "overdue":
-                    self.state.alerts[subject] = Alert(kind="overdue", thread_id=event.thread, step=step,
-                                                       at=at, facts={"intent": subject.partition(":")[2]})
+                self.state.alerts[subject] = Alert(kind="overdue", thread_id=event.thread, step=step, at=at,
+                                                   facts={"intent": intent_id})
         self._forget_finished()
 
     def _forget_finished(self) -> None:
@@ -167,6 +166,7 @@ class Notifier:
             current[subject] = overdue_json(item)
             self.state.alerts[subject] = Alert(kind="overdue", thread_id=item.thread_id, step=item.deadline,
                                                at=now, facts={"intent": item.intent_id})
+        self._drop_untold(projection, current)
         out: list[Handover] = []
         self._next = None
         for sink in self.sinks:
@@ -190,6 +190,18 @@ class Notifier:
             for group in [g for g in self._groups if g[0] == sink.name and g[1] not in by_thread]:
                 del self._groups[group]  # everything it waited for settled or went out meanwhile
         return out
+
+    def _drop_untold(self, projection: Projection, current: dict[str, dict]) -> None:
+        """An intent no longer overdue, or a report already settled, before any sink was
+        told of it has nothing left to tell a person: forgotten, not sent as resolved. An
+        escalation is the news itself (a refusal settles at once): it is sent resolved."""
+        for subject, alert in list(self.state.alerts.items()):
+            if alert.kind == "escalation" or (subject in current if alert.kind == "overdue"
+                                              else self._settled(alert, projection) is None):
+                continue
+            step_key = key_of(subject, alert.step)
+            if not any(step_key in self.state.sent.get(n, {}) or step_key in self.in_flight[n] for n in self.in_flight):
+                del self.state.alerts[subject]
 
     def next_due(self) -> float | None:
         """When ``due`` next has something to hand over with no new ledger row (a group

@@ -84,6 +84,21 @@ def test_notices_of_one_thread_within_the_window_go_together():
         ("T", (f"overdue:{a.id}@ack", f"overdue:{b.id}@ack")), ("U", (f"overdue:{c.id}@ack",))]
 
 
+@pytest.mark.parametrize("moves", [
+    ((State.DISPATCH_UNKNOWN, "dispatching"), (State.QUEUED, "accepted"), (State.ACKNOWLEDGED, "echo")),
+    ((State.EXPIRED, "cancelled"),),
+])
+def test_an_intent_no_longer_overdue_before_its_window_closed_is_not_sent(moves):
+    rec = MemoryRecorder()
+    intent = _overdue(rec)
+    notifier = Notifier([SINK])
+    assert _look(rec, notifier, 20.0) == []  # overdue: the window opens
+    for state, reason in moves:
+        intent_requests.transition(rec, intent.id, state, reason)
+    assert _look(rec, notifier, 25.0) == [] and _look(rec, notifier, 40.0) == []
+    assert notifier.state.alerts == {}
+
+
 def test_repeat_sends_an_unresolved_step_again():
     rec = MemoryRecorder()
     _overdue(rec)
