@@ -10,6 +10,7 @@ server is prometheus-client's own, in a thread of its own, on its own registry.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.recorder import AppendResult, Recorder
 from tillerman.rules.notify import is_loopback
@@ -45,12 +47,11 @@ class Metrics:
                                       ["outcome"], registry=registry)
 
     def start(self, projection: Projection) -> None:
-        """The intents the daemon starts with (its fold, which ``fold`` then follows)."""
-        counts: dict[str, int] = {}
-        for view in projection.intents.values():
-            counts[str(view.state)] = counts.get(str(view.state), 0) + 1
-        for state, count in counts.items():
-            self.intents.labels(state).set(count)
+        """The intents the daemon starts with (its fold, which ``fold`` then follows);
+        every state is shown, at 0 when no intent is in it."""
+        counts = collections.Counter(str(view.state) for view in projection.intents.values())
+        for state in State:
+            self.intents.labels(state.value).set(counts[state.value])
 
     def fold(self, entry: Entry) -> None:
         event = entry.envelope.event

@@ -45,13 +45,17 @@ class SinkRunner:
         self._queues = {sink.name: anyio.create_memory_object_stream[Handover](QUEUE) for sink in sinks}
 
     def hand(self, handovers: Iterable[Handover]) -> None:
-        """Queue each hand-over for its sink; never waits."""
+        """Queue each hand-over for its sink; never waits. A sink ``QUEUE`` hand-overs
+        behind is given up on for the new ones (recorded, so they count as handled)."""
         for handover in handovers:
             try:
                 self._queues[handover.sink.name][0].send_nowait(handover)
             except anyio.WouldBlock:
                 log.error("notify sink %s is backing up; dropped the notices %s", handover.sink.name,
                           ", ".join(handover.keys))
+                self._record(handover, NotificationFailed(
+                    thread=handover.thread_id, sink=handover.sink.name, keys=handover.keys, attempt=0,
+                    error=f"{QUEUE} hand-overs were already waiting for this sink", retry_in=None))
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:

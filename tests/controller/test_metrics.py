@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tillerman.controller import intent_requests
 from tillerman.controller.metrics import Metrics, parse_address
+from tillerman.ledger import projections
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.events import Entry, Envelope, IntentTransition, NotificationFailed, ReviewCommitted
 
 
@@ -28,6 +32,19 @@ def test_reviewer_calls_notification_failures_and_intent_moves_are_counted():
     assert (value("tillerman_intents", {"state": "proposed"}), value("tillerman_intents", {"state": "rejected"})) == (
         -1, 1)  # a move out of a state the start did not count: the gauges follow the moves
     assert value("tillerman_events_ingested_total", {"source": "tillerman"}) == 4
+
+
+def test_the_start_sets_every_state_from_the_fold_whatever_was_folded_before():
+    rec = MemoryRecorder()
+    intent = intent_requests.propose(rec, thread_id="T", mode="queue", text="x", owner="bob")
+    intent_requests.transition(rec, intent.id, State.REJECTED, "no_grant")
+    metrics = Metrics()
+    for entry in rec.read():  # the daemon's first fold, before it counts from its start
+        metrics.fold(entry)
+    metrics.start(projections.load(rec))
+    value = metrics.registry.get_sample_value
+    assert [value("tillerman_intents", {"state": s.value}) for s in State] == [
+        1 if s is State.REJECTED else 0 for s in State]
 
 
 @pytest.mark.parametrize(("text", "address"), [("127.0.0.1:9464", ("127.0.0.1", 9464)),

@@ -269,6 +269,17 @@ def test_a_failing_or_hanging_sink_is_retried_with_backoff_then_given_up(monkeyp
     assert "giving up on these notices" in caplog.text
 
 
+def test_a_sink_backing_up_gives_up_on_new_notices_and_records_it(monkeypatch):
+    monkeypatch.setattr(notify_sinks, "QUEUE", 1)
+    rec = MemoryRecorder()
+    handover = _handover(rec, NotifySink(name="slow", command=("true",), group_window=1.0))
+    runner = SinkRunner([handover.sink], rec, clock=lambda: 50.0, wake=lambda: None)
+    runner.hand([handover, handover])  # nothing takes them: the second finds the queue full
+    (failed,) = _outcomes(rec)
+    assert (failed.attempt, failed.retry_in, failed.keys) == (0, None, handover.keys)
+    assert "already waiting" in failed.error
+
+
 class _Hook(http.server.BaseHTTPRequestHandler):
     bodies: list = []
     status = 200
