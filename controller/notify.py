@@ -241,6 +241,8 @@ class Notifier:
         view = projection.intents.get(str(alert.facts.get("intent")))
         if view is not None:
             facts.update(state=view.state, mode=view.intent.mode, owner=view.intent.owner)
+        if alert.kind == "overdue":
+            facts["deadline"] = alert.step  # as in the overdue notice itself
         if alert.kind == "report":
             facts["report"] = subject.partition(":")[2]
             facts["reported_at"] = iso(alert.at)

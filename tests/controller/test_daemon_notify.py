@@ -71,7 +71,8 @@ def test_every_overdue_intent_gets_exactly_one_resolved_notice_across_a_restart(
         _run_until(recorder, options, lambda: time.monotonic() > stop)
     first, resolved = [n for group in _notices(out) for n in group.get("notices", [group])]
     assert (first["intent"], first["deadline"], first["resolved"]) == (late.id, "ack", False)
-    assert (resolved["intent"], resolved["resolved"], resolved["state"]) == (late.id, True, "expired")
+    assert (resolved["intent"], resolved["deadline"], resolved["resolved"], resolved["state"]) == (
+        late.id, "ack", True, "expired")
     with SQLiteRecorder(path) as recorder:
         assert _sent(recorder) == [(f"overdue:{late.id}@ack",), (f"overdue:{late.id}@resolved",)]
 
