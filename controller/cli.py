@@ -3,7 +3,6 @@ function and prints; the logic lives in the library modules it names."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -45,6 +44,7 @@ from tillerman.controller.replay import FORMATS, ReplayError, collect_files
 from tillerman.controller.report_cli import report, timeline_cmd
 from tillerman.controller.review_cli import review
 from tillerman.controller.rules_cli import rules
+from tillerman.controller.log_format import LOG_FORMATS, configure_logging
 from tillerman.controller.timefmt import iso, parse_time, shorten
 from tillerman.ledger import projections, segments
 from tillerman.ledger.archive import archive as archive_ledger
@@ -358,9 +358,14 @@ class _Progress:
 @click.option("--dry-run", is_flag=True, help="Decide and record, never dispatch (shadow mode).")
 @click.option("--on-overdue", "on_overdue", help="Command run with each overdue intent as JSON on stdin.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every decision and delivery step.")
+# -- the operator surface: metrics and the log's format
+@click.option("--metrics", "metrics_address", metavar="HOST:PORT",
+              help="Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464 (GET /metrics).")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
+              help="json: one JSON object per log line.")
 @errors_to_exit_codes
 def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, client_name, ledger_path, config_path,
-            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose):
+            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose, metrics_address, log_format):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
@@ -380,8 +385,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         raise Fail("nothing to supervise with --no-codex: add --watch DIR (e.g. --watch ~/.codex/sessions)")
     if url is not None and spawn_codex:
         raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s tillerman %(levelname)s %(message)s")
+    configure_logging(verbose=verbose, log_format=log_format)
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
@@ -416,7 +420,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             dry_run=dry_run, on_overdue=on_overdue, rules_path=rules_path,
                             config_path=config_path, patterns=effective.patterns,
                             reviewers=effective.reviewers,
-                            watch=tuple(os.path.abspath(d) for d in watch_dirs))
+                            watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
+                            metrics=serve_metrics(metrics_address) if metrics_address else None)
     try:
         with open_ledger(str(path)) as recorder:
             run_daemon(recorder, str(path), effective.ruleset, options)
@@ -441,6 +446,21 @@ def _target(url: str | None, client_name: str | None, allow_remote: bool) -> Tar
             raise Fail(f"{risk}; give --allow-remote if that is meant, or attach over unix:// or a loopback ws://")
         click.echo(f"warning: {risk}", err=True)
     return target
+
+
+def serve_metrics(address: str):
+    """The daemon's metrics, served on ``address`` from now on (``--metrics``)."""
+    from tillerman.controller.metrics import Metrics, parse_address  # prometheus-client only when asked for
+
+    try:
+        host, port = parse_address(address)
+        metrics = Metrics()
+        metrics.serve((host, port))
+    except ValueError as exc:
+        raise Fail(str(exc)) from None
+    except OSError as exc:
+        raise Fail(f"cannot serve metrics on {address} ({exc.strerror or exc}); pick a free port") from None
+    return metrics
 
 
 def _check_run_options(*, client_name: str | None, on_overdue: str | None, trace_path: str | None) -> None:

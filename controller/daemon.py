@@ -8,7 +8,7 @@ decision to the intent's delivery machine), one **delivery** task per intent at 
 time (``tillerman.controller.driver`` carries the machine's commands through the
 guarded adapter; a slow request never stalls the brain), the **file followers** (``--watch``: session files tailed
 through ``tillerman.monitor.watch``; each batch carries the file offsets the brain records in
-the same transaction as its events), and the **overdue** notifier. The connection
+the same transaction as its events), and the **notifier** with its sinks. The connection
 is optional: with ``--watch`` alone the daemon observes files only. SIGINT/SIGTERM cancel the group:
 every append is one transaction, so nothing is half-written.
 
@@ -40,7 +40,9 @@ from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_review
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.intent_requests import intent_view
-from tillerman.controller.notify import OverdueNotifier
+from tillerman.controller.metrics import Metrics, TimedRecorder
+from tillerman.controller.notify import Notifier
+from tillerman.controller.notify_sinks import SinkRunner
 from tillerman.controller.reconcile import read_back, reconcile_fact, seen, turn_items, turns_to_read_back, \
     under_way, verify_due
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
@@ -76,6 +78,7 @@ from tillerman.monitor.redact import redact_message
 from tillerman.rules.config import Effective, patterns_digest
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
 from tillerman.rules.review import Reviewer
+from tillerman.rules.notify import NotifySink
 from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
@@ -86,6 +89,7 @@ LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopp
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
 RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
+ON_OVERDUE_TIMEOUT = 30.0  # seconds an --on-overdue command may take per notice
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
                     ev.ItemCompleted)
 
@@ -105,12 +109,23 @@ class DaemonOptions:
     config_path: str | None = None  # --config as given; None: the default file, watched even while absent
     patterns: CommandPatterns = DEFAULT_PATTERNS
     reviewers: tuple[Reviewer, ...] = ()  # [[reviewer]]: asked at the checkpoints of rules with `review`
+    sinks: tuple[NotifySink, ...] = ()  # the config file's [[notify]] tables
+    metrics: Metrics | None = None  # --metrics: counted, and served by the caller
+
+    def notify_sinks(self) -> tuple[NotifySink, ...]:
+        """The [[notify]] sinks, and ``--on-overdue`` as one more: overdue notices only,
+        each at once and on its own (no grouping), a shell command line as it always took."""
+        if self.on_overdue is None:
+            return self.sinks
+        return (*self.sinks, NotifySink(name="on-overdue", shell=self.on_overdue, group_window=0.0,
+                                        kinds=("overdue",), timeout=ON_OVERDUE_TIMEOUT, per_notice=True))
 
 
 class Daemon:
     def __init__(self, recorder: Recorder, ruleset: RuleSet, options: DaemonOptions,
                  *, clock: Callable[[], float] = time.time) -> None:
-        self.recorder = recorder
+        self.metrics = options.metrics
+        self.recorder = recorder if self.metrics is None else TimedRecorder(recorder, self.metrics)
         self.options = options
         self.clock = clock
         self.step = Step(ruleset, replay=False)
@@ -131,7 +146,9 @@ class Daemon:
         # once folded no "ledger changed" probe sees it again.
         self._unjudged: set[str] = set()
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
-        self.notifier = OverdueNotifier(options.on_overdue)
+        sinks = options.notify_sinks()
+        self.notifier = Notifier(sinks)
+        self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
         self.checkpoints = Checkpoints(options.reviewers)  # fed by ``_fold``; reviews run as tasks
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
@@ -148,9 +165,13 @@ class Daemon:
         if self.checkpoints.reviewers:  # what was asked and answered before: once, at the start
             for entry in self.recorder.read(limit=self.projection.seq):
                 self.checkpoints.note(entry)
+        self.notifier.load(self.recorder)  # what was notified: read back, never assumed
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
             self._refold(tg, self.clock())
+            self.notifier.drop_settled(self.projection)
+            if self.metrics is not None:
+                self.metrics.start(self.projection)
             self._due = self.clock()  # decide every open intent once: no new entry may touch them
             tg.start_soon(self._brain, tg)
             ledger_path = self.recorder.path
@@ -158,7 +179,7 @@ class Daemon:
                 tg.start_soon(self._watch_ledger, Path(ledger_path))
             if self.options.watch:
                 tg.start_soon(self._follow_files)
-            tg.start_soon(self.notifier.run)
+            tg.start_soon(self.sink_runner.run)
             tg.start_soon(self._watch_rules)
             if self.options.url:
                 tg.start_soon(self._connection, tg)
@@ -392,6 +413,7 @@ class Daemon:
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:
             projections.save(self.recorder, self.projection)
+            self.notifier.save(self.recorder)
             self._saved_seq = self.projection.seq
 
     def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
@@ -432,8 +454,10 @@ class Daemon:
             views = [self.projection.intents[v.intent.id] for v in views]
             for job in self.checkpoints.due(self.projection, views, self.step.ruleset, now):
                 tg.start_soon(self._review, job)
-        self.notifier.update(self.projection, now)
-        self._due = self._next_due(now)
+        self.sink_runner.hand(self.notifier.due(self.projection, now))
+        if self.metrics is not None:
+            self.metrics.overdue.set(self.notifier.overdue_now)
+        self._due = min((t for t in (self._next_due(now), self.notifier.next_due()) if t is not None), default=None)
 
     def _write(self, envelopes: list[Envelope]) -> tuple[Entry, ...]:
         """Append; the rows written, for the brain to fold (``_fold_own``). A writer
@@ -463,6 +487,9 @@ class Daemon:
             self.projection.apply(entry)
             self.timers.note(entry)
             self.checkpoints.note(entry)
+            self.notifier.fold(entry)
+            if self.metrics is not None:
+                self.metrics.fold(entry)
             event = entry.envelope.event
             if isinstance(event, ev.Undecodable):
                 log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",

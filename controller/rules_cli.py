@@ -93,7 +93,8 @@ def rules_validate(file, as_json):
         click.echo(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
                    f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
                    f" {patterns['external']} external"
-                   + (f", {result['reviewers']} reviewers" if result["reviewers"] else ""))
+                   + (f", {result['reviewers']} reviewers" if result["reviewers"] else "")
+                   + (f", {result['notify']} notify sinks" if result["notify"] else ""))
     else:
         shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
         click.echo(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")

@@ -293,6 +293,34 @@ class ReviewCommitted(Event, tag="review_committed"):
     required: tuple[str, ...] = ()
 
 
+class NotificationSent(Event, tag="notification_sent"):
+    """A ``[[notify]]`` sink took a group of notices (``tillerman.controller.notify``).
+    Each key names one notice and its step (``overdue:INTENT@ack``,
+    ``escalation:INTENT@no_grant``, ``report:EVENT@1``, ``…@resolved``): what was sent is
+    read back from these after a restart, never kept in memory only."""
+
+    sink: str = ""
+    # the thread the notices are about; not ``thread_id``: a notification is no event of
+    # the thread, and folding it as one would make a thread known that was never seen
+    thread: str | None = None
+    keys: tuple[str, ...] = ()
+    attempt: int = 1
+    wall_ms: int | None = None
+
+
+class NotificationFailed(Event, tag="notification_failed"):
+    """One attempt to hand notices to a sink failed (it exited non-zero, answered an
+    HTTP error, could not be reached, or hung past its timeout). ``retry_in`` is when the
+    next attempt follows; None: the sink was given up on for these notices."""
+
+    sink: str = ""
+    thread: str | None = None
+    keys: tuple[str, ...] = ()
+    attempt: int = 1
+    error: str = ""
+    retry_in: float | None = None
+
+
 class Conflict(Event, tag="conflict"):
     """An append reused an existing ``event_id`` with different content."""
 
@@ -358,6 +386,8 @@ AnyEvent = (
     | LedgerArchived
     | ReviewPending
     | ReviewCommitted
+    | NotificationSent
+    | NotificationFailed
     | Undecodable
 )
 

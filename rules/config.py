@@ -40,6 +40,7 @@ from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.file_safety import read_file
 from tillerman.rules.files import default_rules, load_config, load_rules
+from tillerman.rules.notify import NotifySink
 from tillerman.rules.review import Reviewer
 from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.toml_source import locate, parse_toml
@@ -56,6 +57,7 @@ class Effective(msgspec.Struct, frozen=True, kw_only=True):
     patterns: CommandPatterns
     patterns_digest: str
     reviewers: tuple[Reviewer, ...] = ()
+    sinks: tuple[NotifySink, ...] = ()  # [[notify]]: read at start, not reloaded
 
     def reviewer(self, name: str) -> Reviewer | None:
         return next((r for r in self.reviewers if r.name == name), None)
@@ -108,13 +110,13 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
 def check_file(text: str, source: str) -> dict[str, Any]:
     """What ``tillerman rules validate`` reports of a valid file: its kind and what it
     holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``,
-    ``[defaults]`` and ``[[reviewer]]``, is a rule file; anything else a config file. Raises
-    ``RuleSetError`` for an invalid one."""
+    ``[defaults]``, ``[[reviewer]]`` and ``[[notify]]``, is a rule file; anything else a
+    config file. Raises ``RuleSetError`` for an invalid one."""
     data = parse_toml(text, source)
-    if "rule" not in data and ("grant" in data or "patterns" in data or "defaults" in data or "reviewer" in data):
+    if "rule" not in data and any(table in data for table in ("grant", "patterns", "defaults", "reviewer", "notify")):
         config, patterns = load_config(text, source), load_patterns(text, source)
         return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
-                "reviewers": len(config.reviewer),
+                "reviewers": len(config.reviewer), "notify": len(config.notify),
                 "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
     found = load_rules(text, source)
     statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
@@ -154,7 +156,7 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
                        {r.name for r in reviewers}, config_path)
     return Effective(ruleset=build_ruleset(rules, config.grants()), patterns=patterns,
-                     patterns_digest=patterns_digest(patterns), reviewers=reviewers)
+                     patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=config.sinks())
 
 
 def check_review_names(rules: Sequence[Rule], text: str, source: str, names: set[str],

@@ -41,6 +41,8 @@ def load_config(text: str, source: str) -> ConfigFile:
     config = validate(ConfigFile, parse_toml(text, source), text, source)
     _check_unique([spec.name for spec in config.reviewer], "reviewer", "name", text, source,
                   "give each [[reviewer]] its own name")
+    _check_unique([spec.name for spec in config.notify], "notify", "name", text, source,
+                  "give each [[notify]] its own name")
     return config
 
 

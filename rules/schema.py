@@ -14,6 +14,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
+from tillerman.rules.notify import NoticeKind, NOTICE_KINDS, NotifySink, check_webhook
+
 from tillerman.rules.decision import Action
 from tillerman.rules.detect import TEMPLATE_FIELDS
 from tillerman.rules.durations import parse_duration
@@ -179,6 +181,36 @@ class ReviewerSpec(_Spec):
         return Reviewer(**self.model_dump(exclude={"command"}), command=tuple(self.command))
 
 
+class NotifySpec(_Spec):
+    """``[[notify]]``: a command or a webhook that people's notices are handed to
+    (``tillerman.rules.notify``)."""
+
+    name: str = Field(pattern=f"^{ID_PATTERN}$")
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    allow_remote: bool = Field(default=False, strict=True)
+    # after command and allow_remote: its validator reads them
+    webhook: str | None = Field(default=None, validate_default=True)
+    group_window: Duration = 10.0
+    repeat: Duration | None = None
+    kinds: list[NoticeKind] = Field(default=list(NOTICE_KINDS), min_length=1)
+    timeout: Duration = 10.0
+
+    @field_validator("webhook")
+    @classmethod
+    def _one_way_to_send(cls, webhook: str | None, info: ValidationInfo) -> str | None:
+        command = info.data.get("command")
+        if webhook is None and command is None and "command" in info.data:
+            raise ValueError('missing; add webhook = "http://127.0.0.1:9000/tillerman" or command = ["notify-send"]')
+        if webhook is not None and command is not None:
+            raise ValueError("give command or webhook, not both; write a second [[notify]] for the other")
+        return None if webhook is None else check_webhook(webhook, info.data.get("allow_remote", False))
+
+    def to_sink(self) -> NotifySink:
+        return NotifySink(name=self.name, command=None if self.command is None else tuple(self.command),
+                          webhook=self.webhook, group_window=self.group_window, repeat=self.repeat,
+                          kinds=tuple(dict.fromkeys(self.kinds)), timeout=self.timeout)
+
+
 class RulesFile(_Spec):
     rule: list[RuleSpec] = []
 
@@ -197,6 +229,10 @@ class ConfigFile(BaseModel):
     grant: list[GrantSpec] = []
     defaults: DefaultsSpec = DefaultsSpec()
     reviewer: list[ReviewerSpec] = []  # names checked unique by tillerman.rules.files.load_config
+    notify: list[NotifySpec] = []  # names checked unique by tillerman.rules.files.load_config
+
+    def sinks(self) -> tuple[NotifySink, ...]:
+        return tuple(spec.to_sink() for spec in self.notify)
 
     def reviewers(self) -> tuple[Reviewer, ...]:
         return tuple(spec.to_reviewer() for spec in self.reviewer)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from tillerman.rules.decision import Action
 from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.ruleset import CONDITION_KINDS
-from tillerman.rules.schema import CONDITION_SPECS, TABLES, GrantSpec, ReviewerSpec, RuleSpec, RulesFile
+from tillerman.rules.schema import CONDITION_SPECS, TABLES, GrantSpec, NotifySpec, ReviewerSpec, RuleSpec, RulesFile
 from tillerman.rules.toml_source import locate
 
 M = TypeVar("M", bound=BaseModel)
@@ -75,9 +75,14 @@ EXAMPLES = {
     "adapter": 'adapter = "codex-exec-json"',
     "probe_every": "probe_every = 20",
     "home": 'home = "/var/lib/tillerman/reviewer-home"',
+    "webhook": 'webhook = "http://127.0.0.1:9000/tillerman"',
+    "group_window": 'group_window = "10s"',
+    "repeat": 'repeat = "1h"',
+    "kinds": 'kinds = ["overdue", "escalation", "report"]',
+    "allow_remote": "allow_remote = true",
 }
 #: The noun for one value of a field, in "unknown action …".
-SINGULAR = {"actions": "action"}
+SINGULAR = {"actions": "action", "kinds": "kind"}
 
 
 def _describe(error: dict[str, Any], data: dict[str, Any], text: str, source: str) -> tuple[int, str]:
@@ -159,7 +164,7 @@ def _known_fields(parent: tuple[Any, ...], data: dict[str, Any]) -> list[str]:
     elif parent[0] in TABLES:
         model = TABLES[parent[0]]
     else:
-        model = {"rule": RuleSpec, "reviewer": ReviewerSpec}.get(parent[0], GrantSpec)
+        model = {"rule": RuleSpec, "reviewer": ReviewerSpec, "notify": NotifySpec}.get(parent[0], GrantSpec)
     return [info.alias or name for name, info in model.model_fields.items()]
 
 
@@ -171,7 +176,7 @@ def _owner_label(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
     if len(loc) < 2 or not isinstance(loc[1], int):
         return "top level"
     table = _dig(data, loc[:2])
-    key = {"rule": "id", "reviewer": "name"}.get(loc[0], "subject")
+    key = {"rule": "id", "reviewer": "name", "notify": "name"}.get(loc[0], "subject")
     name = table.get(key) if isinstance(table, dict) else None
     return f"{loc[0]} {show(name)}" if isinstance(name, str) else f"{loc[0]} #{loc[1] + 1}"
 

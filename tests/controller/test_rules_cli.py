@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, reviewer, rule
+from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, notify, reviewer, rule
 from tillerman.controller.cli import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -64,7 +64,8 @@ def test_validate_a_config_file(here):
         0, "config.toml: valid config file: 0 grants, built-in owner grant off, patterns 7 critical, 7 external\n", "")
     code, out, _ = run("validate", "config.toml", "--json")
     assert json.loads(out) == {"file": "config.toml", "valid": True, "kind": "config", "grants": 0,
-                               "owner_grant": False, "reviewers": 0, "patterns": {"critical": 7, "external": 7}}
+                               "owner_grant": False, "reviewers": 0, "notify": 0,
+                               "patterns": {"critical": 7, "external": 7}}
 
 
 def test_validate_a_config_file_with_reviewers(here):
@@ -72,6 +73,13 @@ def test_validate_a_config_file_with_reviewers(here):
     assert run("validate", "config.toml") == (
         0, "config.toml: valid config file: 0 grants, built-in owner grant on, patterns 7 critical, 7 external,"
            " 1 reviewers\n", "")
+
+
+def test_validate_a_config_file_with_notify_sinks(here):
+    (here / "config.toml").write_text(notify("pager", command=["notify-send", "tillerman"]))
+    assert run("validate", "config.toml") == (
+        0, "config.toml: valid config file: 0 grants, built-in owner grant on, patterns 7 critical, 7 external,"
+           " 1 notify sinks\n", "")
 
 
 def test_validate_a_wrong_type_under_defaults(here):
