@@ -56,7 +56,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.reviews import Call, Escalate, Plan, Refused, Reviews, plan_checkpoint, probe_due
+from tillerman.ledger.reviews import REVIEW_HELD, Call, Escalate, Plan, Refused, Reviews, plan_checkpoint, probe_due
 from tillerman.rules.review import (
     Accepted,
     Correction,
@@ -71,8 +71,6 @@ from tillerman.rules.ruleset import RuleSet
 
 log = logging.getLogger("tillerman")
 
-#: The evidence reason on an intent a review held (failed, capped, hold, escalated).
-HELD = "review_held"
 _AFTER_TURN = frozenset({State.ACKNOWLEDGED, State.ACTION_STARTED, State.EFFECT_VERIFIED, State.EFFECT_FAILED})
 
 
@@ -267,7 +265,7 @@ class Checkpoints:
             log.warning("intent %s (owner %s): the %s review by %s failed closed (%s)%s; nothing is dispatched on"
                         " its account", intent.id, intent.owner or "unknown", kind, reviewer.name, committed.outcome,
                         escalated)
-            out = [self._evidence(view, HELD, evidence, committed, now)]
+            out = [self._evidence(view, REVIEW_HELD, evidence, committed, now)]
             if view.state == State.PROPOSED:
                 out.append(transition_envelope(intent, State.PROPOSED, State.REJECTED, "review_failed",
                                                evidence, now))
@@ -287,7 +285,7 @@ class Checkpoints:
             return [self._evidence(view, "review_noted", evidence, committed, now)]
         log.warning("intent %s (owner %s): the %s review by %s says %s: %s", intent.id, intent.owner or "unknown",
                     kind, reviewer.name, committed.disposition, then.detail)
-        return [self._evidence(view, HELD, {**evidence, "escalated": then.step == "escalate"}, committed, now)]
+        return [self._evidence(view, REVIEW_HELD, {**evidence, "escalated": then.step == "escalate"}, committed, now)]
 
     def _recommendation(self, projection: Projection, view: IntentView, reviewer: Reviewer,
                         committed: ReviewCommitted, action: str | None, now: float) -> list[Envelope]:

@@ -35,6 +35,7 @@ from tillerman.ledger.events import Entry
 from tillerman.ledger.intent_states import is_terminal
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.reviews import REVIEW_HELD
 from tillerman.rules.notify import NoticeKind, NotifySink
 
 log = logging.getLogger("tillerman")
@@ -118,6 +119,13 @@ class Notifier:
             self.state.alerts[f"escalation:{event.intent_id}"] = Alert(
                 kind="escalation", thread_id=event.thread_id, step=event.reason, at=at,
                 facts={"intent": event.intent_id, "reason": event.reason, "rule": event.rule_id})
+        elif isinstance(event, ev.IntentEvidence) and "escalation" in self.kinds and event.reason == REVIEW_HELD:
+            # A review that failed closed or said hold/escalate: the intent waits on its
+            # owner now, who is told as of an escalation (the checkpoint names the step).
+            self.state.alerts[f"escalation:{event.intent_id}"] = Alert(
+                kind="escalation", thread_id=event.thread_id, step=f"review_held:{event.evidence.get('checkpoint')}",
+                at=at, facts={"intent": event.intent_id, "reason": REVIEW_HELD, **{
+                    k: event.evidence.get(k) for k in ("reviewer", "outcome", "disposition")}})
         elif isinstance(event, ev.NotificationSent | ev.NotificationFailed):
             self._fold_outcome(event, at)
 

@@ -31,6 +31,9 @@ HOUR = 3600.0
 INTERRUPTED = "review_interrupted"
 
 
+#: The evidence reason on an intent a review held (failed, capped, hold, escalated).
+REVIEW_HELD = "review_held"
+
 class Checkpoint(msgspec.Struct, kw_only=True):
     checkpoint_id: str
     checkpoint: str

@@ -151,6 +151,26 @@ def test_an_escalation_is_notified_with_its_resolution_when_it_settled_within_th
     assert (notice["kind"], notice["reason"], notice["settled"]) == ("escalation", "no_grant", "rejected")
 
 
+def test_a_review_that_held_an_intent_is_told_to_its_owner_as_an_escalation_then_resolved():
+    rec = MemoryRecorder()
+    intent = _overdue(rec, deadline=1000.0)
+    view = projections.load(rec).intents[intent.id]
+    rec.append([intent_requests.evidence_envelope(intent, view.state, "review_held", {
+        "checkpoint": "before_dispatch", "reviewer": "codex", "outcome": "review_failed:timeout",
+        "disposition": None}, "review:cp1", 1.0)])
+    notifier = Notifier([NotifySink(name="n", command=("true",), kinds=("escalation",))])
+    assert _look(rec, notifier, 1.0) == []  # the window is open
+    (held,) = _look(rec, notifier, 11.0)
+    (notice,) = held.payload()["notices"]
+    assert held.keys == (f"escalation:{intent.id}@review_held:before_dispatch",)
+    assert (notice["kind"], notice["reviewer"], notice["outcome"]) == ("escalation", "codex", "review_failed:timeout")
+    _sent(rec, [held], 11.0)
+    intent_requests.transition(rec, intent.id, State.REJECTED, "review_failed", at=20.0)
+    assert _look(rec, notifier, 30.0) == []  # a new group's window opens
+    (resolved,) = _look(rec, notifier, 40.0)
+    assert resolved.keys == (f"escalation:{intent.id}@resolved",)
+
+
 def test_a_report_for_a_person_resolves_when_its_turn_ends_and_shadow_or_observe_ones_are_not_sent():
     rec = MemoryRecorder()
     _append(rec, TurnStarted(thread_id="T", turn_id="t1"), "ts", 0.0)
