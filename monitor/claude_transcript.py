@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tillerman.ledger.events import (
     ApprovalResolved,
@@ -188,7 +188,7 @@ class ClaudeTranscriptParser(Parser):
 
     def _user(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
         content = obj(record, "message").get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _blocks(content)
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content_blocks(content)
         events: list[Event] = []
         said: list[str] = []
         for block in blocks:
@@ -234,7 +234,7 @@ class ClaudeTranscriptParser(Parser):
     def _assistant(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
         message = obj(record, "message")
         content = message.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _blocks(content)
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content_blocks(content)
         ids = {"thread_id": thread_id, "turn_id": state.turn}
         uuid = text(record, "uuid") or f"line@{self._offset}"
         events: list[Event] = []
@@ -279,7 +279,7 @@ class ClaudeTranscriptParser(Parser):
         # Input folded into the running turn (2.1.x): a steer of the open turn.
         prompt = attachment.get("prompt")
         if not isinstance(prompt, str):  # a prompt with images is a list of blocks
-            prompt = "\n".join(text(block, "text") or "" for block in _blocks(prompt) if block.get("type") == "text")
+            prompt = "\n".join(text(block, "text") or "" for block in content_blocks(prompt) if block.get("type") == "text")
         item_id = text(attachment, "source_uuid") or text(record, "uuid")
         return [self._user_message(prompt, item_id=item_id, thread_id=thread_id, turn_id=state.turn)]
 
@@ -348,7 +348,12 @@ ClaudeTranscriptParser._HANDLERS = {
 
 def _tool_status(record: dict, block: dict) -> str:
     result = record.get("toolUseResult")
-    denied = record.get("toolDenialKind") or result == "User rejected tool use"
+    return tool_status(result, bool(record.get("toolDenialKind")) or result == "User rejected tool use", block)
+
+
+def tool_status(result: Any, denied: bool, block: dict) -> str:
+    """How a tool call ended, from its result block, the CLI's account of the run
+    (``toolUseResult``) and whether the CLI says it was refused (``denied``)."""
     if (isinstance(result, dict) and result.get("interrupted") is True) or (
             denied and STOPPED_WHILE_RUNNING in str(block.get("content"))):
         return "interrupted"  # it ran, at least in part: it may have had effects
@@ -357,7 +362,7 @@ def _tool_status(record: dict, block: dict) -> str:
     return "failed" if block.get("is_error") else "completed"
 
 
-def _blocks(content) -> list[dict]:
+def content_blocks(content) -> list[dict]:
     if content is None:
         return []
     if not isinstance(content, list):
