@@ -372,6 +372,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         raise Fail("--spawn-codex starts its own app-server: drop --codex, or drop --spawn-codex")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s tillerman %(levelname)s %(message)s")
+    # watchfiles' "N changes detected" says nothing of what tillerman did with them.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)
     if codex_bin and not spawn_codex:
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
