@@ -139,5 +139,8 @@ def hook() -> None:
               " (default: $XDG_STATE_HOME/tillerman/claude-hooks).")
 def hook_claude(spool):
     """Keep the hook payload on stdin as one line of <spool>/<session_id>.jsonl. Prints no
-    decision; exits 0 even when it cannot keep it (saying why on stderr)."""
+    decision; exits 0 even when it cannot keep it (saying why on stderr).
+
+    Example: echo '{"session_id": "s1", "hook_event_name": "Stop"}' | tillerman hook claude
+    """
     claude_hook.main(["--spool", spool] if spool else [])
