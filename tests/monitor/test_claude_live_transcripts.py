@@ -17,8 +17,12 @@ SCENARIOS = sorted(p.name for p in LIVE.iterdir() if (p / "transcript.jsonl").ex
 
 
 def stdout_counts(scenario: str) -> tuple[int, int, int]:
+    """(turns, interrupted, unclosed) as the recorded scenario's stdout tells them."""
+    return counts_from_stdout([json.loads(line) for line in (LIVE / scenario / "stdout.jsonl").read_text().splitlines()])
+
+
+def counts_from_stdout(lines: list[dict]) -> tuple[int, int, int]:
     """(turns, interrupted, unclosed) as the CLI's stdout tells them."""
-    lines = [json.loads(line) for line in (LIVE / scenario / "stdout.jsonl").read_text().splitlines()]
     turns = sum(1 for line in lines if line.get("type") == "system" and line.get("subtype") == "init")
     results = [line for line in lines if line.get("type") == "result"]
     interrupted = sum(1 for r in results if str(r.get("terminal_reason")).startswith("aborted"))
