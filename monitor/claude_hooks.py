@@ -35,6 +35,7 @@ from tillerman.ledger.events import (
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
+    TurnStatus,
 )
 from tillerman.monitor.digest import digest
 from tillerman.monitor.parser import Call, OpenCalls, Parser, command_text, obj, text, workdir
@@ -103,7 +104,7 @@ class ClaudeHooksParser(Parser):
     def _session_end(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
         return self._end(thread_id, session, "interrupted")
 
-    def _end(self, thread_id: str, session: _Session, status: str) -> list[Event]:
+    def _end(self, thread_id: str, session: _Session, status: TurnStatus) -> list[Event]:
         if session.turn is None:
             return []
         events: list[Event] = []
@@ -115,7 +116,7 @@ class ClaudeHooksParser(Parser):
                                         turn_id=call.turn_id))
         session.inputs.clear()
         session.asked.clear()
-        events.append(TurnCompleted(thread_id=thread_id, turn_id=session.turn, status=status))  # type: ignore[arg-type]
+        events.append(TurnCompleted(thread_id=thread_id, turn_id=session.turn, status=status))
         session.turn = None
         return events
 

@@ -42,6 +42,7 @@ from tillerman.ledger.events import (
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
+    TurnStatus,
 )
 from tillerman.monitor.claude_transcript import INTERRUPT_MARKER, content_blocks, tool_status
 from tillerman.monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, items, obj
@@ -100,16 +101,17 @@ class ClaudeStreamParser(Parser):
 
     def _result(self, record: dict) -> list[Event]:
         reason = field(record, "terminal_reason") or ""
+        status: TurnStatus
         if reason.startswith("aborted"):
             status = "interrupted"
         else:
             status = "failed" if record.get("is_error") is True else "completed"
         return self._end(status, integer(record, "duration_ms"))
 
-    def _end(self, status: str, duration_ms: int | None = None) -> list[Event]:
+    def _end(self, status: TurnStatus, duration_ms: int | None = None) -> list[Event]:
         if self._turn is None:
             return []
-        event = TurnCompleted(status=status, duration_ms=duration_ms, **self._ids)  # type: ignore[arg-type]
+        event = TurnCompleted(status=status, duration_ms=duration_ms, **self._ids)
         self._turn = None
         return [event]
 
