@@ -14,6 +14,7 @@ import click
 import msgspec
 
 from tillerman.controller import intent_requests as intent_lib
+from tillerman.controller.claude_hooks_cli import hook, hooks
 from tillerman.controller.driver import kill_at
 from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
@@ -698,3 +699,5 @@ main.add_command(rules)
 main.add_command(review)
 main.add_command(report)
 main.add_command(timeline_cmd)
+main.add_command(hooks)  # Claude Code's hooks: hooks install|uninstall --claude
+main.add_command(hook)  # and what they run: hook claude

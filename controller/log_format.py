@@ -25,3 +25,5 @@ def configure_logging(*, verbose: bool, log_format: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    # watchfiles' "N changes detected" says nothing of what tillerman did with them.
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)

@@ -118,6 +118,17 @@ class QueueChanged(Event, tag="queue_changed"):
     known: bool = True  # False: the source said "changed" without the contents
 
 
+class QueueEntryRemoved(Event, tag="queue_entry_removed"):
+    """An entry left the queue, and how (where the source says so): ``delivered`` (it
+    ran as a turn, or was folded into the running one), ``withdrawn`` (taken back before
+    it ran) or ``cleared`` (dropped by an interrupt that cancelled the queue)."""
+
+    entry_id: str
+    outcome: str
+    client_id: str | None = None  # the message's own id, when the source names it
+    reason: str | None = None  # the source's word for it, verbatim
+
+
 class StatusChanged(Event, tag="status_changed"):
     status: str
     flags: tuple[str, ...] = ()
@@ -369,6 +380,7 @@ AnyEvent = (
     | ApprovalRequested
     | ApprovalResolved
     | QueueChanged
+    | QueueEntryRemoved
     | StatusChanged
     | Error
     | Quarantined
@@ -397,7 +409,7 @@ OBSERVATION_KINDS = frozenset(
     for cls in (
         ThreadStarted, TurnStarted, TurnCompleted, ItemStarted, ItemCompleted,
         UserMessage, AgentMessage, ApprovalRequested, ApprovalResolved,
-        QueueChanged, StatusChanged, Error,
+        QueueChanged, QueueEntryRemoved, StatusChanged, Error,
     )
 )
 

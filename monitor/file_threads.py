@@ -7,7 +7,9 @@ Replay keeps the files of one thread family together (``tillerman.controller.rep
   (``forked_from_id``, ``parent_thread_id``, ``source.subagent.thread_spawn``);
 - a Claude Code transcript names its session in every line (``sessionId``), and a
   2.1.x subagent file lives under it (``<sessionId>/subagents/agent-<id>.jsonl``);
-- ``codex exec --json`` output opens with ``thread.started{thread_id}``.
+- ``codex exec --json`` output opens with ``thread.started{thread_id}``;
+- Claude Code's stream-json output and hook payloads name their session in every line
+  (``session_id``).
 
 Formats whose threads are named only deep inside (a TUI log, an app-server trace, a
 ledger) name none here. Pure: no I/O, the caller reads the opening.
@@ -62,7 +64,13 @@ def _exec(head: bytes, path: str) -> set[str]:
     return {thread} if thread else set()
 
 
-_READERS = {"codex-rollout": _rollout, "claude-transcript": _claude, "codex-exec": _exec}
+def _claude_session(head: bytes, path: str) -> set[str]:
+    session = next(filter(None, (_text_at(record, "session_id") for record in _records(head))), None)
+    return {session} if session else set()
+
+
+_READERS = {"codex-rollout": _rollout, "claude-transcript": _claude, "codex-exec": _exec,
+            "claude-stream-json": _claude_session, "claude-hooks": _claude_session}
 
 
 def _records(head: bytes):

@@ -11,6 +11,8 @@ import re
 import msgspec
 
 from tillerman.monitor.appserver_trace import AppServerTraceParser
+from tillerman.monitor.claude_hooks import ClaudeHooksParser
+from tillerman.monitor.claude_stream import ClaudeStreamParser
 from tillerman.monitor.claude_transcript import ClaudeTranscriptParser
 from tillerman.monitor.codex_exec import CodexExecParser
 from tillerman.monitor.codex_rollout import CodexRolloutParser
@@ -21,13 +23,17 @@ from tillerman.monitor.parser import Parser
 PARSERS: dict[str, type[Parser]] = {
     parser.format: parser
     for parser in (CodexRolloutParser, CodexExecParser, CodexTuiParser, ClaudeTranscriptParser,
-                   AppServerTraceParser)
+                   ClaudeStreamParser, ClaudeHooksParser, AppServerTraceParser)
 }
 
 _ROLLOUT_TYPES = frozenset({"session_meta", "turn_context", "response_item", "event_msg", "compacted",
                             "world_state", "token_usage_record"})
 _CLAUDE_TYPES = frozenset({"user", "assistant", "system", "summary", "progress", "queue-operation",
                            "file-history-snapshot", "attachment", "last-prompt"})
+# Lines only Claude Code's stream-json output has; its user/assistant/system lines name
+# the session as ``session_id`` where a transcript says ``sessionId``.
+_STREAM_TYPES = frozenset({"command_lifecycle", "result", "control_request", "control_response",
+                           "control_cancel_request", "stream_event"})
 _SUBAGENT_PATH = re.compile(r"[/\\]subagents[/\\]agent-[^/\\]+\.jsonl$")
 _ROLLOUT_PATH = re.compile(r"(?:^|[/\\])rollout-[^/\\]*\.jsonl$")
 # For a first line too long to be in ``head`` (a Claude api-request-blob, a large
@@ -37,6 +43,8 @@ _HEAD_PATTERNS = (
     (re.compile(rb'"dir"\s*:\s*"(?:meta|to_tui|from_tui)"'), "codex-tui"),
     (re.compile(rb'"dir"\s*:\s*"(?:in|out)"\s*,\s*"msg"'), "appserver-trace"),
     (re.compile(rb'"sessionId"\s*:'), "claude-transcript"),
+    (re.compile(rb'"hook_event_name"\s*:'), "claude-hooks"),
+    (re.compile(rb'"type"\s*:\s*"(?:command_lifecycle|result|control_request)"'), "claude-stream-json"),
 )
 
 
@@ -78,6 +86,10 @@ def _format_of(record: dict) -> str | None:
         return "codex-rollout"
     if isinstance(kind, str) and (kind.split(".")[0] in ("thread", "turn", "item") and "." in kind):
         return "codex-exec"
+    if "hook_event_name" in record:
+        return "claude-hooks"
+    if kind in _STREAM_TYPES or ("session_id" in record and "sessionId" not in record and kind in _CLAUDE_TYPES):
+        return "claude-stream-json"
     if kind in _CLAUDE_TYPES or "sessionId" in record:
         return "claude-transcript"
     return None

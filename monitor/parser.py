@@ -292,6 +292,13 @@ class OpenCalls:
         self._open[call_id] = call
         return True
 
+    def abandon(self) -> list[tuple[str, Call]]:
+        """Every call still open, now settled (its process is gone): later reports are repeats."""
+        abandoned = list(self._open.items())
+        for call_id, _ in abandoned:
+            self.finish(call_id, authoritative=True)
+        return abandoned
+
     def finish(self, call_id: str, *, authoritative: bool) -> Call | None | bool:
         """The call's start (None when unseen) when this report is news; False for a repeat."""
         if call_id in self._done:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from tillerman.ledger.events import Envelope, Quarantined
+from tillerman.ledger.events import Envelope, Quarantined, TurnCompleted, TurnStarted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.formats import PARSERS, detect_format
@@ -283,6 +283,7 @@ class Tailer:
             return None, FileBatch([env], [])
         gen = _Generation(path, st.st_dev, st.st_ino, identity, file_source(path), fmt, first_line, 0)
         self._live[path] = gen
+        log.info("%s: following it as %s", path, fmt)
         return gen, None
 
     def _new_parser(self, gen: _Generation) -> Parser:
@@ -318,6 +319,8 @@ class Tailer:
             if not parsed and consumed == gen.offset:
                 continue  # only a partial line so far: held
             envelopes = [file_envelope(gen.identity, gen.source, p) for p in parsed if p.offset >= gen.offset]
+            if log.isEnabledFor(logging.INFO):
+                _log_turns(gen.path, envelopes)
             gen.offset = consumed
             yield FileBatch(envelopes, [self._row(gen)])
         gen.size = max(gen.size, gen.read)
@@ -447,3 +450,13 @@ def scan(roots: Iterable[str]) -> Iterator[str]:
             except OSError:
                 continue
         stack.extend(reversed(subdirs))
+
+
+def _log_turns(path: str, envelopes: list[Envelope]) -> None:
+    """What following a file found, by file, thread and turn (``run -v``)."""
+    for env in envelopes:
+        event = env.event
+        if isinstance(event, TurnStarted):
+            log.info("%s: thread %s: turn %s started", path, event.thread_id, event.turn_id)
+        elif isinstance(event, TurnCompleted):
+            log.info("%s: thread %s: turn %s %s", path, event.thread_id, event.turn_id, event.status)

@@ -80,3 +80,12 @@ def test_one_file_named_twice_is_one_group():
 
 def test_no_files_no_groups():
     assert group_files([]) == []
+
+
+def test_a_claude_sessions_transcript_stdout_and_hook_payloads_name_one_session():
+    hooks = SESSIONS / "claude-live" / "hooks"
+    named = {fmt: file_threads(fmt, (hooks / name).read_bytes()[:65536], str(hooks / name))
+             for name, fmt in (("transcript.jsonl", "claude-transcript"), ("stdout.jsonl", "claude-stream-json"),
+                               ("hooks.jsonl", "claude-hooks"))}
+    [session] = named["claude-transcript"]
+    assert named == {fmt: {session} for fmt in named}

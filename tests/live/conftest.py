@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.anthropic_model import AnthropicModel
+from fixtures.claude_cli import ClaudeUnavailable, claude_binary
 from fixtures.codex_server import AppServer, make_codex_home
 from fixtures.scripted_model import ScriptedModel
 
@@ -40,3 +42,18 @@ def workspace(app_server: AppServer, request: pytest.FixtureRequest) -> Path:
     path = app_server.codex_home / f"ws-{request.node.name}"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def claude_cli() -> Path:
+    """The pinned Claude Code CLI, installed on first use; skips, saying why, without npm or a registry."""
+    try:
+        return claude_binary()
+    except ClaudeUnavailable as reason:
+        pytest.skip(str(reason))
+
+
+@pytest.fixture(scope="module")
+def anthropic_model() -> Iterator[AnthropicModel]:
+    with AnthropicModel() as model:
+        yield model

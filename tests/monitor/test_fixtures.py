@@ -22,7 +22,8 @@ def test_the_table_lists_every_fixture():
 
 def test_every_format_has_a_fixture():
     assert {row["format"] for row in EXPECTED.values()} == {
-        "codex-rollout", "codex-exec", "codex-tui", "claude-transcript", "appserver-trace"}
+        "codex-rollout", "codex-exec", "codex-tui", "claude-transcript", "claude-stream-json", "claude-hooks",
+        "appserver-trace"}
 
 
 @pytest.mark.parametrize("name", FIXTURES)

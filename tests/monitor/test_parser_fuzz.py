@@ -24,6 +24,9 @@ from tillerman.monitor.parser import EARLIEST, LATEST
 from tillerman.monitor.tailer import file_envelope
 
 FILES = {fmt: sorted((SESSIONS / fmt).rglob("*.jsonl")) for fmt in PARSERS}
+# The real CLI's stdout and hook payloads, recorded beside its transcripts.
+FILES["claude-stream-json"] = sorted((SESSIONS / "claude-live").rglob("stdout.jsonl"))
+FILES["claude-hooks"] = sorted((SESSIONS / "claude-live").rglob("hooks.jsonl"))
 
 
 def _records(fmt: str) -> list:

@@ -11,6 +11,8 @@ GOOD = {
     "codex-exec": b'{"type":"turn.started"}',
     "codex-tui": b'{"ts":"2025-09-14T08:30:00Z","dir":"to_tui","kind":"codex_event","payload":{"id":"1","msg":{"type":"task_started"}}}',
     "claude-transcript": b'{"type":"user","sessionId":"s","uuid":"u","message":{"role":"user","content":"hi"}}',
+    "claude-stream-json": b'{"type":"system","subtype":"init","session_id":"s","user_message_uuids":["u"]}',
+    "claude-hooks": b'{"session_id":"s","hook_event_name":"UserPromptSubmit","prompt_id":"p","prompt":"hi"}',
     "appserver-trace": b'{"ts":1.0,"dir":"in","msg":{"method":"turn/started","params":{"threadId":"t","turn":{"id":"u"}}}}',
 }
 WRONG_TYPE = {
@@ -18,6 +20,8 @@ WRONG_TYPE = {
     "codex-exec": b'{"type":"item.completed","item":[1]}',
     "codex-tui": b'{"ts":"2025-09-14T08:30:00Z","dir":"to_tui","kind":"codex_event","payload":{"id":"1","msg":"task_started"}}',
     "claude-transcript": b'{"type":"assistant","sessionId":"s","message":{"content":{"text":1}}}',
+    "claude-stream-json": b'{"type":"assistant","session_id":"s","message":{"content":{"text":1}}}',
+    "claude-hooks": b'{"session_id":"s","hook_event_name":"PreToolUse","tool_input":[1]}',
     "appserver-trace": b'{"ts":1.0,"dir":"in","msg":{"method":"turn/started","params":{"threadId":7}}}',
 }
 BAD_LINES = [

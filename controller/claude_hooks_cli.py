@@ -1,0 +1,146 @@
+"""``tillerman hooks install|uninstall --claude`` and ``tillerman hook claude``: Claude
+Code's hooks record every payload for tillerman.
+
+``hook claude`` is what Claude Code runs (installed as ``python -m
+tillerman.controller.claude_hook``, the same without the CLI's imports): it reads the payload on stdin and appends it,
+as one line, to ``<spool>/<session_id>.jsonl``; it answers nothing (no decision), so the
+session goes on as if no hook were there. It never waits on the ledger: the daemon
+(``tillerman run --watch <spool>``) and ``tillerman replay`` read the spool files like
+any session file (format ``claude-hooks``). When the payload cannot be kept it says so
+on stderr and still exits 0: a hook of ours never stops the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from tillerman.controller import claude_hook
+from tillerman.controller.claude_hook import default_spool
+from tillerman.controller.claude_settings import HOOK_MODULE, SettingsShapeError, with_our_hooks, without_our_hooks
+from tillerman.controller.output import Fail, PathType, errors_to_exit_codes
+
+def _settings_path(project: str | None) -> Path:
+    if project is not None:
+        return Path(project).resolve() / ".claude" / "settings.json"
+    return Path.home() / ".claude" / "settings.json"
+
+
+def _read_settings(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        settings = json.loads(path.read_text() or "{}")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Fail(f"{path}: cannot read it as JSON ({exc}); fix or move it, then run this again") from exc
+    if not isinstance(settings, dict):
+        raise Fail(f"{path}: holds no JSON object; fix or move it, then run this again")
+    return settings
+
+
+def _write_settings(path: Path, settings: dict) -> None:
+    """Written beside and renamed into place: Claude Code never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
+    fd, temp = tempfile.mkstemp(prefix=".settings-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(settings, out, indent=2)
+            out.write("\n")
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _where(claude: bool, project: str | None, user: bool) -> Path:
+    if not claude:
+        raise Fail("say which agent's hooks: --claude (Claude Code is the only one with hooks here)")
+    if project is not None and user:
+        raise Fail("--project and --user name two settings files: give one")
+    return _settings_path(project)
+
+
+@click.group("hooks")
+def hooks() -> None:
+    """Install or remove tillerman's hooks in an agent's settings."""
+
+
+_place = [
+    click.option("--claude", is_flag=True, help="Claude Code's settings.json."),
+    click.option("--project", type=PathType(file_okay=False, exists=True),
+                 help="The project's settings (DIR/.claude/settings.json)."),
+    click.option("--user", is_flag=True, help="Your user settings (~/.claude/settings.json), the default."),
+]
+
+
+def _placed(fn):
+    for option in reversed(_place):
+        fn = option(fn)
+    return fn
+
+
+@hooks.command("install")
+@_placed
+@click.option("--spool", type=PathType(file_okay=False), help="Where the hook keeps payloads"
+              " (default: $XDG_STATE_HOME/tillerman/claude-hooks).")
+@errors_to_exit_codes
+def install(claude, project, user, spool):
+    """Add a hook of ours to every Claude Code hook event, beside the hooks already there
+    (installing again replaces only ours). It runs `tillerman hook claude` as a bare
+    module, without the CLI's imports: a hook starts on every event.
+
+    Example: tillerman hooks install --claude --user
+    """
+    path = _where(claude, project, user)
+    spool_dir = Path(spool).resolve() if spool else default_spool()
+    command = f"{shlex.quote(sys.executable)} -m {HOOK_MODULE} --spool {shlex.quote(str(spool_dir))}"
+    try:
+        merged = with_our_hooks(_read_settings(path), command)
+    except SettingsShapeError as exc:
+        raise Fail(f"{path}: {exc}; fix it, then run this again") from exc
+    _write_settings(path, merged)
+    click.echo(f"installed tillerman's Claude Code hooks in {path}")
+    click.echo(f"payloads go to {spool_dir}: follow them with tillerman run --watch {spool_dir}")
+
+
+@hooks.command("uninstall")
+@_placed
+@errors_to_exit_codes
+def uninstall(claude, project, user):
+    """Take tillerman's hook entries out of Claude Code's settings; the rest stays.
+
+    Example: tillerman hooks uninstall --claude --user
+    """
+    path = _where(claude, project, user)
+    settings = _read_settings(path)
+    kept = without_our_hooks(settings)
+    if kept == settings:
+        click.echo(f"no tillerman hooks in {path}: nothing changed")
+        return
+    _write_settings(path, kept)
+    click.echo(f"removed tillerman's Claude Code hooks from {path}")
+
+
+@click.group("hook")
+def hook() -> None:
+    """What an agent's hook runs (installed by `tillerman hooks install`)."""
+
+
+@hook.command("claude")
+@click.option("--spool", type=PathType(file_okay=False), help="Where payloads are kept"
+              " (default: $XDG_STATE_HOME/tillerman/claude-hooks).")
+def hook_claude(spool):
+    """Keep the hook payload on stdin as one line of <spool>/<session_id>.jsonl. Prints no
+    decision; exits 0 even when it cannot keep it (saying why on stderr).
+
+    Example: echo '{"session_id": "s1", "hook_event_name": "Stop"}' | tillerman hook claude
+    """
+    claude_hook.main(["--spool", spool] if spool else [])

@@ -1,0 +1,80 @@
+"""``tillerman hooks install|uninstall --claude`` merge into Claude Code's settings without
+touching the user's own hooks; ``tillerman hook claude`` keeps each payload as a line."""
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tillerman.controller.claude_hook import keep_payload
+from tillerman.controller.claude_settings import HOOK_EVENTS, is_ours, with_our_hooks, without_our_hooks
+from tillerman.controller.cli import main
+from tillerman.monitor.formats import detect_format
+
+USERS = {
+    "model": "sonnet",
+    "hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "~/bin/guard.sh"}]}],
+        "Stop": [{"matcher": "", "hooks": [{"type": "command", "command": "notify-send done"}]}],
+    },
+}
+OURS = "/venv/bin/python -m tillerman hook claude --spool /s"
+
+
+def test_install_adds_ours_to_every_event_beside_the_users_own() -> None:
+    merged = with_our_hooks(USERS, OURS)
+    assert merged["model"] == "sonnet"
+    assert set(merged["hooks"]) == set(HOOK_EVENTS)
+    assert merged["hooks"]["PreToolUse"][0] == USERS["hooks"]["PreToolUse"][0]  # first, as it was
+    assert merged["hooks"]["Stop"][0] == USERS["hooks"]["Stop"][0]
+    for event in HOOK_EVENTS:
+        assert sum(is_ours(h) for g in merged["hooks"][event] for h in g["hooks"]) == 1
+
+
+def test_installing_twice_changes_nothing_and_uninstall_gives_back_exactly_the_users_settings() -> None:
+    once = with_our_hooks(USERS, OURS)
+    assert with_our_hooks(once, OURS) == once
+    assert without_our_hooks(once) == USERS
+    assert without_our_hooks(with_our_hooks({}, OURS)) == {}
+
+
+def test_a_group_shared_with_a_users_hook_keeps_the_users_hook() -> None:
+    shared = {"hooks": {"Stop": [{"matcher": "", "hooks": [{"type": "command", "command": "mine"},
+                                                           {"type": "command", "command": OURS}]}]}}
+    assert without_our_hooks(shared) == {"hooks": {"Stop": [{"matcher": "", "hooks": [
+        {"type": "command", "command": "mine"}]}]}}
+
+
+def test_the_commands_write_settings_and_refuse_a_file_they_cannot_read(tmp_path: Path) -> None:
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps(USERS))
+    runner = CliRunner()
+    result = runner.invoke(main, ["hooks", "install", "--claude", "--project", str(tmp_path),
+                                  "--spool", str(tmp_path / "spool")])
+    assert result.exit_code == 0, result.output
+    installed = json.loads(settings.read_text())
+    assert installed["hooks"]["Stop"][0] == USERS["hooks"]["Stop"][0] and len(installed["hooks"]["Stop"]) == 2
+    result = runner.invoke(main, ["hooks", "uninstall", "--claude", "--project", str(tmp_path)])
+    assert result.exit_code == 0 and json.loads(settings.read_text()) == USERS
+    settings.write_text("{not json")
+    result = runner.invoke(main, ["hooks", "install", "--claude", "--project", str(tmp_path)])
+    assert result.exit_code == 2 and "cannot read it as JSON" in result.output
+    assert settings.read_text() == "{not json"  # never clobbered
+    result = runner.invoke(main, ["hooks", "install", "--project", str(tmp_path)])
+    assert result.exit_code == 2 and "--claude" in result.output
+
+
+def test_the_hook_keeps_each_payload_as_a_line_and_fails_open(tmp_path: Path) -> None:
+    payload = {"session_id": "11917acb-0f47", "hook_event_name": "Stop", "stop_hook_active": False}
+    runner = CliRunner()
+    for _ in range(2):
+        result = runner.invoke(main, ["hook", "claude", "--spool", str(tmp_path)], input=json.dumps(payload, indent=2))
+        assert result.exit_code == 0 and result.output == ""  # no decision: the session goes on
+    spooled = tmp_path / "11917acb-0f47.jsonl"
+    lines = spooled.read_bytes().splitlines(keepends=True)
+    assert [json.loads(line) for line in lines] == [payload, payload]
+    assert detect_format(spooled.read_bytes(), str(spooled)) == "claude-hooks"
+    result = runner.invoke(main, ["hook", "claude", "--spool", str(tmp_path)], input="{cut")
+    assert result.exit_code == 0 and "payload not kept" in result.output
+    assert keep_payload(b'{"session_id": "../../etc"}', tmp_path).name == "unknown-session.jsonl"
