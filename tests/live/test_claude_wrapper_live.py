@@ -121,3 +121,164 @@ def test_a_steer_is_folded_into_its_turn_and_acknowledged_on_the_cli_s_evidence(
     claimed = next(item.at for item in done.history if item.state == "dispatch_unknown")
     print(f"pickup: {1000 * (claimed - decided):.0f} ms from the daemon's decision to the wrapper's claim")
     assert json.dumps(result)  # the result line reached the harness whole
+
+
+def steered(model: AnthropicModel, text: str) -> int:
+    """How many model calls got ``text`` as new input (the newest user message)."""
+    return sum(any(text in said for said in request.texts) for request in model.requests)
+
+
+def test_a_steer_for_a_turn_that_ended_is_not_injected_into_the_next(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    release = tmp_path / "release"
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
+        turn = harness.user(f"WAIT: {release}")  # a turn with no tool round to fold a steer into
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: too late for this",
+                                   expected_turn=turn, now=time.time())
+        time.sleep(0.5)  # decided by now; the wrapper waits for a tool round that never comes
+        release.touch()
+        harness.wait_for(is_result)
+        done = wait_until(lambda: settled(ledger, intent_id), "the steer to settle")
+        start = len(harness.lines)
+        harness.user("RUN: sleep 1")  # the next turn, with a tool round
+        harness.wait_for(is_result, start=start)
+        assert harness.close() == 0
+    assert (done.state, done.history[-1].reason) == (State.EXPIRED, "turn_ended")
+    assert not [item for item in done.history if item.state == "dispatch_unknown"]  # never sent
+    assert steered(anthropic_model, "STEER: too late for this") == 0
+    assert all(len(result["user_message_uuids"]) == 1 for result in harness.results())
+
+
+def test_an_interrupt_kills_the_running_tool_and_is_recorded_as_separate_facts(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
+        turn = harness.user("RUN: sleep 20")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        intent_id = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop the sleep",
+                                   expected_turn=turn, now=time.time())
+        result = harness.wait_for(is_result, timeout=15)  # well before the 20 s the tool would take
+        done = wait_until(lambda: settled(ledger, intent_id), "the interrupt to settle")
+        cut = harness.wait_for(lambda line: line.get("type") == "user" and "stopped while running" in json.dumps(line))
+        harness.close()
+    assert (result["terminal_reason"], result["is_error"]) == ("aborted_tools", True)
+    assert cut["message"]["content"][0]["is_error"] is True  # the call was killed mid-run
+    # The request, its answer and the aborted turn: three facts, in that order.
+    assert moves(done)[1:5] == [("transition", "dispatch_unknown", "dispatching"),
+                                ("evidence", "dispatch_unknown", "interrupt_answered"),
+                                ("transition", "queued", "accepted"),
+                                ("transition", "acknowledged", "turn_interrupted")]
+    answered = next(item for item in done.history if item.reason == "interrupt_answered")
+    assert answered.evidence["subtype"] == "success"
+    # The harness saw the aborted turn, never the answer to tillerman's request.
+    assert not [line for line in harness.lines if line.get("type") == "control_response"]
+
+
+def tee_cli(tmp_path: Path, claude_cli: Path) -> Path:
+    """The CLI with what it reads and writes copied to files: the traffic the wrapper sees."""
+    script = tmp_path / "claude-teed"
+    script.write_text(f'#!/bin/sh\ntee -a {tmp_path / "cli-in.jsonl"} | {claude_cli} "$@" '
+                      f'| tee -a {tmp_path / "cli-out.jsonl"}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_permission_requests_pass_through_and_the_harness_sees_the_cli_s_bytes_apart_from_tillerman_s_own(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    env["TILLERMAN_CLAUDE_BIN"] = str(tee_cli(tmp_path, claude_cli))
+    sent: list[bytes] = []
+    with ClaudeSession(script, tmp_path, anthropic_model.base_url, "--permission-mode", "default",
+                       "--permission-prompt-tool", "stdio", env=env) as harness:
+        send = harness.send
+        harness.send = lambda message: (sent.append(json.dumps(message).encode() + b"\n"), send(message))[1]
+        turn = harness.user("RUN: sleep 3")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: touch nothing",
+                                   expected_turn=turn, now=time.time())
+        harness.wait_for(is_result)
+        wait_until(lambda: settled(ledger, intent_id), "the steer to settle")
+        start = len(harness.lines)
+        harness.user("RUN: touch perm_probe.txt")
+        asked = harness.wait_for(lambda line: line.get("type") == "control_request", start=start)
+        time.sleep(0.5)  # were the wrapper to answer, it would have by now
+        assert not (tmp_path / "ws" / "perm_probe.txt").exists()
+        request = asked["request"]
+        harness.send({"type": "control_response", "response": {
+            "subtype": "success", "request_id": asked["request_id"],
+            "response": {"behavior": "allow", "updatedInput": request["input"]}}})
+        harness.wait_for(is_result, start=start)
+        assert harness.close() == 0
+    assert (tmp_path / "ws" / "perm_probe.txt").exists()
+    ours_uuid = message_uuid(f"tillerman-{intent_id}")
+    cli_in = (tmp_path / "cli-in.jsonl").read_bytes().splitlines(keepends=True)
+    cli_out = (tmp_path / "cli-out.jsonl").read_bytes().splitlines(keepends=True)
+    harness_in = (tmp_path / "stdout.jsonl").read_bytes().splitlines(keepends=True)
+
+    def tillerman_s(raw: bytes) -> bool:
+        line = json.loads(raw)
+        request_id = line.get("request_id") or (line.get("response") or {}).get("request_id") or ""
+        return ours_uuid in (line.get("uuid"), line.get("command_uuid")) or request_id.startswith("tillerman-")
+
+    assert [raw for raw in cli_in if not tillerman_s(raw)] == sent  # the harness's lines, byte for byte
+    assert [raw for raw in cli_in if tillerman_s(raw)]  # and the steer, interleaved
+    assert [raw for raw in cli_out if not tillerman_s(raw)] == harness_in  # the CLI's, byte for byte
+    answers = [json.loads(raw) for raw in cli_in if json.loads(raw).get("type") == "control_response"]
+    assert [a["response"]["request_id"] for a in answers] == [asked["request_id"]]  # the harness's only
+    with SQLiteRecorder(ledger) as recorder:
+        kinds = [type(entry.envelope.event).__name__ for entry in recorder.read()
+                 if entry.envelope.event.thread_id == session]
+    assert "ApprovalRequested" in kinds and "ApprovalResolved" in kinds
+
+
+def cli_child(wrapper_pid: int) -> int:
+    children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_wrapper_resumed_delivers_nothing_twice_and_settles_from_the_transcript(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    with ClaudeSession(script, first, anthropic_model.base_url, env=env) as harness:
+        turn = harness.user("RUN: sleep 3")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: only once",
+                                   expected_turn=turn, now=time.time())
+        wait_until(lambda: view(ledger, intent_id).state == State.QUEUED, "the CLI to accept the steer")
+        cli = cli_child(harness.process.pid)
+        harness.process.kill()  # the wrapper dies with the steer accepted, not yet folded in
+        harness.process.wait(timeout=10)
+        wait_until(lambda: gone(cli), "the orphaned CLI to finish its turn and exit", timeout=20)
+    assert view(ledger, intent_id).state == State.QUEUED  # nobody saw the fold
+    # The same session, resumed under a new wrapper (same HOME and cwd: the transcript is found).
+    second.mkdir()
+    (second / "home").symlink_to(first / "home")
+    (second / "ws").symlink_to(first / "ws")
+    with ClaudeSession(script, second, anthropic_model.base_url, "--resume", session, env=env) as harness:
+        harness.user("RUN: sleep 1")
+        harness.wait_for(is_result)
+        done = wait_until(lambda: settled(ledger, intent_id), "the steer to settle from the transcript")
+        assert harness.close() == 0
+    assert done.state == State.ACKNOWLEDGED
+    assert done.history[-1].evidence["turn_id"] == turn
+    assert len([item for item in done.history if item.state == "dispatch_unknown"]) == 1
+    assert steered(anthropic_model, "STEER: only once") == 1
