@@ -75,6 +75,7 @@ class FromCli:
     answers: tuple[tuple[str, dict[str, Any]], ...] = ()  # (our request id, the control_response's response)
     accepted: tuple[str, ...] = ()  # our message uuids the CLI acknowledged (queued or started)
     withdraw: tuple[Ours, ...] = ()  # our steers still queued when their turn ended
+    cancelled: tuple[Ours, ...] = ()  # ours the CLI dropped before they ran (withdrawn, or cleared by an interrupt)
 
 
 @dataclass
@@ -141,12 +142,13 @@ class Relay:
             return FromCli(True)
         state = record.get("state")
         accepted = (ours.uuid,) if state in ("queued", "started") and ours.state == "sent" else ()
+        cancelled = (ours,) if state == "cancelled" and ours.state in ("sent", "queued") else ()
         if isinstance(state, str):
             ours.state = state
         echoes = ()
         if state == "started" and self.turn is not None:
             echoes = self._echo(ours, self.turn, "command_lifecycle")  # folded into the running turn
-        return FromCli(False, echoes, accepted=accepted)
+        return FromCli(False, echoes, accepted=accepted, cancelled=cancelled)
 
     def _listed(self, record: dict, turn: str | None, via: str) -> list[Echo]:
         listed = record.get("user_message_uuids")

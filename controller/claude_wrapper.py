@@ -56,7 +56,7 @@ from tillerman.controller.delivery import (
     Replied, Steer,
 )
 from tillerman.controller.driver import StaleDelivery, carry_out
-from tillerman.controller.intent_requests import evidence_envelope, intent_view
+from tillerman.controller.intent_requests import evidence_envelope, intent_view, transition_envelope
 from tillerman.controller.reconcile import reconcile_fact, turn_items, under_way
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import IllegalTransition, OperationalError
@@ -78,6 +78,7 @@ ANSWER_TIMEOUT = 10.0  # seconds the CLI has to acknowledge a message or answer 
 POLL_INTERVAL = 1.0  # the longest sleep between two looks at the ledger: a net under the watcher
 MAX_LINE = 1 << 26  # bytes: the longest line relayed (a whole file read by a tool fits)
 _STREAM_FLAGS = (("--input-format", "stream-json"), ("--output-format", "stream-json"))
+_PAST_EXPIRY = ("report_overdue", "expires_at_passed")  # the daemon's decision on a queued intent past expiry
 _OBSERVED = (ev.UserMessage, ev.AgentMessage, ev.TurnStarted, ev.TurnCompleted, ev.ItemStarted, ev.ItemCompleted)
 
 
@@ -250,6 +251,8 @@ class Wrapper:
             self._answers.setdefault(request_id, anyio.Event()).set()
         for ours in out.withdraw:
             tg.start_soon(self._withdraw, ours, "turn_ended")
+        for ours in out.cancelled:
+            self._dropped(ours)
         self._observe(tg, [e.event for e in envelopes])
         self._changed.set()
 
@@ -322,6 +325,10 @@ class Wrapper:
             view = self.projection.intents.get(ours.intent_id)
             if view is not None and view.state in (State.EXPIRED, State.REJECTED):
                 tg.start_soon(self._withdraw, ours, f"intent_{view.state}")
+            elif view is not None and view.state == State.QUEUED and view.last_decision == _PAST_EXPIRY:
+                # The daemon found it past expires_at. Codex cannot take an accepted
+                # message back, so it only reports; the CLI can, and says so.
+                tg.start_soon(self._withdraw, ours, "expires_at_passed")
 
     def _ready(self, view: IntentView) -> bool:
         intent = view.intent
@@ -382,7 +389,8 @@ class Wrapper:
                          else wire.QueuedSubmission(id=ours.uuid))
                 return Replied(command, reply, now())
             case Interrupt():
-                request_id, line = self.relay.control("interrupt")
+                request_id, line = self.relay.control("interrupt", **(
+                    {"cancel_queued": True} if intent.cancel_queued else {}))
                 waiting = self._answers.setdefault(request_id, anyio.Event())
                 if not await self._write(line):
                     return NoAnswer(command, "disconnected", now(), {"detail": "the CLI's stdin is closed"})
@@ -444,6 +452,24 @@ class Wrapper:
             self._record_answer(view.intent, "withdrawn", request_id,
                                 {**answer, "response": {**(answer.get("response") or {}), "why": why}})
         self._changed.set()
+
+    def _dropped(self, ours: Ours) -> None:
+        """The CLI dropped a message of ours before it ran (``command_lifecycle``
+        ``cancelled``): withdrawn past its expiry, or cleared by an interrupt that asked to
+        cancel the queue. It will never run, so an accepted intent expires."""
+        view = self.projection.intents.get(ours.intent_id)
+        if view is None or view.state != State.QUEUED:
+            return
+        expired = view.last_decision == _PAST_EXPIRY and ours.uuid in self._withdrawn
+        reason = "expires_at_passed" if expired else "lost_after_accept"
+        envelope = transition_envelope(view.intent, State.QUEUED, State.EXPIRED, reason,
+                                       {"dropped_by_cli": True, "message_uuid": ours.uuid}, self.clock())
+        try:
+            self.recorder.append([envelope], durable=True)
+        except IllegalTransition as exc:  # it settled meanwhile (our message ran after all)
+            log.info("intent %s moved before its withdrawal was recorded (%s)", view.intent.id, exc)
+        except OperationalError as exc:
+            log.error("intent %s: withdrawn, but the ledger is not writable (%s)", view.intent.id, exc)
 
     # -- a resumed session --------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     supersedes: str | None = None
     ack_token: str | None = None  # when set, acknowledged waits for it in an agent message
     resume_queue: bool = False  # interrupt: resume the server's paused queue afterwards
+    cancel_queued: bool = False  # interrupt: also drop the messages still queued (Claude Code)
     force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
     replayed: bool = False  # simulated by replay: never dispatchable
 

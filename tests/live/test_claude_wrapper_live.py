@@ -90,6 +90,12 @@ def settled(ledger: Path, intent_id: str) -> IntentView | None:
     return found if found.state not in (State.PROPOSED, State.DISPATCH_UNKNOWN, State.QUEUED) else None
 
 
+def ended(found: IntentView) -> tuple[str, str]:
+    """The intent's last move: its state and the reason."""
+    last = [item for item in found.history if item.kind == "transition"][-1]
+    return str(last.state), last.reason
+
+
 def moves(found: IntentView) -> list[tuple[str, str, str]]:
     return [(item.kind, str(item.state), item.reason) for item in found.history if item.kind != "decision"]
 
@@ -146,7 +152,7 @@ def test_a_steer_for_a_turn_that_ended_is_not_injected_into_the_next(
         harness.user("RUN: sleep 1")  # the next turn, with a tool round
         harness.wait_for(is_result, start=start)
         assert harness.close() == 0
-    assert (done.state, done.history[-1].reason) == (State.EXPIRED, "turn_ended")
+    assert ended(done) == ("expired", "turn_ended")
     assert not [item for item in done.history if item.state == "dispatch_unknown"]  # never sent
     assert steered(anthropic_model, "STEER: too late for this") == 0
     assert all(len(result["user_message_uuids"]) == 1 for result in harness.results())
@@ -282,3 +288,52 @@ def test_a_killed_wrapper_resumed_delivers_nothing_twice_and_settles_from_the_tr
     assert done.history[-1].evidence["turn_id"] == turn
     assert len([item for item in done.history if item.state == "dispatch_unknown"]) == 1
     assert steered(anthropic_model, "STEER: only once") == 1
+
+
+def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdrawn(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
+        turn = harness.user("RUN: sleep 4")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        later = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: run me after", now=time.time())
+        stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=1.5,
+                               now=time.time())
+        withdrawn = wait_until(lambda: settled(ledger, stale), "the stale message to be withdrawn")
+        ran = wait_until(lambda: settled(ledger, later), "the queued message to run", timeout=20)
+        harness.wait_for(lambda line: is_result(line) and len(harness.results()) == 2)
+        assert harness.close() == 0
+    assert ended(withdrawn) == ("expired", "expires_at_passed")
+    assert any(item.reason == "withdrawn" and item.evidence["cancelled"] is True for item in withdrawn.history)
+    assert ended(ran) == ("acknowledged", "queue_turn_started")
+    first, second = harness.results()
+    assert first["user_message_uuids"] == [turn]  # not folded into the running turn
+    assert second["user_message_uuids"] == [message_uuid(f"tillerman-{later}")]
+    assert steered(anthropic_model, "LATER: run me after") == 1
+    assert steered(anthropic_model, "LATER: never run me") == 0
+
+
+def test_an_interrupt_that_cancels_the_queue_drops_our_queued_message(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
+        turn = harness.user("RUN: sleep 20")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        queued = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: dropped", now=time.time())
+        wait_until(lambda: view(ledger, queued).state == State.QUEUED, "the CLI to queue the message")
+        stop = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop, and drop the queue",
+                              expected_turn=turn, cancel_queued=True, now=time.time())
+        harness.wait_for(is_result, timeout=15)
+        dropped = wait_until(lambda: settled(ledger, queued), "the queued message to be dropped")
+        stopped = wait_until(lambda: settled(ledger, stop), "the interrupt to settle")
+        assert harness.close() == 1  # the last turn was interrupted
+    assert len(harness.results()) == 1  # the dropped message never ran
+    assert ended(dropped) == ("expired", "lost_after_accept")
+    assert ended(stopped) == ("acknowledged", "turn_interrupted")
+    answered = next(item for item in stopped.history if item.reason == "interrupt_answered")
+    assert answered.evidence["cancelled"] == 1
+    assert steered(anthropic_model, "LATER: dropped") == 0
