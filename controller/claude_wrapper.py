@@ -480,7 +480,7 @@ class Wrapper:
         self._refold()
         path = self._transcript() if self.cwd else None
         if path is None:
-            self.cwd = _recorded_cwd(self.projection, self.session) or os.getcwd()
+            self.cwd = (self.projection.recorded_cwd(self.session) if self.session else None) or os.getcwd()
             path = self._transcript()
         views = [v for v in under_way(self.projection) if v.intent.thread_id == self.session]
         if path is not None and path.is_file() and views:
@@ -516,17 +516,15 @@ def _init_cwd(raw: bytes) -> str | None:
     return cwd if isinstance(cwd, str) else None
 
 
-def _recorded_cwd(projection: Projection, session: str | None) -> str | None:
-    return projection.recorded_cwd(session) if session else None
-
-
 def _to_harness(raw: bytes) -> None:
     sys.stdout.buffer.write(raw)
     sys.stdout.buffer.flush()
 
 
 def run_wrapper(recorder: Recorder, args: Sequence[str], *, retain_payloads: bool = False) -> int:
-    """Run the CLI under the wrapper until it exits; its exit code."""
+    """Run the CLI under the wrapper until it exits; its exit code (128 + N when signal N
+    ended it, as a shell says)."""
     command = claude_command(args)
     wrapper = Wrapper(recorder, args, retain_payloads=retain_payloads)
-    return anyio.run(wrapper.run, command)
+    code = anyio.run(wrapper.run, command)
+    return 128 - code if code < 0 else code
