@@ -25,7 +25,7 @@ unsettled is read back from the session's transcript (``ReadBack``), and so is e
 intent under way when a wrapper starts on a resumed session (``--resume``).
 
 Permission requests (``can_use_tool``) go to the harness untouched; the wrapper never
-answers one.
+answers one. The driver's crash points (``TILLERMAN_KILL_AT``) hold here as in the daemon.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from tillerman.controller.delivery import (
     Command, Delivery, Dispatch, Fact, Interrupt, ListTerminals, NoAnswer, Observed, QueueAdd, QueueList, ReadBack,
     Replied, Steer,
 )
-from tillerman.controller.driver import StaleDelivery, carry_out
+from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.intent_requests import evidence_envelope, intent_view, transition_envelope
 from tillerman.controller.reconcile import reconcile_fact, turn_items, under_way
 from tillerman.ledger import events as ev
@@ -361,7 +361,7 @@ class Wrapper:
             if machine is None or self.ruleset is None:
                 return
             try:
-                await carry_out(machine, fact, self.recorder, ClaudeAdapter(self, self.ruleset))
+                await carry_out(machine, fact, self.recorder, ClaudeAdapter(self, self.ruleset), kill_at)
             except (IllegalTransition, StaleDelivery) as exc:
                 log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
                 self.machines[intent_id] = self._machine(intent_id)

@@ -337,3 +337,33 @@ def test_an_interrupt_that_cancels_the_queue_drops_our_queued_message(
     answered = next(item for item in stopped.history if item.reason == "interrupt_answered")
     assert answered.evidence["cancelled"] == 1
     assert steered(anthropic_model, "LATER: dropped") == 0
+
+
+def test_a_wrapper_killed_between_its_dispatch_record_and_the_write_settles_not_delivered_on_resume(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+    script, env = wrapped(tmp_path, ledger, claude_cli)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    with ClaudeSession(script, first, anthropic_model.base_url, env={**env, "TILLERMAN_KILL_AT": "dispatch_recorded"}
+                       ) as harness:
+        turn = harness.user("RUN: sleep 2")
+        harness.wait_for(is_tool_use)
+        session = harness.session_id
+        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        cli = cli_child(harness.process.pid)
+        intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: never written",
+                                   expected_turn=turn, now=time.time())
+        assert harness.process.wait(timeout=10) == -signal.SIGKILL  # at its durable dispatch record
+        wait_until(lambda: gone(cli), "the orphaned CLI to finish its turn and exit", timeout=20)
+    assert view(ledger, intent_id).state == State.DISPATCH_UNKNOWN  # sent or not: the ledger cannot tell
+    second.mkdir()
+    (second / "home").symlink_to(first / "home")
+    (second / "ws").symlink_to(first / "ws")
+    with ClaudeSession(script, second, anthropic_model.base_url, "--resume", session, env=env) as harness:
+        harness.user("RUN: sleep 1")
+        harness.wait_for(is_result)
+        done = wait_until(lambda: settled(ledger, intent_id), "the steer to settle from the transcript")
+        assert harness.close() == 0
+    assert ended(done) == ("expired", "not_delivered")  # absent from the turn, which ended: never resent
+    assert len([item for item in done.history if item.state == "dispatch_unknown"]) == 1
+    assert steered(anthropic_model, "STEER: never written") == 0
