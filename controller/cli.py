@@ -701,3 +701,32 @@ main.add_command(report)
 main.add_command(timeline_cmd)
 main.add_command(hooks)  # Claude Code's hooks: hooks install|uninstall --claude
 main.add_command(hook)  # and what they run: hook claude
+
+
+# -- claude: the stream-json wrapper -------------------------------------------------
+
+
+@main.command("claude", context_settings={"ignore_unknown_options": True})
+@ledger_option
+@click.option("--retain-payloads", is_flag=True, help="Keep prompt and message text in the ledger.")
+@click.argument("claude_args", nargs=-1, type=click.UNPROCESSED)
+def claude_cmd(ledger_path, retain_payloads, claude_args):
+    """Run Claude Code (stream-json in and out) for a harness, relaying its traffic
+    unchanged, recording the session and carrying out the intents the daemon decides
+    for it. Put the CLI's own arguments after `--`; the stream-json flags are added when
+    missing. The binary is $TILLERMAN_CLAUDE_BIN, else `claude` on PATH.
+
+    Example: tillerman claude --ledger ~/.tillerman/ledger.db -- --permission-prompt-tool stdio
+    """
+    from tillerman.controller.claude_wrapper import WrapperError, run_wrapper
+
+    recorder = open_ledger(ledger_path)
+    try:
+        code = run_wrapper(recorder, claude_args, retain_payloads=retain_payloads)
+    except WrapperError as exc:
+        raise Fail(str(exc)) from exc
+    except OSError as exc:
+        raise Fail(f"cannot start Claude Code: {exc}; check $TILLERMAN_CLAUDE_BIN or PATH") from exc
+    finally:
+        recorder.close()
+    sys.exit(code)

@@ -186,13 +186,7 @@ class Daemon:
             task_status.started()
 
     async def _watch_ledger(self, path: Path) -> None:
-        """Wake the brain when anyone writes the ledger (another process proposing an
-        intent, a delivery task recording an answer): SQLite appends to its WAL file, and
-        the kernel tells us. No busy polling, so an idle daemon costs almost nothing."""
-        wal = str(path) + "-wal"
-        async for _ in watchfiles.awatch(path.parent, watch_filter=lambda change, name: name == wal,
-                                         debounce=2 * LEDGER_STEP_MS, step=LEDGER_STEP_MS,
-                                         rust_timeout=RUST_TIMEOUT_MS, yield_on_timeout=False, recursive=False):
+        async for _ in ledger_writes(path):
             self.wake()
 
     def wake(self) -> None:
@@ -587,6 +581,10 @@ class Daemon:
         self.wake()
 
     def _drive(self, tg, intent_id: str, fact) -> None:
+        view = self.projection.intents.get(intent_id)
+        thread = self.projection.threads.get(view.intent.thread_id) if view else None
+        if thread is not None and thread.wrapped:
+            return  # `tillerman claude` carries out this session's intents (it claims what we decided)
         tg.start_soon(self._carry_out, intent_id, fact)
 
     async def _carry_out(self, intent_id: str, fact) -> None:
@@ -615,6 +613,17 @@ class Daemon:
         machine = Delivery.from_view(view, turn_items=turn_items(self.projection, view))
         self.machines[intent_id] = machine
         return machine
+
+
+async def ledger_writes(path: Path):
+    """Yields whenever anyone writes the ledger (another process proposing an intent, a
+    delivery task recording an answer): SQLite appends to its WAL file, and the kernel
+    tells us. No busy polling, so an idle watcher costs almost nothing."""
+    wal = str(path) + "-wal"
+    async for changes in watchfiles.awatch(path.parent, watch_filter=lambda change, name: name == wal,
+                                           debounce=2 * LEDGER_STEP_MS, step=LEDGER_STEP_MS,
+                                           rust_timeout=RUST_TIMEOUT_MS, yield_on_timeout=False, recursive=False):
+        yield changes
 
 
 def run_daemon(recorder: Recorder, ledger_path: str | None, ruleset: RuleSet, options: DaemonOptions) -> None:

@@ -39,6 +39,9 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     supersedes: str | None = None
     ack_token: str | None = None  # when set, acknowledged waits for it in an agent message
     resume_queue: bool = False  # interrupt: resume the server's paused queue afterwards
+    # An interrupt that also drops the messages still queued (Claude Code). UNSET (falsy)
+    # is left out of the encoding, so intents without it keep their bytes and digests.
+    cancel_queued: bool | msgspec.UnsetType = msgspec.UNSET
     force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
     replayed: bool = False  # simulated by replay: never dispatchable
     # A label the account groups by (``tillerman report --by task_class``). UNSET is left

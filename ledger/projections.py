@@ -23,6 +23,9 @@ from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 
 SNAPSHOT_NAME = "projection-v2"  # bump when Projection changes shape
+#: The source prefix of what ``tillerman claude`` (the stream-json wrapper) records: its
+#: session is steerable, through the wrapper and never through an app-server connection.
+CLAUDE_WRAPPER_SOURCE = "claude-wrapper"
 
 
 class RunningItem(msgspec.Struct):
@@ -39,6 +42,7 @@ class ThreadState(msgspec.Struct):
     thread_id: str
     parent_thread_id: str | None = None
     steerable: bool = False
+    wrapped: bool = False  # steered through ``tillerman claude``, which carries out its intents
     supervised: bool = True  # False: Codex's own housekeeping (ephemeral), recorded only
     status: str | None = None
     flags: tuple[str, ...] = ()
@@ -155,6 +159,8 @@ def _touch(p: Projection, e: ev.Event, at: float | None, source: str) -> ThreadS
         t.last_event_at = at
     if source.startswith("appserver"):
         t.steerable = True
+    elif source.startswith(CLAUDE_WRAPPER_SOURCE):
+        t.steerable = t.wrapped = True
     return t
 
 
