@@ -31,6 +31,7 @@ from tillerman.controller.cli_shared import (
     CONFIG_HELP,
     ledger_file,
     ledger_option,
+    ledger_url,
     load_rules_or_fail,
     open_intact_ledger,
     open_ledger,
@@ -48,6 +49,7 @@ from tillerman.controller.timefmt import iso, parse_time, shorten
 from tillerman.ledger import projections, segments
 from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.location import shown
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
@@ -258,7 +260,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         if ledger is not None:
             ledger.close()
     if ledger_path is not None:
-        summary.ledger = ledger_path
+        summary.ledger = shown(ledger_path)
     if as_json:
         print_json(summary)
         return
@@ -376,7 +378,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
     target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
-    path = ledger_file(ledger_path)
+    # Several daemons on one database need thread leases with fencing tokens (not built yet).
+    path = ledger_file(ledger_path, command="the daemon (tillerman run)")
     effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
@@ -454,8 +457,9 @@ def status_cmd(as_json, ledger_path):
 
     Example: tillerman status --json
     """
-    path = ledger_file(ledger_path)
-    with open_intact_ledger(str(path)) as recorder:
+    url = ledger_url(ledger_path)
+    path = shown(url) if url else ledger_file(ledger_path)
+    with open_intact_ledger(url or str(path)) as recorder:
         from tillerman.controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
@@ -641,7 +645,7 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
         before = parse_time(before_text)
     except ValueError as exc:
         raise Fail(f"--before {exc}") from exc
-    path = ledger_file(ledger_path)
+    path = ledger_file(ledger_path, command="ledger archive")
     if not path.is_file():
         raise Fail(f"no ledger at {path}; give --ledger PATH or set TILLERMAN_LEDGER")
     result = archive_ledger(path, before, dry_run=dry_run, checkpoint=kill_at)

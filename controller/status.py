@@ -16,7 +16,9 @@ from tillerman.ledger import projections
 from tillerman.ledger.recorder import Recorder
 
 
-def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
+def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> dict:
+    """``ledger_path``: a SQLite file's path, or a database ledger's URL as shown (a
+    database has no lock file: no daemon runs on one yet)."""
     projection = projections.load(recorder)
     threads, housekeeping = [], 0
     for thread_id in sorted(projection.threads):
@@ -48,7 +50,7 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
     }
 
 
-def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
+def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
     beat = recorder.load_snapshot(HEARTBEAT)
     try:
         info = msgspec.json.decode(beat[1]) if beat else {}
@@ -57,7 +59,7 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
     if not isinstance(info, dict):
         info = {}
     return {
-        "running": _lock_held(Path(f"{ledger_path}.lock")),
+        "running": isinstance(ledger_path, Path) and _lock_held(Path(f"{ledger_path}.lock")),
         "pid": info.get("pid"),
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 
 import psycopg
@@ -40,11 +39,11 @@ from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalE
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
+from tillerman.ledger.location import shown
 from tillerman.ledger.recorder import CHAIN_VERSION, GENESIS, AppendResult, Recorder, VerifyReport
 from tillerman.ledger.sqlite import ACCEPT_TAIL, entry_of
 
 SCHEMA_VERSION = 1
-URL_SCHEMES = ("postgresql://", "postgres://")
 #: ``offset`` is a reserved word in PostgreSQL: quoted, the same columns as SQLite's.
 COLUMNS = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
            ' "offset", length, payload, digest, prev_hash, hash')
@@ -106,19 +105,6 @@ SCHEMA = (
 )
 
 
-def is_url(location: str) -> bool:
-    return location.startswith(URL_SCHEMES)
-
-
-def shown(dsn: str) -> str:
-    """The DSN without its password, for messages and ``status``."""
-    parts = urllib.parse.urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
-
-
 def _name(text: str | None) -> bytes | None:
     return None if text is None else text.encode("utf-8", "surrogatepass")
 
@@ -137,9 +123,14 @@ def _loaded(row: tuple) -> tuple:
     return tuple(_text(v) if i in _NAMES else bytes(v) if i == 11 else v for i, v in enumerate(row))
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _translate(exc: psycopg.Error) -> Exception:
     """The one place driver errors become the ledger's vocabulary."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = _first_line(exc)
     if isinstance(exc, psycopg.errors.RaiseException | psycopg.IntegrityError):
         return IntegrityError(message)
     if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -164,6 +155,10 @@ class PostgresRecorder(Recorder):
             if readonly:
                 conn.execute("SET default_transaction_read_only = on")
 
+        try:  # one plain connection first: a wrong URL fails at once, not after the pool's retries
+            psycopg.connect(dsn, connect_timeout=10).close()
+        except psycopg.Error as exc:
+            raise OperationalError(f"cannot connect to the ledger database {self.path}: {_first_line(exc)}") from None
         try:
             # autocommit: a read is one statement; a write is an explicit transaction()
             self._pool = psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=max(2, max_connections),
