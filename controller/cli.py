@@ -625,6 +625,31 @@ def ledger_accept_tail(by, ledger_path):
 
 
 
+@ledger.command("copy")
+@click.argument("source")
+@click.argument("target")
+@json_option
+@errors_to_exit_codes
+def ledger_copy(source, target, as_json):
+    """Copy a ledger's whole history into an empty ledger, SQLite or PostgreSQL either
+    way (a path or a postgresql:// URL), and verify the copy: every row is written again
+    as an ordinary append and must come out with the source's seq and chain hash. The
+    source is only read. Exit 1 when the source does not verify or the copy differs, 2
+    when the target is not empty.
+
+    Example: tillerman ledger copy ~/.local/state/tillerman/ledger.sqlite3 postgresql://tm@db/tillerman
+    """
+    from tillerman.ledger.copy import copy_ledger
+
+    with open_ledger(source, readonly=True) as src, open_ledger(target) as dst:
+        result = copy_ledger(src, dst)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(f"copied {result.rows} rows and {result.file_offsets} file offsets; the copy verifies and ends at"
+               f" seq {result.last_seq} ({result.head[:16]}), as the source does")
+
+
 @ledger.command("archive")
 @click.option("--before", "before_text", required=True,
               help="Archive the threads closed before this ISO-8601 time (no row of theirs since, no open intent).")
