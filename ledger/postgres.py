@@ -34,7 +34,7 @@ import psycopg
 import psycopg_pool
 
 from tillerman.ledger import events
-from tillerman.ledger.batch import prepare, row_columns
+from tillerman.ledger.batch import Row, prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
@@ -48,11 +48,13 @@ SCHEMA_VERSION = 1
 COLUMNS = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
            ' "offset", length, payload, digest, prev_hash, hash')
 _INSERT = f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join(['%s'] * 15)})"
+_COPY = f"COPY events ({COLUMNS}) FROM STDIN"
 #: The columns that hold names from the outside world (ids, sources): BYTEA, UTF-8 of the
 #: exact string, since PostgreSQL's TEXT cannot hold a NUL or a lone surrogate, and a
 #: ledger stores what it was given.
 _NAMES = (1, 4, 5, 6, 8)
 _SETUP_LOCK = 7_470_581_331  # the advisory lock two processes creating the schema take in turn
+_COPY_FROM = 16  # rows from which a batch is sent with COPY
 _PAGE = 1000  # rows per read round trip
 
 SCHEMA = (
@@ -268,11 +270,22 @@ class PostgresRecorder(Recorder):
         if offsets:
             self._save_offsets(conn, offsets, now)
         if prepared.rows:
-            with conn.cursor() as cur:
-                cur.executemany(_INSERT, [_stored(row_columns(row)) for row in prepared.rows])
+            self._insert(conn, prepared.rows)
             last = prepared.rows[-1]
             conn.execute("UPDATE chain_head SET seq = %s, hash = %s", (last.seq, last.hash))
         return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+
+    @staticmethod
+    def _insert(conn: psycopg.Connection, rows: Sequence[Row]) -> None:
+        """COPY for a batch (about 1.5× ``executemany`` at 512 rows), ``executemany`` for a
+        few rows (a COPY costs one more round trip before its data)."""
+        with conn.cursor() as cur:
+            if len(rows) < _COPY_FROM:
+                cur.executemany(_INSERT, [_stored(row_columns(row)) for row in rows])
+                return
+            with cur.copy(_COPY) as copy:
+                for row in rows:
+                    copy.write_row(_stored(row_columns(row)))
 
     def _locked_head(self, conn: psycopg.Connection) -> tuple[int, str]:
         """Lock the head row (the writers' turn) and check that the table ends there."""
