@@ -469,6 +469,9 @@ def status_cmd(as_json, ledger_path):
         return
     for line in _daemon_lines(data["daemon"]):
         click.echo(line)
+    for lease in data["leases"]:
+        click.echo(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
+                   f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
                                   "critical_tool", "external_effect_unknown", "queue"), "no threads")
     if data["unsupervised_threads"]:

@@ -47,7 +47,15 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
         "overdue": len(overdue(projection, now)),
         "last_seq": projection.seq,
         "undecodable": {str(seq): why for seq, why in sorted(projection.undecodable.items())},
+        # several daemons on one PostgreSQL ledger: who holds which thread, until when
+        "leases": [dict(lease, expires_at=iso(lease["expires_at"])) for lease in _leases(recorder)],
     }
+
+
+def _leases(recorder: Recorder) -> list[dict]:
+    """The database's thread leases (a SQLite ledger has none: one daemon owns it all)."""
+    leases = getattr(recorder, "leases", None)
+    return leases().all() if leases is not None else []
 
 
 def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import psycopg
 import psycopg_pool
 
-from tillerman.ledger import events
+from tillerman.ledger import events, leases
 from tillerman.ledger.batch import Row, prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
@@ -104,7 +104,10 @@ SCHEMA = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"INSERT INTO meta (key, value) VALUES ('chain_version', '{CHAIN_VERSION}'),"
     f" ('schema_version', '{SCHEMA_VERSION}')",
+    *leases.SCHEMA,
 )
+#: The channel every commit that adds rows notifies, with its last seq (``ChangeListener``).
+CHANNEL = "tillerman_ledger"
 
 
 def _name(text: str | None) -> bytes | None:
@@ -233,7 +236,7 @@ class PostgresRecorder(Recorder):
             return
         failure: BaseException | None = None
         with self._transaction() as conn:
-            self._locked_head(conn)
+            before = self._locked_head(conn)[0]
             self._bulk, self._bulk_broken = conn, False
             try:
                 yield
@@ -243,27 +246,34 @@ class PostgresRecorder(Recorder):
                 failure = exc
             finally:
                 self._bulk = None
+            if (after := self._locked_head(conn)[0]) > before:
+                _notify(conn, after)  # once for the block
         if failure is not None:
             raise failure
 
     # -- append -----------------------------------------------------------------
 
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
-               offsets: Sequence[FileOffset] = ()) -> AppendResult:
+               offsets: Sequence[FileOffset] = (), fence: leases.Lease | None = None) -> AppendResult:
+        """``fence``: append only while this lease is current, checked in the same
+        transaction (``tillerman.ledger.leases``); ``leases.Fenced`` and nothing written
+        otherwise."""
         if not batch and not offsets:
             return AppendResult()
         if self._bulk is not None and not durable:
             try:
-                return self._append_on(self._bulk, batch, offsets)
+                return self._append_on(self._bulk, batch, offsets, fence)
             except psycopg.Error as exc:
                 self._bulk_broken = True
                 raise _translate(exc) from exc
         with self._transaction(durable) as conn:
-            return self._append_on(conn, batch, offsets)
+            return self._append_on(conn, batch, offsets, fence, notify=True)
 
-    def _append_on(self, conn: psycopg.Connection, batch: Sequence[Envelope],
-                   offsets: Sequence[FileOffset]) -> AppendResult:
+    def _append_on(self, conn: psycopg.Connection, batch: Sequence[Envelope], offsets: Sequence[FileOffset],
+                   fence: leases.Lease | None, *, notify: bool = False) -> AppendResult:
         head_seq, head_hash = self._locked_head(conn)
+        if fence is not None:
+            leases.check_fence(conn, fence)
         now = time.time()
         prepared = prepare(batch, head_seq, head_hash, now, lambda ids: self._known_digests(conn, ids),
                            lambda intent_id: self._intent_state(conn, intent_id))
@@ -273,6 +283,8 @@ class PostgresRecorder(Recorder):
             self._insert(conn, prepared.rows)
             last = prepared.rows[-1]
             conn.execute("UPDATE chain_head SET seq = %s, hash = %s", (last.seq, last.hash))
+            if notify:
+                _notify(conn, last.seq)
         return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
 
     @staticmethod
@@ -453,5 +465,50 @@ class PostgresRecorder(Recorder):
             conn.execute("UPDATE chain_head SET seq = %s, hash = %s", (row.seq, row.hash))
         return problem, row.seq
 
+    # -- several daemons ----------------------------------------------------------
+
+    def leases(self) -> leases.Leases:
+        """The thread leases of this database (``tillerman.ledger.leases``)."""
+        return leases.Leases(self._transaction)
+
     def close(self) -> None:
         self._pool.close()
+
+
+def _notify(conn: psycopg.Connection, seq: int) -> None:
+    """Delivered when the transaction commits (never for one that rolls back)."""
+    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, str(seq)))
+
+
+class ChangeListener:
+    """Wakes a daemon when any process commits rows to the ledger (LISTEN/NOTIFY: no
+    polling). Its own connection, outside the pool: it stays listening."""
+
+    def __init__(self, dsn: str) -> None:
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            self._conn.execute(f"LISTEN {CHANNEL}")
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    def wait(self, timeout: float) -> int | None:
+        """The last seq committed since the previous call, waiting up to ``timeout``
+        seconds for one; None when nothing was committed meanwhile."""
+        latest = None
+        try:
+            for note in self._conn.notifies(timeout=timeout, stop_after=1):
+                latest = int(note.payload)
+            for note in self._conn.notifies(timeout=0):  # what else is already here
+                latest = max(latest or 0, int(note.payload))
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        return latest
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ChangeListener:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
