@@ -69,8 +69,9 @@ def _key(thread_id: str) -> bytes:
 class Leases:
     """The lease table of one ledger database (``PostgresRecorder.leases``)."""
 
-    def __init__(self, transaction: Transaction) -> None:
+    def __init__(self, transaction: Transaction, statement: Transaction) -> None:
         self._transaction = transaction
+        self._statement = statement  # one statement, autocommitted: one round trip
 
     def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the thread if no one holds it or its lease expired, under a new token;
@@ -105,12 +106,12 @@ class Leases:
 
     def still_held(self, lease: Lease) -> bool:
         """The re-check just before the socket write (see the module's doc for the window left)."""
-        with self._transaction() as conn:
+        with self._statement() as conn:
             return conn.execute(FENCE.replace(" FOR SHARE", ""), fence_params(lease)).fetchone() is not None
 
     def all(self) -> list[dict]:
         """Every lease: thread, owner, token, expiry (server time), and whether it stands."""
-        with self._transaction() as conn:
+        with self._statement() as conn:
             rows = conn.execute(
                 "SELECT thread_id, owner, token, extract(epoch FROM expires_at)::float8,"
                 " expires_at > clock_timestamp() FROM leases ORDER BY owner, thread_id").fetchall()

@@ -469,7 +469,7 @@ class PostgresRecorder(Recorder):
 
     def leases(self) -> leases.Leases:
         """The thread leases of this database (``tillerman.ledger.leases``)."""
-        return leases.Leases(self._transaction)
+        return leases.Leases(self._transaction, self._reading)
 
     def close(self) -> None:
         self._pool.close()
