@@ -22,6 +22,10 @@ hand or a buggy tool deleting or editing rows, a restore of the events table alo
 it cannot: whoever may disable the trigger and rewrite both the rows and the head row,
 or a restore of the whole database to an earlier point — both look like a shorter,
 consistent history (compare a saved ``ledger verify`` head to detect that).
+
+Several daemons: thread leases and the fence on a dispatch record
+(``tillerman.ledger.leases``, ``append(…, fence=lease)``), and a notification on
+``CHANNEL`` with the last seq of every commit that adds rows (``ChangeListener``).
 """
 
 from __future__ import annotations
@@ -399,8 +403,6 @@ class PostgresRecorder(Recorder):
         return (row[0], bytes(row[1])) if row else None
 
     def save_snapshot(self, name: str, seq: int, state: bytes) -> None:
-        if self.readonly:
-            return  # a reader never writes (as SQLite's)
         with self._transaction() as conn:
             conn.execute(
                 "INSERT INTO snapshots (name, seq, state) VALUES (%s, %s, %s)"
