@@ -50,6 +50,30 @@ def test_concurrent_writers_get_contiguous_ordered_seqs(postgres_dsn):
         assert rec.verify().ok
 
 
+def test_writers_opening_an_empty_database_at_once_create_one_ledger(postgres_dsn):
+    start = threading.Barrier(4)
+    opened, errors = [], []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            opened.append(PostgresRecorder(postgres_dsn))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(opened) == 4
+    for n, rec in enumerate(opened):
+        rec.append([turn(n)])
+        rec.close()
+    with PostgresRecorder(postgres_dsn) as rec:
+        assert rec.max_seq() == 4 and rec.verify().ok
+
+
 def test_the_events_table_refuses_edits(postgres_dsn):
     with PostgresRecorder(postgres_dsn) as rec:
         rec.append([turn(1), turn(2)])
