@@ -11,6 +11,9 @@ server's default durability: every commit flushed).
 * **COPY**: the same, the rows sent with ``COPY … FROM STDIN`` (reported).
 * **sequencing**: the raw batch without the head row (seqs from ``max(seq)``, safe only
   for one writer): what the lock and the head row's update cost (reported).
+* **concurrent writers**: one-row appends from four writers at once (each its own
+  recorder, as four processes would be) against one writer, the same rows in all: the
+  head row serializes them, so this is what that serialization leaves (reported).
 * **the fence**: a dispatch record (one row, ``durable=True``) appended under a lease
   (``fence=``: the token checked ``FOR SHARE`` in the transaction) followed by the
   re-check before the send (``still_held``), against the same record without either,
@@ -36,6 +39,7 @@ from tillerman.ledger.recorder import GENESIS
 
 BUDGET = 0.5
 FENCE_P99_MS = 5.0
+SEED_SINGLES = 11
 _INSERT = ("INSERT INTO events (seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
            ' "offset", length, payload, digest, prev_hash, hash) VALUES (' + ", ".join(["%s"] * 15) + ")")
 _COPY = ("COPY events (seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
@@ -111,6 +115,11 @@ def run(quick: bool) -> list[Row]:
 
     with ThrowawayPostgres() as server:
         plain, fenced = _dispatch_latencies(PostgresRecorder(server.create_database("fence")), 40 if quick else 400)
+        singles = make_events(200 if quick else 2000, seed=SEED_SINGLES)
+        concurrent = alternate({
+            str(writers): lambda writers=writers: _writers(server.create_database(f"w_{uuid.uuid4().hex[:12]}"),
+                                                           singles, writers)
+            for writers in (1, 4)}, repeats)
 
     rate = {k: [n / t for t in v] for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in rate.items()}
@@ -126,11 +135,42 @@ def run(quick: bool) -> list[Row]:
              "p99_ms": {"plain": percentile(plain, 99) * 1000, "fenced": percentile(fenced, 99) * 1000}}),
         Row(f"postgres append {BATCH}/batch vs raw executemany", fmt_rate(rate["tillerman"], "ev/s"),
             fmt_rate(rate["executemany"], "ev/s"), vs_many, f"≥ {BUDGET}×", at_least(vs_many, BUDGET), detail),
+        Row("postgres 1-row appends: 4 concurrent writers vs 1", fmt_rate([len(singles) / t for t in concurrent["4"]],
+                                                                          "ev/s"),
+            fmt_rate([len(singles) / t for t in concurrent["1"]], "ev/s"),
+            statistics.median(concurrent["1"]) / statistics.median(concurrent["4"]), "report", INFO,
+            {"events": len(singles), "seconds": concurrent}),
         Row(f"postgres append {BATCH}/batch vs raw COPY", fmt_rate(rate["tillerman"], "ev/s"),
             fmt_rate(rate["copy"], "ev/s"), med["tillerman"] / med["copy"], "report", INFO, detail),
         Row(f"postgres head-row lock: raw {BATCH}/batch locked vs unlocked", fmt_rate(rate["executemany"], "ev/s"),
             fmt_rate(rate["unlocked"], "ev/s"), med["executemany"] / med["unlocked"], "report", INFO, detail),
     ]
+
+
+def _writers(dsn: str, envs: list, writers: int) -> float:
+    """Seconds for ``writers`` threads, each with its own recorder, to append ``envs``
+    one row at a time between them (dealt round-robin)."""
+    import threading
+
+    from tillerman.ledger.postgres import PostgresRecorder
+
+    PostgresRecorder(dsn).close()
+    recorders = [PostgresRecorder(dsn) for _ in range(writers)]
+    start = threading.Barrier(writers + 1)
+
+    def write(rec, mine) -> None:
+        start.wait()
+        for env in mine:
+            rec.append([env])
+
+    threads = [threading.Thread(target=write, args=(rec, envs[i::writers])) for i, rec in enumerate(recorders)]
+    for t in threads:
+        t.start()
+    try:
+        return timed(lambda: (start.wait(), [t.join() for t in threads]))
+    finally:
+        for rec in recorders:
+            rec.close()
 
 
 def _dispatch_latencies(rec, n: int) -> tuple[list[float], list[float]]:
