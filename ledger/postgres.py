@@ -57,9 +57,12 @@ _COPY = f"COPY events ({COLUMNS}) FROM STDIN"
 #: exact string, since PostgreSQL's TEXT cannot hold a NUL or a lone surrogate, and a
 #: ledger stores what it was given.
 _NAMES = (1, 4, 5, 6, 8)
+_PAYLOAD = 11
 _SETUP_LOCK = 7_470_581_331  # the advisory lock two processes creating the schema take in turn
 _COPY_FROM = 16  # rows from which a batch is sent with COPY
 _PAGE = 1000  # rows per read round trip
+#: Connections per recorder: a ``bulk()`` block holds one while reads use another.
+POOL_SIZE = 4
 
 SCHEMA = (
     """CREATE TABLE events (
@@ -129,7 +132,7 @@ def _stored(columns: tuple) -> tuple:
 
 def _loaded(row: tuple) -> tuple:
     """A stored row in the column order and types the SQLite backend reads (``entry_of``, ``verify_rows``)."""
-    return tuple(_text(v) if i in _NAMES else bytes(v) if i == 11 else v for i, v in enumerate(row))
+    return tuple(_text(v) if i in _NAMES else bytes(v) if i == _PAYLOAD else v for i, v in enumerate(row))
 
 
 def _first_line(exc: Exception) -> str:
@@ -150,10 +153,9 @@ def _translate(exc: psycopg.Error) -> Exception:
 
 
 class PostgresRecorder(Recorder):
-    def __init__(self, dsn: str, *, readonly: bool = False, create: bool = True, max_connections: int = 4) -> None:
+    def __init__(self, dsn: str, *, readonly: bool = False, create: bool = True) -> None:
         """``create``: make the schema in an empty database (a reader, or ``create=False``,
         refuses a database without one instead)."""
-        self.dsn = dsn
         self.path = shown(dsn)
         self.readonly = readonly
         self.anchor_error = None
@@ -170,7 +172,7 @@ class PostgresRecorder(Recorder):
             raise OperationalError(f"cannot connect to the ledger database {self.path}: {_first_line(exc)}") from None
         try:
             # autocommit: a read is one statement; a write is an explicit transaction()
-            self._pool = psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=max(2, max_connections),
+            self._pool = psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=POOL_SIZE,
                                                      kwargs={"autocommit": True}, configure=configure,
                                                      open=False, name="tillerman-ledger")
             self._pool.open(wait=True, timeout=10)
