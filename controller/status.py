@@ -17,8 +17,7 @@ from tillerman.ledger.recorder import Recorder
 
 
 def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> dict:
-    """``ledger_path``: a SQLite file's path, or a database ledger's URL as shown (a
-    database has no lock file: no daemon runs on one yet)."""
+    """``ledger_path``: a SQLite file's path, or a database ledger's URL as shown."""
     projection = projections.load(recorder)
     threads, housekeeping = [], 0
     for thread_id in sorted(projection.threads):
@@ -67,13 +66,20 @@ def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
     if not isinstance(info, dict):
         info = {}
     return {
-        "running": isinstance(ledger_path, Path) and _lock_held(Path(f"{ledger_path}.lock")),
+        "running": _running(recorder, ledger_path),
         "pid": info.get("pid"),
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
         "watch": info.get("watch", []),
         "codex": _codex(info.get("codex")),
     }
+
+
+def _running(recorder: Recorder, ledger_path: Path | str) -> bool:
+    """A SQLite ledger's daemon holds its lock file; a database's, an advisory lock."""
+    if (held := getattr(recorder, "daemon_running", None)) is not None:
+        return held()
+    return _lock_held(Path(f"{ledger_path}.lock"))
 
 
 def _codex(link: dict | None) -> dict | None:

@@ -39,7 +39,7 @@ import psycopg_pool
 
 from tillerman.ledger import events, leases
 from tillerman.ledger.batch import Row, prepare, row_columns
-from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
+from tillerman.ledger.errors import AnchorMismatch, IntegrityError, LedgerLocked, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
@@ -59,6 +59,7 @@ _COPY = f"COPY events ({COLUMNS}) FROM STDIN"
 _NAMES = (1, 4, 5, 6, 8)
 _PAYLOAD = 11
 _SETUP_LOCK = 7_470_581_331  # the advisory lock two processes creating the schema take in turn
+_DAEMON_LOCK = 7_470_581_332  # held by the one daemon on the database (``daemon_lock``)
 _COPY_FROM = 16  # rows from which a batch is sent with COPY
 _PAGE = 1000  # rows per read round trip
 #: Connections per recorder: a ``bulk()`` block holds one while reads use another.
@@ -157,6 +158,7 @@ class PostgresRecorder(Recorder):
         """``create``: make the schema in an empty database (a reader, or ``create=False``,
         refuses a database without one instead)."""
         self.path = shown(dsn)
+        self._dsn = dsn  # with its password: for the listener's and the daemon lock's own connections
         self.readonly = readonly
         self.anchor_error = None
         self._bulk: psycopg.Connection | None = None  # inside ``bulk()``: its connection, in its transaction
@@ -470,6 +472,33 @@ class PostgresRecorder(Recorder):
         return problem, row.seq
 
     # -- several daemons ----------------------------------------------------------
+
+    def change_listener(self) -> ChangeListener:
+        return ChangeListener(self._dsn)
+
+    @contextlib.contextmanager
+    def daemon_lock(self) -> Iterator[None]:
+        """One daemon per database until daemons share threads by lease: a session
+        advisory lock on a connection of its own, held for the block (the server drops
+        it when the daemon's connection dies, even by SIGKILL)."""
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+        with conn:
+            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (_DAEMON_LOCK,)).fetchone()[0]:
+                raise LedgerLocked(f"another tillerman daemon runs on {self.path}; stop it first (several daemons"
+                                   " on one database need thread leases, not built yet)")
+            yield
+
+    def daemon_running(self) -> bool:
+        """Whether a daemon holds ``daemon_lock`` on this database now."""
+        with self._reading() as conn:
+            return conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                " WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()"
+                " AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = %s)",
+                (_DAEMON_LOCK,)).fetchone()[0]
 
     def leases(self) -> leases.Leases:
         """The thread leases of this database (``tillerman.ledger.leases``)."""

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from tests.controller.test_recheck import supervised
 from tillerman.controller.cli import main
+from tillerman.controller.link import HEARTBEAT
 from tillerman.ledger.postgres import PostgresRecorder
 
 
@@ -64,11 +65,43 @@ def test_replay_check_decides_a_database_ledgers_decisions_again(postgres_dsn):
     assert json.loads(checked.output)["decisions"] == 3
 
 
-def test_file_only_commands_refuse_a_database_in_one_line(postgres_dsn):
-    for args in (["run", "--no-codex", "--watch", "."], ["ledger", "archive", "--before", "2026-01-01T00:00:00Z"]):
-        result = run(*args, "--ledger", postgres_dsn)
-        assert result.exit_code == 2 and "works on a SQLite ledger file" in result.output
-        assert len(result.output.strip().splitlines()) == 1
+def test_archive_refuses_a_database_in_one_line(postgres_dsn):
+    result = run("ledger", "archive", "--before", "2026-01-01T00:00:00Z", "--ledger", postgres_dsn)
+    assert result.exit_code == 2 and "works on a SQLite ledger file" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_one_daemon_per_database(postgres_dsn, tmp_path):
+    """``tillerman run`` on a database holds its advisory lock; a second one is refused
+    in one line (exit 2) while the first runs, and may start once it stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "tillerman", "run", "--no-codex", "--watch", str(tmp_path), "--ledger", postgres_dsn]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    first = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with PostgresRecorder(postgres_dsn) as ledger:
+            deadline = time.monotonic() + 60
+            while ledger.load_snapshot(HEARTBEAT) is None and first.poll() is None:
+                assert time.monotonic() < deadline, "the first daemon never beat"
+                time.sleep(0.1)
+        assert first.poll() is None, first.communicate()
+        second = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "another tillerman daemon runs on" in second.stderr, second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is True
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is False
+    with PostgresRecorder(postgres_dsn) as ledger, ledger.daemon_lock():
+        pass  # released when the first daemon stopped
 
 
 def test_a_password_is_never_shown(postgres_dsn):
