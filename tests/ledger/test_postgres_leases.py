@@ -37,8 +37,8 @@ def test_one_owner_at_a_time_and_every_acquisition_bumps_the_token(ledger):
     assert leases.renew(first, SHORT) is None  # a lapsed lease is never revived
     second = leases.acquire("T", "daemon-b", 30)
     assert second is not None and second.token == 2
-    _lapse_again = leases.acquire("U", "daemon-a", 30)
-    assert _lapse_again is not None and _lapse_again.token == 1  # per thread
+    other_thread = leases.acquire("U", "daemon-a", 30)
+    assert other_thread is not None and other_thread.token == 1  # tokens count per thread
 
 
 def test_a_stale_holders_dispatch_record_is_refused_by_the_fence(ledger):
