@@ -11,8 +11,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The PostgreSQL tests (marked postgres) start a throwaway server when its binaries are
+# here (`python -m fixtures.postgres_server install` puts them there), and are skipped
+# with the reason when they are not.
 test: $(STAMP)
-	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not slow' -rs $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m fixtures.demo

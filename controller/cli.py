@@ -31,6 +31,7 @@ from tillerman.controller.cli_shared import (
     CONFIG_HELP,
     ledger_file,
     ledger_option,
+    ledger_url,
     load_rules_or_fail,
     open_intact_ledger,
     open_ledger,
@@ -50,6 +51,7 @@ from tillerman.controller.timefmt import iso, parse_time, shorten
 from tillerman.ledger import projections, segments
 from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.location import shown
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
@@ -267,7 +269,7 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         if ledger is not None:
             ledger.close()
     if ledger_path is not None:
-        summary.ledger = ledger_path
+        summary.ledger = shown(ledger_path)
     if as_json:
         print_json(summary)
         return
@@ -391,7 +393,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
     target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
-    path = ledger_file(ledger_path)
+    url = ledger_url(ledger_path)
+    path = None if url else ledger_file(ledger_path)
     effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
@@ -424,8 +427,12 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
                             metrics=serve_metrics(metrics_address) if metrics_address else None)
     try:
-        with open_ledger(str(path)) as recorder:
-            run_daemon(recorder, str(path), effective.ruleset, options)
+        if url:  # one daemon per database (its advisory lock), not a lock file
+            with open_ledger(url) as recorder, recorder.daemon_lock():
+                run_daemon(recorder, None, effective.ruleset, options)
+        else:
+            with open_ledger(str(path)) as recorder:
+                run_daemon(recorder, str(path), effective.ruleset, options)
     except KeyboardInterrupt:
         pass
     finally:
@@ -486,8 +493,9 @@ def status_cmd(as_json, ledger_path):
 
     Example: tillerman status --json
     """
-    path = ledger_file(ledger_path)
-    with open_intact_ledger(str(path)) as recorder:
+    url = ledger_url(ledger_path)
+    path = shown(url) if url else ledger_file(ledger_path)
+    with open_intact_ledger(url or str(path)) as recorder:
         from tillerman.controller.status import ledger_status
 
         data = ledger_status(recorder, path, time.time())
@@ -497,6 +505,9 @@ def status_cmd(as_json, ledger_path):
         return
     for line in _daemon_lines(data["daemon"]):
         click.echo(line)
+    for lease in data["leases"]:
+        click.echo(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
+                   f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
                                   "critical_tool", "external_effect_unknown", "queue"), "no threads")
     if data["unsupervised_threads"]:
@@ -656,6 +667,31 @@ def ledger_accept_tail(by, ledger_path):
 
 
 
+@ledger.command("copy")
+@click.argument("source")
+@click.argument("target")
+@json_option
+@errors_to_exit_codes
+def ledger_copy(source, target, as_json):
+    """Copy a ledger's whole history into an empty ledger, SQLite or PostgreSQL either
+    way (a path or a postgresql:// URL), and verify the copy: every row is written again
+    as an ordinary append and must come out with the source's seq and chain hash. The
+    source is only read. Exit 1 when the source does not verify or the copy differs, 2
+    when the target is not empty.
+
+    Example: tillerman ledger copy ~/.local/state/tillerman/ledger.sqlite3 postgresql://tm@db/tillerman
+    """
+    from tillerman.ledger.copy import copy_ledger
+
+    with open_ledger(source, readonly=True) as src, open_ledger(target) as dst:
+        result = copy_ledger(src, dst)
+    if as_json:
+        print_json(result)
+        return
+    click.echo(f"copied {result.rows} rows and {result.file_offsets} file offsets; the copy verifies and ends at"
+               f" seq {result.last_seq} ({result.head[:16]}), as the source does")
+
+
 @ledger.command("archive")
 @click.option("--before", "before_text", required=True,
               help="Archive the threads closed before this ISO-8601 time (no row of theirs since, no open intent).")
@@ -676,7 +712,7 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
         before = parse_time(before_text)
     except ValueError as exc:
         raise Fail(f"--before {exc}") from exc
-    path = ledger_file(ledger_path)
+    path = ledger_file(ledger_path, command="ledger archive")
     if not path.is_file():
         raise Fail(f"no ledger at {path}; give --ledger PATH or set TILLERMAN_LEDGER")
     result = archive_ledger(path, before, dry_run=dry_run, checkpoint=kill_at)

@@ -13,11 +13,14 @@ import click
 
 from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType
 from tillerman.controller.timefmt import parse_time
-from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.errors import SchemaError
+from tillerman.ledger.location import is_database_url, open_recorder, shown
+from tillerman.ledger.recorder import Recorder
 from tillerman.rules.config import Effective, config_file, load_effective
 from tillerman.rules.errors import RuleSetError
 
-LEDGER_HELP = "Ledger file (default: $TILLERMAN_LEDGER, else $XDG_STATE_HOME/tillerman/ledger.sqlite3)."
+LEDGER_HELP = ("Ledger file, or a PostgreSQL database as postgresql://USER@HOST/DB (default: $TILLERMAN_LEDGER,"
+               " else $XDG_STATE_HOME/tillerman/ledger.sqlite3).")
 CONFIG_HELP = "Configuration file: grants, [defaults], [patterns] (TOML; default: $XDG_CONFIG_HOME/tillerman/config.toml if it exists)."
 
 
@@ -28,44 +31,61 @@ def default_ledger_path() -> Path:
     return Path(state) / "tillerman" / "ledger.sqlite3"
 
 
-def ledger_file(path: str | None) -> Path:
-    """The ledger's absolute path: resolved here, at the edge, because the daemon matches
-    it against the absolute paths the kernel reports for its WAL file. A URL (a
-    ``postgresql://`` DSN) is refused, not taken for a folder named ``postgresql:``."""
+def ledger_url(path: str | None) -> str | None:
+    """The PostgreSQL URL given as ``--ledger`` (or ``$TILLERMAN_LEDGER``); None for a file.
+    Another URL is refused, not taken for a folder named ``sqlite:``."""
     given = path if path is not None else os.environ.get("TILLERMAN_LEDGER")
-    if given is not None and "://" in given:
-        scheme = given.split("://", 1)[0]
-        raise Fail(f"ledger {scheme}:// is not supported yet; give --ledger the path of a SQLite file")
+    if given is None or "://" not in given:
+        return None
+    if is_database_url(given):
+        return given
+    scheme = given.split("://", 1)[0]
+    raise Fail(f"ledger {scheme}:// is not supported; give --ledger the path of a SQLite file"
+               " or a postgresql:// URL")
+
+
+def ledger_file(path: str | None, *, command: str | None = None) -> Path:
+    """The ledger's absolute path: resolved here, at the edge, because the daemon matches
+    it against the absolute paths the kernel reports for its WAL file. ``command``: one
+    that works on a SQLite file only, refusing a PostgreSQL URL by that name."""
+    if (url := ledger_url(path)) is not None:
+        raise Fail(f"{command or 'this command'} works on a SQLite ledger file, not on the database {shown(url)};"
+                   " give --ledger the path of a SQLite file")
     if path is not None and not path.strip():
         raise Fail("--ledger is empty; give the path of the ledger file")
     return (Path(path) if path else default_ledger_path()).absolute()
 
 
-def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> SQLiteRecorder:
+def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> Recorder:
     """``must_exist``: a reading command, which never creates a ledger (or its folders) where
     none is; a writing command creates one. ``readonly``: for the commands that only read;
     they never write (no migration, no anchor, no snapshot), so they work on a read-only
-    file or a full disk."""
+    file or a full disk. A ``postgresql://`` URL opens that database's ledger."""
+    if (url := ledger_url(path)) is not None:
+        try:
+            return open_recorder(url, readonly=readonly, must_exist=must_exist or readonly)
+        except SchemaError as exc:
+            raise Fail(str(exc)) from exc
     target = ledger_file(path)
     if (must_exist or readonly) and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
     if target.exists() and not target.is_file():  # a FIFO or a device: SQLite would block or write beside it
         raise Fail(f"{target} is not a regular file; give --ledger the path of the ledger file")
-    return SQLiteRecorder(target, readonly=readonly)
+    return open_recorder(target, readonly=readonly)
 
 
-def open_intact_ledger(path: str | None) -> SQLiteRecorder:
+def open_intact_ledger(path: str | None) -> Recorder:
     """For a reading command that shows what the ledger holds: a file cut mid-page is
     damage (exit 1), not a partial answer."""
     recorder = open_ledger(path, readonly=True)
-    if recorder.damage:
+    if getattr(recorder, "damage", None):  # a SQLite file cut mid-page
         recorder.close()
         raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",
                    EXIT_CHECK_FAILED)
     return recorder
 
 
-def report_anchor(ledger: SQLiteRecorder) -> None:
+def report_anchor(ledger: Recorder) -> None:
     """After a writing command printed what it committed: a head anchor the file system
     would not move (a full disk) is one line and exit 3; the next write catches it up."""
     if ledger.anchor_error:

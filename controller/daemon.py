@@ -175,7 +175,9 @@ class Daemon:
             self._due = self.clock()  # decide every open intent once: no new entry may touch them
             tg.start_soon(self._brain, tg)
             ledger_path = self.recorder.path
-            if ledger_path != ":memory:":
+            if (listener := self.recorder.change_listener()) is not None:
+                tg.start_soon(self._listen_ledger, listener)
+            elif ledger_path != ":memory:":
                 tg.start_soon(self._watch_ledger, Path(ledger_path))
             if self.options.watch:
                 tg.start_soon(self._follow_files)
@@ -188,6 +190,17 @@ class Daemon:
     async def _watch_ledger(self, path: Path) -> None:
         async for _ in ledger_writes(path):
             self.wake()
+
+    async def _listen_ledger(self, listener) -> None:
+        """A database ledger tells of every commit (LISTEN/NOTIFY): wake the brain on each
+        (another process proposing an intent). The wait runs on a worker thread, in
+        short slices so that stopping the daemon does not wait long."""
+        try:
+            while True:
+                if await anyio.to_thread.run_sync(listener.wait, LEDGER_STEP_MS / 1000 * 10) is not None:
+                    self.wake()
+        finally:
+            listener.close()
 
     def wake(self) -> None:
         """Ask the brain to look at the ledger now."""

@@ -44,7 +44,7 @@ from tillerman.ledger import segments
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import Projection
-from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.location import is_database_url, open_recorder, shown
 from tillerman.rules.policy import decide
 from tillerman.rules.ruleset import RuleSet, ruleset_from_text
 
@@ -176,17 +176,20 @@ def _missing(digest: str | None, rulesets: RecordedRulesets) -> str:
     return "which no ruleset_loaded in the ledger names (a replay into a ledger records none)"
 
 
-# -- the edge: one SQLite ledger ----------------------------------------------------------
+# -- the edge: one ledger (a SQLite file or a PostgreSQL database) ----------------------------------------------------------
 
 
 def check_ledger(path: str | Path, *, progress: Callable[[int, int], None] | None = None) -> CheckResult:
     """Check a ledger file, read-only. ``progress(seq, last_seq)`` is called as it goes.
     A file that is not a ledger, or a ledger whose chain does not verify (its history is
     not the recorded one), raises ``CannotCheck``."""
-    path = Path(path)
-    _refuse_non_ledger(path)
+    if is_database_url(path):  # a PostgreSQL ledger: shown without its password
+        path, location = shown(str(path)), path
+    else:
+        path = location = Path(path)
+        _refuse_non_ledger(path)
     try:
-        with SQLiteRecorder(path, readonly=True) as ledger:
+        with open_recorder(location, readonly=True, must_exist=True) as ledger:
             report = ledger.verify()
             if not report.ok:
                 raise CannotCheck(f"{path}: the ledger is damaged ({report.problems[0]}); its history is not the"

@@ -17,7 +17,8 @@ from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import fold_reviews
 
 
-def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
+def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> dict:
+    """``ledger_path``: a SQLite file's path, or a database ledger's URL as shown."""
     projection = projections.load(recorder)
     threads, housekeeping = [], 0
     for thread_id in sorted(projection.threads):
@@ -47,6 +48,8 @@ def ledger_status(recorder: Recorder, ledger_path: Path, now: float) -> dict:
         "last_seq": projection.seq,
         "undecodable": {str(seq): why for seq, why in sorted(projection.undecodable.items())},
         "flagged_reviewers": flagged_reviewers(recorder),
+        # several daemons on one PostgreSQL ledger: who holds which thread, until when
+        "leases": [dict(lease, expires_at=iso(lease["expires_at"])) for lease in _leases(recorder)],
     }
 
 
@@ -55,7 +58,13 @@ def flagged_reviewers(recorder: Recorder) -> dict[str, list[str]]:
     return fold_reviews(recorder.read()).flagged()
 
 
-def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
+def _leases(recorder: Recorder) -> list[dict]:
+    """The database's thread leases (a SQLite ledger has none: one daemon owns it all)."""
+    leases = getattr(recorder, "leases", None)
+    return leases().all() if leases is not None else []
+
+
+def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
     beat = recorder.load_snapshot(HEARTBEAT)
     try:
         info = msgspec.json.decode(beat[1]) if beat else {}
@@ -64,13 +73,20 @@ def _daemon(recorder: Recorder, ledger_path: Path) -> dict:
     if not isinstance(info, dict):
         info = {}
     return {
-        "running": _lock_held(Path(f"{ledger_path}.lock")),
+        "running": _running(recorder, ledger_path),
         "pid": info.get("pid"),
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
         "watch": info.get("watch", []),
         "codex": _codex(info.get("codex")),
     }
+
+
+def _running(recorder: Recorder, ledger_path: Path | str) -> bool:
+    """A SQLite ledger's daemon holds its lock file; a database's, an advisory lock."""
+    if (held := getattr(recorder, "daemon_running", None)) is not None:
+        return held()
+    return _lock_held(Path(f"{ledger_path}.lock"))
 
 
 def _codex(link: dict | None) -> dict | None:

@@ -72,7 +72,8 @@ class Recorder(abc.ABC):
     #: None when it succeeded, or for a backend with no anchor file.
     anchor_error: str | None = None
 
-    #: The file the ledger lives in (the daemon watches it for other writers), or ":memory:".
+    #: The file the ledger lives in (the daemon watches it for other writers), or ":memory:"
+    #: (a database ledger: its URL as shown, and ``change_listener`` tells of other writers).
     path: str = ":memory:"
 
     #: False for a backend that keeps only its chain head and what de-duplication needs
@@ -88,6 +89,12 @@ class Recorder(abc.ABC):
         transport is called).
         ``offsets``: file tailer positions, stored in the same transaction as the events
         read from those spans (the last one per file identity wins)."""
+
+    def change_listener(self):
+        """For a backend that tells of commits itself (PostgreSQL's LISTEN/NOTIFY): a
+        listener whose ``wait(timeout)`` returns the last seq anyone committed since its
+        previous call (None when nothing was), and ``close()``. None: watch ``path``."""
+        return None
 
     @contextlib.contextmanager
     def bulk(self) -> Iterator[None]:

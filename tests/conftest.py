@@ -2,6 +2,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,49 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """The wheel in a fresh virtual environment, without the dev extra; its bin folder."""
     return fresh_venv(tmp_path_factory.mktemp("installed") / "venv", wheel)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL server for the run (``fixtures.postgres_server``). Where
+    none can start the test is skipped with the reason; under CI it fails instead, since
+    ``.ci/run`` installs the server."""
+    from fixtures.postgres_server import ThrowawayPostgres
+
+    require_postgres()
+    server = ThrowawayPostgres().start()
+    yield server
+    server.stop()
+
+
+def require_postgres() -> None:
+    """Install Debian's server with apt where none is found (as the browser tests install
+    chromium), then skip (with the reason) where no throwaway server can start; under CI,
+    fail."""
+    from fixtures.postgres_server import install, server_bin, unavailable
+
+    if server_bin() is None and shutil.which("apt-get") is not None and os.geteuid() == 0:
+        try:
+            install()
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"installing PostgreSQL failed: {exc}")
+    if (reason := unavailable()) is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the PostgreSQL tests, but {reason}")
+        pytest.skip(f"PostgreSQL tests skipped: {reason}")
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server):
+    """A new, empty database on the run's server, dropped after the test; its DSN."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    dsn = postgres_server.create_database(name)
+    yield dsn
+    postgres_server.drop_database(name)
+
+
+def pytest_collection_modifyitems(items):
+    """A test that needs the server is marked ``postgres`` (``-m 'not postgres'`` leaves them out)."""
+    for item in items:
+        if "postgres_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

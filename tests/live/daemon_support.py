@@ -29,6 +29,7 @@ from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import IntentView, Projection
+from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
 from tillerman.rules.ruleset import RuleSet
@@ -59,12 +60,13 @@ async def wait_until(predicate: Callable[[], T], what: str, timeout: float = 20.
 
 
 class Session:
-    def __init__(self, server: AppServer, harness: HarnessClient, log: EventLog, tmp_path: Path):
+    def __init__(self, server: AppServer, harness: HarnessClient, log: EventLog, tmp_path: Path,
+                 recorder: Recorder | None = None):
         self.server = server
         self.harness = harness
         self.log = log
         self.tmp_path = tmp_path
-        self.recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
+        self.recorder = recorder or SQLiteRecorder(tmp_path / "ledger.sqlite3")
         self.trace_path = tmp_path / "daemon-trace.jsonl"
         self.daemon: Daemon | None = None
         self._tg: Any = None
@@ -161,11 +163,12 @@ async def daemon_first(server: AppServer, tmp_path: Path, ruleset: RuleSet, **op
 
 
 @asynccontextmanager
-async def session(server: AppServer, tmp_path: Path) -> AsyncIterator[Session]:
-    """The harness connects (and initializes) first; the daemon is started by the test."""
+async def session(server: AppServer, tmp_path: Path, recorder: Recorder | None = None) -> AsyncIterator[Session]:
+    """The harness connects (and initializes) first; the daemon is started by the test.
+    ``recorder``: the daemon's ledger (a SQLite file in ``tmp_path`` when none is given)."""
     async with watched_connection(server.url, client_name="harness", client_class=HarnessClient) as (harness, log), \
             anyio.create_task_group() as tg:
-        s = Session(server, harness, log, tmp_path)
+        s = Session(server, harness, log, tmp_path, recorder)
         s._tg = tg
         try:
             yield s

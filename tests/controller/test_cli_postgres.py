@@ -1,0 +1,110 @@
+"""The commands on a PostgreSQL ledger: ``--ledger postgresql://…`` or ``$TILLERMAN_LEDGER``."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from tests.controller.test_recheck import supervised
+from tillerman.controller.cli import main
+from tillerman.controller.link import HEARTBEAT
+from tillerman.ledger.postgres import PostgresRecorder
+
+
+def run(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def test_writing_and_reading_commands_use_the_database(postgres_dsn, monkeypatch):
+    propose = run("intent", "propose", "--thread", "T1", "--mode", "queue", "--text", "hello", "--json",
+                  "--ledger", postgres_dsn)
+    assert propose.exit_code == 0, propose.output
+    intent_id = json.loads(propose.output)["id"]
+    monkeypatch.setenv("TILLERMAN_LEDGER", postgres_dsn)  # the environment selects it as well
+    listed = run("intents", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [i["id"] for i in json.loads(listed.output)] == [intent_id]
+    verified = run("ledger", "verify")
+    assert verified.exit_code == 0 and verified.output.startswith("ok: "), verified.output
+    exported = run("ledger", "export")
+    assert [json.loads(line)["seq"] for line in exported.output.splitlines()] == [1]
+    status = run("status", "--json")
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.output)["daemon"]["running"] is False
+    cancelled = run("intent", "cancel", intent_id)
+    assert cancelled.exit_code == 0, cancelled.output
+    with PostgresRecorder(postgres_dsn, readonly=True) as ledger:
+        assert ledger.max_seq() == 2 and ledger.verify().ok
+
+
+def test_a_reading_command_on_an_empty_database_says_so_and_creates_nothing(postgres_dsn):
+    result = run("intents", "--ledger", postgres_dsn)
+    assert result.exit_code == 2 and "no tillerman ledger in" in result.output
+    assert run("ledger", "verify", "--ledger", postgres_dsn).exit_code == 2
+    result = run("intent", "propose", "--thread", "T1", "--mode", "queue", "--text", "x", "--ledger", postgres_dsn)
+    assert result.exit_code == 0  # a writing command creates it
+
+
+def test_replay_into_the_database(postgres_dsn):
+    replayed = run("replay", "--json", "--ledger", postgres_dsn, "fixtures/sessions")
+    assert replayed.exit_code == 0, replayed.output
+    summary = json.loads(replayed.output)
+    assert summary["ledger"] == postgres_dsn and summary["events"] > 0
+    with PostgresRecorder(postgres_dsn, readonly=True) as ledger:
+        assert ledger.verify().ok and ledger.max_seq() >= summary["events"]
+
+
+def test_replay_check_decides_a_database_ledgers_decisions_again(postgres_dsn):
+    with PostgresRecorder(postgres_dsn) as recorder:
+        supervised(recorder)
+    checked = run("replay", "--check", postgres_dsn, "--json")
+    assert checked.exit_code == 0, checked.output
+    assert json.loads(checked.output)["decisions"] == 3
+
+
+def test_archive_refuses_a_database_in_one_line(postgres_dsn):
+    result = run("ledger", "archive", "--before", "2026-01-01T00:00:00Z", "--ledger", postgres_dsn)
+    assert result.exit_code == 2 and "works on a SQLite ledger file" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_one_daemon_per_database(postgres_dsn, tmp_path):
+    """``tillerman run`` on a database holds its advisory lock; a second one is refused
+    in one line (exit 2) while the first runs, and may start once it stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "tillerman", "run", "--no-codex", "--watch", str(tmp_path), "--ledger", postgres_dsn]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    first = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with PostgresRecorder(postgres_dsn) as ledger:
+            deadline = time.monotonic() + 60
+            while ledger.load_snapshot(HEARTBEAT) is None and first.poll() is None:
+                assert time.monotonic() < deadline, "the first daemon never beat"
+                time.sleep(0.1)
+        assert first.poll() is None, first.communicate()
+        second = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "another tillerman daemon runs on" in second.stderr, second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is True
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is False
+    with PostgresRecorder(postgres_dsn) as ledger, ledger.daemon_lock():
+        pass  # released when the first daemon stopped
+
+
+def test_a_password_is_never_shown(postgres_dsn):
+    with_password = postgres_dsn.replace("postgres@", "postgres:sekrit@")
+    result = run("status", "--json", "--ledger", with_password)
+    assert "sekrit" not in result.output
