@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 from click.testing import CliRunner
 
 from tests.monitor.support import events
@@ -210,3 +211,23 @@ async def until(done, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not done():
             await anyio.sleep(0.02)
+
+
+def test_propose_records_cancel_queued_and_deliver_at_only_where_they_apply(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "ledger.sqlite3")
+    base = ["intent", "propose", "--ledger", ledger, "--thread", SESSION, "--expected-turn", PROMPT, "--json"]
+    result = CliRunner().invoke(main, [*base, "--mode", "interrupt", "--text", "stop", "--cancel-queued"])
+    assert result.exit_code == 0, result.output
+    intent_id = json.loads(result.output)["id"]
+    assert state(Path(ledger), intent_id).intent.drops_queued
+    result = CliRunner().invoke(main, [*base, "--mode", "steer", "--text", "t", "--deliver-at", "pre_tool_use"])
+    assert state(Path(ledger), json.loads(result.output)["id"]).intent.delivery_point == "pre_tool_use"
+    for wrong, says in ((["--mode", "queue", "--deliver-at", "pre_tool_use"], "--deliver-at applies to --mode steer"),
+                        (["--mode", "steer", "--cancel-queued"], "--cancel-queued applies to --mode interrupt"),
+                        (["--mode", "interrupt", "--cancel-queued", "--resume-queue"], "give one")):
+        result = CliRunner().invoke(main, [*base, "--text", "t", *wrong])
+        assert result.exit_code == 2 and says in result.output, result.output
+    # An intent without them keeps the bytes it always had.
+    assert b"cancel_queued" not in msgspec.json.encode(Intent(id="i", thread_id="t", mode="queue", text="t",
+                                                              text_digest="d", created_at=0.0, ack_deadline=1.0,
+                                                              expires_at=2.0))
