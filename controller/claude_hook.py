@@ -1,8 +1,20 @@
 """What Claude Code runs on every hook event once ``tillerman hooks install --claude``
 has put it in the settings: ``python -m tillerman.controller.claude_hook --spool DIR``
-(``tillerman hook claude`` does the same through the CLI). It keeps the payload and
-answers nothing, so the agent goes on as if no hook were there; it imports nothing
-beyond the standard library, because it starts once per event and Claude Code waits.
+(``tillerman hook claude`` does the same through the CLI). It keeps the payload and, as
+a rule, answers nothing, so the agent goes on as if no hook were there; it imports
+nothing beyond the standard library, because it starts once per event and Claude Code
+waits.
+
+It speaks only to deliver what the daemon decided: at a ``Stop`` or a ``PreToolUse``,
+when the session's outbox (``tillerman.controller.hook_outbox``) holds an intent for
+that point, it claims the intent in the ledger (``tillerman.controller.hook_claim``,
+loaded only then) and prints Claude Code's answer: ``{"decision": "block", "reason":
+<text>}`` at a Stop (the agent continues the turn with the text), a ``deny`` with the
+text as the reason at a PreToolUse (the tool does not run; the agent reads the text as
+its result). One intent per answer; a claim that fails (the intent moved, or the
+ledger stayed busy past ``CLAIM_BUSY_MS``) delivers nothing. What it answered, or that
+it failed open, is kept on the payload's own spool line (key ``tillerman``), the record
+the daemon reads back; a delivery whose line cannot be kept is not made.
 """
 
 from __future__ import annotations
@@ -11,9 +23,13 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
+from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, outbox_path, read_outbox
+
 MAX_PAYLOAD = 16 * 1024 * 1024
+CLAIM_BUDGET = 5.0  # seconds of claims per hook at most: Claude Code's limit for ours is 10
 _SESSION_NAME = re.compile(r"[A-Za-z0-9-]{1,128}")
 
 
@@ -22,16 +38,25 @@ def default_spool() -> Path:
     return Path(state) / "tillerman" / "claude-hooks"
 
 
-def keep_payload(raw: bytes, spool: Path) -> Path:
-    """Appends the payload as one line (one write on an O_APPEND file: hooks that run at
-    once never interleave their lines). Returns the file."""
+def read_payload(raw: bytes) -> dict:
     if len(raw) > MAX_PAYLOAD:
         raise ValueError(f"the payload is over {MAX_PAYLOAD} bytes")
     payload = json.loads(raw)
     if not isinstance(payload, dict):
         raise ValueError("the payload is not a JSON object")
+    return payload
+
+
+def session_name(payload: dict) -> str:
     session = payload.get("session_id")
-    name = session if isinstance(session, str) and _SESSION_NAME.fullmatch(session) else "unknown-session"
+    return session if isinstance(session, str) and _SESSION_NAME.fullmatch(session) else "unknown-session"
+
+
+def keep_payload(raw: bytes | dict, spool: Path) -> Path:
+    """Appends the payload as one line (one write on an O_APPEND file: hooks that run at
+    once never interleave their lines). Returns the file."""
+    payload = raw if isinstance(raw, dict) else read_payload(raw)
+    name = session_name(payload)
     spool.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = spool / f"{name}.jsonl"
     line = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
@@ -43,12 +68,53 @@ def keep_payload(raw: bytes, spool: Path) -> Path:
     return path
 
 
+def deliver(payload: dict, spool: Path) -> tuple[dict | None, dict | None]:
+    """Claude Code's answer for this event (None: no decision) and the record of what was
+    answered, for the spool line (None: nothing to deliver here)."""
+    event = payload.get("hook_event_name")
+    if event not in (AT_STOP, AT_PRE_TOOL_USE):
+        return None, None
+    outbox = read_outbox(outbox_path(spool, session_name(payload)))
+    prompt_id = payload.get("prompt_id") if isinstance(payload.get("prompt_id"), str) else None
+    parcels = outbox.for_event(event, prompt_id) if outbox is not None else []
+    if not parcels:
+        return None, None
+    from tillerman.controller import hook_claim  # only now: the ledger's imports cost time
+
+    started = time.monotonic()
+    for parcel in parcels:  # the oldest this hook can claim; a claimed one is skipped
+        if time.monotonic() - started > CLAIM_BUDGET:
+            return None, {"fail_open": "claim_budget_spent", "intent_id": parcel.intent_id}
+        claim = hook_claim.claim(outbox.ledger, parcel.intent_id, event=event, turn_id=prompt_id)
+        if claim.claimed:
+            record = {"delivered": parcel.intent_id, "attempt": claim.attempt, "text": parcel.text}
+            return _answer(event, parcel.text), record
+        if not claim.why.startswith("moved"):
+            # The ledger is busy or broken: no claim, no delivery; the agent goes on.
+            return None, {"fail_open": claim.why, "intent_id": parcel.intent_id}
+    return None, None
+
+
+def _answer(event: str, text: str) -> dict:
+    if event == AT_STOP:
+        return {"decision": "block", "reason": text}
+    return {"hookSpecificOutput": {"hookEventName": AT_PRE_TOOL_USE, "permissionDecision": "deny",
+                                   "permissionDecisionReason": text}}
+
+
 def main(argv: list[str]) -> int:
     """Exits 0 whatever happens: a hook of ours never stops the agent (what went wrong
-    goes to stderr)."""
+    goes to stderr). A decision is printed only once the line that records it is kept."""
     spool = Path(argv[argv.index("--spool") + 1]) if "--spool" in argv[:-1] else default_spool()
     try:
-        keep_payload(sys.stdin.buffer.read(MAX_PAYLOAD + 1), spool)
+        payload = read_payload(sys.stdin.buffer.read(MAX_PAYLOAD + 1))
+        try:
+            answer, record = deliver(payload, spool)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the agent goes on undisturbed
+            answer, record = None, {"fail_open": f"{type(exc).__name__}: {exc}"}
+        keep_payload({**payload, "tillerman": record} if record is not None else payload, spool)
+        if answer is not None:
+            print(json.dumps(answer))
     except (OSError, ValueError, RecursionError) as exc:
         print(f"tillerman hook claude: payload not kept ({exc}); the session goes on", file=sys.stderr)
     return 0

@@ -113,12 +113,18 @@ def intent() -> None:
               help="Who owns it (default: the login name of the user running tillerman).")
 @click.option("--task-class", help="A label the account groups by (tillerman report --by task_class);"
                                    " default: unlabeled.")
+# -- Claude Code: hook delivery and the wrapper's interrupt ---------------------------
+@click.option("--deliver-at", type=click.Choice(["pre_tool_use"]),
+              help="steer: before the agent's next tool call (Claude Code's PreToolUse hook denies it with"
+                   " the text).")
+@click.option("--cancel-queued", is_flag=True,
+              help="interrupt: drop the messages still queued behind the turn too (tillerman claude).")
 @json_option
 @ledger_option
 @errors_to_exit_codes
 def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadline, expires,
-                   expect, verify, supersedes, ack_token, force, resume_queue, owner, task_class, as_json,
-                   ledger_path):
+                   expect, verify, supersedes, ack_token, force, resume_queue, owner, task_class,
+                   deliver_at, cancel_queued, as_json, ledger_path):
     """Record a new intent (state: proposed); the daemon delivers it.
 
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
@@ -130,6 +136,7 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
             ack_deadline=ack_deadline, effect_deadline=effect_deadline, expires=expires,
             expect=expect, verify=verify, supersedes=supersedes, owner=owner,
             ack_token=ack_token, force=force, resume_queue=resume_queue, task_class=task_class,
+            deliver_at=deliver_at, cancel_queued=cancel_queued,
         )
         view = intent_lib.intent_view(ledger, new.id)
     _print_intent(view, as_json, history=False)

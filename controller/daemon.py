@@ -39,6 +39,7 @@ from tillerman.controller.adapter import GuardedAdapter
 from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
+from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
 from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.metrics import Metrics, TimedRecorder
 from tillerman.controller.notify import Notifier
@@ -150,6 +151,8 @@ class Daemon:
         self.notifier = Notifier(sinks)
         self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
         self.checkpoints = Checkpoints(options.reviewers)  # fed by ``_fold``; reviews run as tasks
+        # Claude Code sessions seen through their hooks: what each session's hook may deliver.
+        self.outboxes = Outboxes(options.watch, self.recorder.path)
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
@@ -457,6 +460,7 @@ class Daemon:
         self._fold_own(tg, now, self._write(envelopes))
         for view, decision in decided:
             self._act(tg, view, decision, now)
+        self.outboxes.flush(self.projection)
         if self.checkpoints.reviewers:
             views = [self.projection.intents[v.intent.id] for v in views]
             for job in self.checkpoints.due(self.projection, views, self.step.ruleset, now):
@@ -524,6 +528,9 @@ class Daemon:
 
     def _act(self, tg, view: IntentView, decision: Decision, now: float) -> None:
         intent_id = view.intent.id
+        if is_hook_thread(self.projection.snapshot(view.intent.thread_id)):
+            self._act_through_hooks(tg, view, decision, now)
+            return
         if decision.action in DISPATCH_ACTIONS:
             if self.options.dry_run or view.state != State.PROPOSED:
                 return
@@ -539,6 +546,18 @@ class Daemon:
             if verify_due(self.projection, view):
                 self._verifying.add(intent_id)
                 self._drive(tg, intent_id, VerifyDue(now))
+
+    def _act_through_hooks(self, tg, view: IntentView, decision: Decision, now: float) -> None:
+        """A session reached through Claude Code's hooks: a dispatch puts the intent in its
+        outbox for the hook to claim (``tillerman.controller.hook_delivery``); a delivery
+        under way settles from the spool's evidence. Nothing goes to an app-server."""
+        if decision.action in DISPATCH_ACTIONS and view.state == State.PROPOSED and not self.options.dry_run \
+                and self.checkpoints.may_dispatch(view, self.step.ruleset):
+            self.outboxes.want(view)
+            return
+        self.outboxes.drop(view)
+        if decision.action is Action.RECONCILE:
+            self._fold_own(tg, now, self._write(settle(self.projection, view, now)))
 
     async def _reconcile_under_way(self, tg, client: AppServerClient) -> None:
         """Every intent whose delivery is under way is read back before anything new is

@@ -19,7 +19,7 @@ from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
 from tillerman.ledger.events import Envelope, IntentEvidence, IntentProposed, IntentTransition
 from tillerman.ledger.intent_states import State, check_transition
-from tillerman.ledger.intents import MODES, Intent, intent_id_from, text_digest
+from tillerman.ledger.intents import DELIVERY_POINTS, MODES, Intent, intent_id_from, text_digest
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules.durations import check_duration
@@ -55,6 +55,8 @@ def build_intent(
     force: bool = False,
     resume_queue: bool = False,
     task_class: str | None = None,
+    deliver_at: str | None = None,
+    cancel_queued: bool = False,
     **fields,
 ) -> Intent:
     """Validate a request completely and bind it to its target; ``expected_turn='active'``
@@ -76,6 +78,7 @@ def build_intent(
     except ValueError as exc:
         raise IntentError(str(exc)) from None
     _check_mode_options(mode, ack_token=ack_token, force=force, resume_queue=resume_queue)
+    _check_transport_options(mode, deliver_at=deliver_at, cancel_queued=cancel_queued, resume_queue=resume_queue)
     if mode in ("steer", "interrupt") and not expected_turn:
         raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
     if expected_turn == "active":
@@ -92,6 +95,10 @@ def build_intent(
     producer = producer or f"owner:{owner or 'unknown'}"
     if task_class is not None:
         fields["task_class"] = task_class  # absent otherwise: the record keeps its old bytes
+    if deliver_at is not None:
+        fields["deliver_at"] = deliver_at  # likewise
+    if cancel_queued:
+        fields["cancel_queued"] = True  # likewise
     return Intent(
         id=intent_id or intent_id_from(thread_id, expected_turn, mode, text, now, os.urandom(8).hex()),
         thread_id=thread_id, mode=mode, text=text, text_digest=text_digest(text),
@@ -132,6 +139,20 @@ def _check_mode_options(mode: str, *, ack_token: str | None, force: bool, resume
         raise IntentError("--ack-token applies to --mode steer or queue (an interrupt sends no message to answer)")
     if not ack_token.strip() or "\n" in ack_token:
         raise IntentError("--ack-token must be one line of text the agent will say, e.g. ACK-42")
+
+
+def _check_transport_options(mode: str, *, deliver_at: str | None, cancel_queued: bool,
+                             resume_queue: bool) -> None:
+    """A steer that waits for the agent's next tool call (Claude Code's PreToolUse hook);
+    an interrupt that drops what is queued behind the turn."""
+    if deliver_at is not None and deliver_at not in DELIVERY_POINTS:
+        raise IntentError(f"--deliver-at must be one of {', '.join(DELIVERY_POINTS)}, not {deliver_at!r}")
+    if deliver_at is not None and mode != "steer":
+        raise IntentError(f"--deliver-at applies to --mode steer only (a {mode} is not delivered before a tool call)")
+    if cancel_queued and mode != "interrupt":
+        raise IntentError(f"--cancel-queued applies to --mode interrupt only (a {mode} ends no turn)")
+    if cancel_queued and resume_queue:
+        raise IntentError("--cancel-queued drops the queued messages that --resume-queue would resume: give one")
 
 
 def proposal_envelopes(intent: Intent, projection: Projection) -> list[Envelope]:

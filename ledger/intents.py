@@ -16,6 +16,8 @@ import msgspec
 Mode = Literal["steer", "queue", "interrupt"]
 MODES: tuple[Mode, ...] = ("steer", "queue", "interrupt")
 UNLABELED = "unlabeled"  # the task class of an intent that names none
+PRE_TOOL_USE = "pre_tool_use"  # ``deliver_at``: before the agent's next tool call runs
+DELIVERY_POINTS = (PRE_TOOL_USE,)
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,18 +41,31 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     supersedes: str | None = None
     ack_token: str | None = None  # when set, acknowledged waits for it in an agent message
     resume_queue: bool = False  # interrupt: resume the server's paused queue afterwards
-    # An interrupt that also drops the messages still queued (Claude Code). UNSET (falsy)
-    # is left out of the encoding, so intents without it keep their bytes and digests.
+    # An interrupt that also drops the messages still queued behind the turn (see README
+    # "intent propose" for the transports that honour it). UNSET (falsy) is left out of
+    # the encoding, so intents without it keep their bytes and digests.
     cancel_queued: bool | msgspec.UnsetType = msgspec.UNSET
     force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
     replayed: bool = False  # simulated by replay: never dispatchable
     # A label the account groups by (``tillerman report --by task_class``). UNSET is left
     # out of the encoding, so an intent without one records the bytes it always did.
     task_class: str | msgspec.UnsetType = msgspec.UNSET
+    # Where a steer may be delivered: unset, wherever the transport delivers steers (the
+    # app-server's running turn); "pre_tool_use", before the agent's next tool runs (Claude
+    # Code's PreToolUse hook denies the call with the text). UNSET keeps old bytes too.
+    deliver_at: str | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def task_label(self) -> str:
         return self.task_class if isinstance(self.task_class, str) else UNLABELED
+
+    @property
+    def delivery_point(self) -> str | None:
+        return self.deliver_at if isinstance(self.deliver_at, str) else None
+
+    @property
+    def drops_queued(self) -> bool:
+        return self.cancel_queued is True
 
     @property
     def client_user_message_id(self) -> str:

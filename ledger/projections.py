@@ -22,7 +22,8 @@ from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 
-SNAPSHOT_NAME = "projection-v2"  # bump when Projection changes shape
+HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
+SNAPSHOT_NAME = "projection-v3"  # bump when Projection changes shape
 #: The source prefix of what ``tillerman claude`` (the stream-json wrapper) records: its
 #: session is steerable, through the wrapper and never through an app-server connection.
 CLAUDE_WRAPPER_SOURCE = "claude-wrapper"
@@ -43,6 +44,7 @@ class ThreadState(msgspec.Struct):
     parent_thread_id: str | None = None
     steerable: bool = False
     wrapped: bool = False  # steered through ``tillerman claude``, which carries out its intents
+    hook_delivery: bool = False  # seen through Claude Code's hooks (ThreadSnapshot.hook_delivery)
     supervised: bool = True  # False: Codex's own housekeeping (ephemeral), recorded only
     status: str | None = None
     flags: tuple[str, ...] = ()
@@ -124,6 +126,7 @@ class Projection(msgspec.Struct):
         return ThreadSnapshot(
             thread_id=thread_id,
             steerable=t.steerable,
+            hook_delivery=t.hook_delivery,
             supervised=t.supervised,
             active_turn_id=t.active_turn_id,
             active_turn_started_at=t.active_turn_started_at,
@@ -181,6 +184,8 @@ def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
         t.supervised = False
     if t is not None and e.cwd:
         t.cwd = e.cwd
+    if t is not None and e.source_format == HOOK_FORMAT:
+        t.hook_delivery = True
 
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:

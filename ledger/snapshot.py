@@ -18,6 +18,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str
     known: bool = True  # any event for this thread was seen
     steerable: bool = False  # a live app-server connection observes it (not file-only)
+    # Claude Code's hooks report it (``tillerman hook claude``): a queued message can be
+    # delivered at a Stop, a steer with ``deliver_at="pre_tool_use"`` at a PreToolUse.
+    hook_delivery: bool = False
     supervised: bool = True  # False: Codex's own ephemeral housekeeping thread; nothing is decided
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None

@@ -20,6 +20,18 @@ even run after the Stop); when the turn was cut short, it was stopped while runn
 
 ``Notification``, ``PreCompact``, ``SubagentStart``, ``SubagentStop`` and
 ``SessionStart`` after the first are read quietly; other events count as unknown.
+
+tillerman's own deliveries (``tillerman.controller.claude_hook``) are kept on the line of
+the hook that made them, under ``tillerman``: ``{"delivered": <intent id>, "text": ...}``
+at a ``Stop`` (it blocked: the turn goes on, so it does not end there) or a
+``PreToolUse`` (it denied the call, which ends ``declined`` at once). The hook's exit
+proves nothing; what the CLI does next does. The next hook event of the same turn — a
+``Stop`` with ``stop_hook_active``, a ``PreToolUse`` or a ``PostToolUse`` with the same
+``prompt_id`` — comes only after the model was called again with our text (the
+feedback of a Stop block, or the denied call's result), so it is read as the delivered
+message: a user message with our ``client_id`` in that turn, which acknowledges the
+intent. A turn that ends otherwise (a new prompt, ``StopFailure``, ``SessionEnd``)
+leaves it unproven. ``{"fail_open": <why>}`` records a hook that answered nothing.
 """
 
 from __future__ import annotations
@@ -45,10 +57,12 @@ _SHELL_TOOLS = frozenset({"Bash", "BashOutput", "PowerShell"})
 
 
 class _Session:
-    __slots__ = ("turn", "calls", "inputs", "asked")
+    __slots__ = ("turn", "calls", "inputs", "asked", "delivered", "stopped")
 
     def __init__(self) -> None:
         self.turn: str | None = None
+        self.delivered: tuple[str, str] | None = None  # (intent id, text) our hook answered with, unproven
+        self.stopped = False  # the turn reached a Stop our hook blocked: it completed, then went on
         self.calls = OpenCalls()
         self.inputs: dict[str, str] = {}  # open call id → digest of its tool input
         self.asked: set[str] = set()  # open calls that asked for approval
@@ -71,12 +85,28 @@ class ClaudeHooksParser(Parser):
             session = self._sessions[session_id] = _Session()
             events.append(ThreadStarted(thread_id=session_id, source_format=self.format,
                                         **workdir(text(record, "cwd"), retain=self.retain_payloads)))
+        events += self._continued(record, name, session_id, session)
         reader = _READERS.get(name or "")
         if reader is None:
             if name not in _QUIET_EVENTS:
                 self.unknown_types[str(name)] += 1
             return events
         return events + reader(self, record, session_id, session)
+
+    # -- tillerman's deliveries ---------------------------------------------------------
+
+    def _continued(self, record: dict, name: str | None, thread_id: str, session: _Session) -> list[Event]:
+        """Our delivered text, once the next hook event of its turn shows the model got it."""
+        if session.delivered is None or name not in _CONTINUATIONS:
+            return []
+        if (text(record, "prompt_id") or session.turn) != session.turn:
+            return []
+        if name == "Stop" and session.stopped and record.get("stop_hook_active") is not True:
+            return []  # a Stop our hook blocked is followed by one that says so
+        (intent_id, said), session.delivered = session.delivered, None
+        session.stopped = False
+        return [self._user_message(said, thread_id=thread_id, turn_id=session.turn,
+                                   client_id=f"tillerman-{intent_id}", item_id=f"hook:{intent_id}")]
 
     # -- turns -------------------------------------------------------------------
 
@@ -93,6 +123,10 @@ class ClaudeHooksParser(Parser):
         return events
 
     def _stop(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
+        delivered = _delivered(record)
+        if delivered is not None and session.turn is not None:
+            session.delivered, session.stopped = delivered, True  # blocked: the turn goes on
+            return []
         return self._end(thread_id, session, "completed")
 
     def _stop_failure(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
@@ -107,6 +141,9 @@ class ClaudeHooksParser(Parser):
     def _end(self, thread_id: str, session: _Session, status: TurnStatus) -> list[Event]:
         if session.turn is None:
             return []
+        if session.stopped and status == "interrupted":
+            status = "completed"  # it had stopped (our block was not taken up), not been cut short
+        session.delivered, session.stopped = None, False
         events: list[Event] = []
         for tool_use_id, call in session.calls.abandon():
             refused = status != "interrupted" or tool_use_id in session.asked
@@ -134,7 +171,15 @@ class ClaudeHooksParser(Parser):
                                                          started.external)):
             return []
         session.inputs[started.item_id] = digest(tool_input)
-        return [started]
+        delivered = _delivered(record)
+        if delivered is None:
+            return [started]
+        session.delivered = delivered  # our hook denied the call: it never runs
+        session.calls.finish(started.item_id, authoritative=True)
+        session.inputs.pop(started.item_id, None)
+        return [started, ItemCompleted(item_id=started.item_id, item_type=item_type, status="declined", tool=name,
+                                       critical=started.critical, external=started.external, thread_id=thread_id,
+                                       turn_id=session.turn)]
 
     def _permission(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
         wanted = digest(obj(record, "tool_input"))
@@ -171,6 +216,16 @@ class ClaudeHooksParser(Parser):
         return events
 
 
+def _delivered(record: dict) -> tuple[str, str] | None:
+    """The intent our hook delivered on this line, and its text."""
+    answer = record.get("tillerman")
+    if not isinstance(answer, dict) or not isinstance(answer.get("delivered"), str):
+        return None
+    said = answer.get("text")
+    return answer["delivered"], said if isinstance(said, str) else ""
+
+
+_CONTINUATIONS = frozenset({"Stop", "PreToolUse", "PostToolUse"})
 _READERS = {
     "UserPromptSubmit": ClaudeHooksParser._prompt,
     "Stop": ClaudeHooksParser._stop,

@@ -31,6 +31,8 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                       steer/interrupt, no active turn                  reconcile_turn    no_active_turn
                       steer/interrupt, another turn active             reconcile_turn    expected_turn_not_active
                       thread only followed through files (not replay)  escalate          not_steerable
+                        (a Claude Code hook session takes a queue, and a
+                        steer with deliver_at=pre_tool_use: hook_deliverable)
                       producer is a rule not active (or expired)       escalate          rule_not_active
                       producer rule's version is not the active one    escalate          rule_version_changed
                       no grant for producer, mode, thread              escalate          no_grant
@@ -62,7 +64,7 @@ Safety choices:
 from __future__ import annotations
 
 from tillerman.ledger.intent_states import State, is_terminal
-from tillerman.ledger.intents import Intent
+from tillerman.ledger.intents import PRE_TOOL_USE, Intent
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 from tillerman.rules.decision import Action, Decision
 from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
@@ -146,7 +148,7 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         turn_problem = _turn_problem(intent, snapshot)
         if turn_problem is not None:
             return Action.RECONCILE_TURN, turn_problem
-    if not snapshot.steerable and not intent.replayed:
+    if not snapshot.steerable and not intent.replayed and not hook_deliverable(intent, snapshot):
         # replay simulates supervision of a recorded session as if attached to it
         return Action.ESCALATE, "not_steerable"
     refusal = _refusal(intent, now, ruleset)
@@ -157,6 +159,15 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
     if snapshot.critical_tool:  # only a granted forced interrupt gets this far
         return Action.INTERRUPT, "forced_during_critical_tool"
     return Action(intent.mode), "authorized"
+
+
+def hook_deliverable(intent: Intent, snapshot: ThreadSnapshot) -> bool:
+    """Whether Claude Code's hooks can carry this intent to the thread: a queued message at
+    the turn's end (the Stop hook's block), a steer that asks for it before the next tool
+    call (PreToolUse's deny). An interrupt, or a steer into the running model call, cannot."""
+    if not snapshot.hook_delivery:
+        return False
+    return intent.mode == "queue" or (intent.mode == "steer" and intent.delivery_point == PRE_TOOL_USE)
 
 
 def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:

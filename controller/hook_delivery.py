@@ -1,0 +1,102 @@
+"""The daemon's side of delivery through Claude Code's hooks: what goes in each session's
+outbox, and how a claimed intent settles from what the spool shows afterwards.
+
+A thread seen only through the hook spool (``ThreadSnapshot.hook_delivery``, no app-server)
+takes a queued message (at a Stop) and a steer that asked for ``deliver_at =
+"pre_tool_use"`` (``tillerman.rules.policy.hook_deliverable``). When the policy authorizes
+one, the daemon puts it in the session's outbox (``tillerman.controller.hook_outbox``);
+the hook claims it (``proposed → dispatch_unknown``, ``tillerman.controller.hook_claim``)
+and answers. From there the delivery machine's own states and reasons carry it: the
+delivered text read back from the spool (``tillerman.monitor.claude_hooks`` turns the
+continued turn into a user message with our ``client_id``) is the echo that
+acknowledges it (``Delivery`` handles the ``Reconcile`` fact as after a restart); the
+turn the claim was made in ending without that echo is ``expired / not_delivered``:
+the spool holds every hook event of the session, so nothing can still arrive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tillerman.controller.delivery import Delivery
+from tillerman.controller.hook_claim import VIA
+from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, Outbox, Parcel, outbox_path, write_outbox
+from tillerman.controller.intent_requests import transition_envelope
+from tillerman.controller.reconcile import reconcile_fact
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.projections import HistoryItem, IntentView, Projection
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
+from tillerman.monitor.tailer import SUFFIX
+
+
+def is_hook_thread(snapshot: ThreadSnapshot) -> bool:
+    """Delivered to through its hooks: seen in a hook spool, and not on an app-server."""
+    return snapshot.hook_delivery and not snapshot.steerable
+
+
+def parcel(view: IntentView) -> Parcel:
+    intent = view.intent
+    at_tool = intent.mode == "steer" and intent.delivery_point is not None
+    return Parcel(intent_id=intent.id, at=AT_PRE_TOOL_USE if at_tool else AT_STOP, text=intent.delivered_text,
+                  expected_turn=intent.expected_turn_id if at_tool else None)
+
+
+def hook_claim(view: IntentView) -> HistoryItem | None:
+    """The claim a hook recorded for this intent, if a hook claimed it."""
+    return next((item for item in view.history if item.kind == "transition"
+                 and item.state == State.DISPATCH_UNKNOWN and item.evidence.get("via") == VIA), None)
+
+
+def settle(projection: Projection, view: IntentView, now: float) -> list[Envelope]:
+    """What the ledger shows now about a hook delivery under way: the echo acknowledges
+    it (the machine decides, as for any transport); the claim's turn ended without it
+    expires it ``not_delivered``; otherwise nothing yet."""
+    claim = hook_claim(view)
+    if claim is None or view.state is not State.DISPATCH_UNKNOWN:
+        return []
+    output = Delivery.from_view(view).handle(reconcile_fact(projection, view, now))
+    if output.envelopes:
+        return list(output.envelopes)  # the machine's commands are an app-server's: none here
+    turn = claim.evidence.get("turn_id")
+    status = projection.snapshot(view.intent.thread_id).turn_state(turn if isinstance(turn, str) else None)
+    if status not in ENDED_TURN_STATES:
+        return []
+    evidence = {"turn_id": turn, "turn_status": status, "via": VIA}
+    return [transition_envelope(view.intent, State.DISPATCH_UNKNOWN, State.EXPIRED, "not_delivered", evidence, now)]
+
+
+class Outboxes:
+    """The outboxes of the hook-delivered sessions under the watched spools: one parcel
+    per intent the policy last authorized and nobody has claimed yet."""
+
+    def __init__(self, spools: tuple[str, ...], ledger: str) -> None:
+        self.spools = tuple(Path(s) for s in spools)
+        self.ledger = ledger
+        self._wanted: dict[str, dict[str, Parcel]] = {}  # thread -> intent id -> parcel
+        self._written: dict[str, tuple[Parcel, ...]] = {}
+
+    def want(self, view: IntentView) -> None:
+        self._wanted.setdefault(view.intent.thread_id, {})[view.intent.id] = parcel(view)
+
+    def drop(self, view: IntentView) -> None:
+        self._wanted.get(view.intent.thread_id, {}).pop(view.intent.id, None)
+
+    def flush(self, projection: Projection) -> None:
+        """Write every outbox that changed; an intent no longer proposed (claimed,
+        cancelled, expired) leaves its outbox."""
+        for thread_id, parcels in self._wanted.items():
+            for intent_id in [i for i in parcels if (v := projection.intents.get(i)) is None
+                              or v.state is not State.PROPOSED]:
+                del parcels[intent_id]
+            now = tuple(sorted(parcels.values(), key=lambda p: projection.intents[p.intent_id].intent.created_at))
+            if now == self._written.get(thread_id, ()):
+                continue
+            spool = self._spool_of(thread_id)
+            if spool is not None:
+                write_outbox(outbox_path(spool, thread_id), Outbox(self.ledger, now))
+                self._written[thread_id] = now
+
+    def _spool_of(self, thread_id: str) -> Path | None:
+        """The watched spool that holds the session's hook file (``<spool>/<session_id>.jsonl``)."""
+        return next((s for s in self.spools if (s / f"{thread_id}{SUFFIX}").exists()), None)

@@ -1,0 +1,79 @@
+"""The outbox of a Claude Code session supervised through its hooks: the intents the
+daemon has decided to deliver to it, in one small JSON file beside the session's spool
+file (``<spool>/<session_id>.outbox.json``).
+
+The daemon is the only place that decides; the hook (``tillerman.controller.claude_hook``)
+is the transport. When the policy authorizes an intent for a thread seen through the
+hooks, the daemon writes it here (written beside and renamed into place, so a hook never
+reads half a file); when the intent is no longer deliverable (claimed, cancelled, held by
+a hazard) it is taken out again. A hook reads only this file, never the ledger, until it
+finds an intent for the point it runs at: then it claims it in the ledger
+(``tillerman.controller.hook_claim``) and prints the decision.
+
+Standard library only: the hook imports it at every event, and Claude Code waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: Where an intent is delivered: the Stop hook (a queued message, at the turn's end) or
+#: the PreToolUse hook (a steer that asked for ``deliver_at = "pre_tool_use"``).
+AT_STOP, AT_PRE_TOOL_USE = "Stop", "PreToolUse"
+SUFFIX = ".outbox.json"  # not ``.jsonl``: the spool's followers never read it as a session
+
+
+@dataclass(frozen=True)
+class Parcel:
+    """One decided intent, with what the hook needs to deliver it and claim it."""
+
+    intent_id: str
+    at: str  # AT_STOP | AT_PRE_TOOL_USE
+    text: str  # what the agent reads: the intent's delivered text
+    expected_turn: str | None = None  # a steer: only in this turn (the payload's prompt_id)
+
+
+@dataclass(frozen=True)
+class Outbox:
+    ledger: str  # the ledger the claim is written to
+    parcels: tuple[Parcel, ...] = ()
+
+    def for_event(self, event: str, prompt_id: str | None) -> list[Parcel]:
+        """The parcels a hook running at ``event`` in turn ``prompt_id`` may deliver, oldest first."""
+        return [p for p in self.parcels
+                if p.at == event and (p.expected_turn is None or p.expected_turn == prompt_id)]
+
+
+def outbox_path(spool: Path, session_id: str) -> Path:
+    return spool / f"{session_id}{SUFFIX}"
+
+
+def write_outbox(path: Path, outbox: Outbox) -> None:
+    """Replace the outbox atomically; an empty one is removed (a hook finds no file: the cheapest answer)."""
+    if not outbox.parcels:
+        path.unlink(missing_ok=True)
+        return
+    body = {"ledger": outbox.ledger, "parcels": [asdict(p) for p in outbox.parcels]}
+    fd, temp = tempfile.mkstemp(prefix=".outbox-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(body, out)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def read_outbox(path: Path) -> Outbox | None:
+    """The outbox, or None when there is none (or it cannot be read: the hook then answers nothing)."""
+    try:
+        body = json.loads(path.read_bytes())
+        parcels = tuple(Parcel(intent_id=str(p["intent_id"]), at=str(p["at"]), text=str(p["text"]),
+                               expected_turn=p.get("expected_turn")) for p in body["parcels"])
+        return Outbox(ledger=str(body["ledger"]), parcels=parcels)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

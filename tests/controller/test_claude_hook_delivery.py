@@ -1,0 +1,233 @@
+"""Delivery through Claude Code's hooks: the daemon decides and fills the session's outbox;
+the hook claims the intent in the ledger (``dispatch_unknown``) and answers; the spool's
+next event of the turn acknowledges it; a busy ledger makes the hook fail open."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+from click.testing import CliRunner
+
+from tests.monitor.support import events
+
+from tillerman.controller import intent_requests as intents
+from tillerman.controller.claude_settings import TIMEOUT_SECONDS
+from tillerman.controller.cli import main
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.hook_delivery import parcel
+from tillerman.controller.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
+from tillerman.ledger import projections
+from tillerman.ledger.events import ItemCompleted, TurnCompleted, UserMessage
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.decision import Action
+from tillerman.rules.config import load_effective
+from tillerman.rules.owner import local_login
+from tillerman.rules.policy import decide
+
+SESSION = "5e551011-0000-4000-8000-000000000001"
+PROMPT = "p-1"
+
+
+def payload(event: str, turn: str | None = PROMPT, **fields) -> dict:
+    base = {"session_id": SESSION, "transcript_path": "/t.jsonl", "cwd": "/ws", "hook_event_name": event}
+    return base | ({"prompt_id": turn} if turn else {}) | fields
+
+
+def hook(spool: Path, event: dict) -> dict | None:
+    """Runs ``tillerman hook claude`` on one payload; Claude Code's answer, if any."""
+    result = CliRunner().invoke(main, ["hook", "claude", "--spool", str(spool)], input=json.dumps(event))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output) if result.output.strip() else None
+
+
+def propose(ledger: Path, mode: str = "queue", text: str = "RUN: echo pears", **fields) -> Intent:
+    with SQLiteRecorder(ledger) as recorder:
+        return intents.propose(recorder, thread_id=SESSION, mode=mode, text=text, owner=local_login(), **fields)
+
+
+def state(ledger: Path, intent_id: str):
+    with SQLiteRecorder(ledger) as recorder:
+        return intents.intent_view(recorder, intent_id)
+
+
+def spool_lines(spool: Path) -> list[dict]:
+    return [json.loads(line) for line in (spool / f"{SESSION}.jsonl").read_text().splitlines()]
+
+
+def fill_outbox(spool: Path, ledger: Path, *chosen: Intent) -> None:
+    with SQLiteRecorder(ledger) as recorder:
+        views = [intents.intent_view(recorder, i.id) for i in chosen]
+    spool.mkdir(exist_ok=True)
+    write_outbox(outbox_path(spool, SESSION), Outbox(str(ledger), tuple(parcel(v) for v in views)))
+
+
+def test_a_queued_intent_blocks_one_stop_and_is_claimed_once(tmp_path: Path) -> None:
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    first, second = propose(ledger), propose(ledger, text="RUN: echo plums")
+    fill_outbox(spool, ledger, first)
+    assert hook(spool, payload("PreToolUse", tool_name="Bash", tool_input={"command": "ls"})) is None
+    assert hook(spool, payload("Stop", stop_hook_active=False)) == {"decision": "block",
+                                                                     "reason": first.delivered_text}
+    view = state(ledger, first.id)
+    assert view.state is State.DISPATCH_UNKNOWN
+    claim = view.history[-1]
+    assert (claim.reason, claim.evidence["via"], claim.evidence["turn_id"]) == ("dispatching", "claude-hook", PROMPT)
+    assert spool_lines(spool)[-1]["tillerman"]["delivered"] == first.id
+    # The stop chain goes on with our text: its next Stop is never blocked for the same intent...
+    assert hook(spool, payload("Stop", stop_hook_active=True)) is None
+    # ...but it is when another intent is waiting.
+    fill_outbox(spool, ledger, first, second)
+    assert hook(spool, payload("Stop", stop_hook_active=True))["reason"] == second.delivered_text
+    assert hook(spool, payload("Stop", stop_hook_active=True)) is None
+    assert state(ledger, second.id).state is State.DISPATCH_UNKNOWN
+
+
+def test_a_cancelled_intent_left_in_the_outbox_is_not_delivered(tmp_path: Path) -> None:
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    intent = propose(ledger)
+    fill_outbox(spool, ledger, intent)
+    with SQLiteRecorder(ledger) as recorder:
+        intents.cancel(recorder, intent.id)
+    assert hook(spool, payload("Stop", stop_hook_active=False)) is None
+    assert state(ledger, intent.id).state is State.EXPIRED
+
+
+def test_a_steer_for_the_next_tool_denies_it_in_its_turn_only(tmp_path: Path) -> None:
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    steer = propose(ledger, mode="steer", text="Use rg, not grep.", expected_turn=PROMPT, deliver_at="pre_tool_use")
+    fill_outbox(spool, ledger, steer)
+    assert read_outbox(outbox_path(spool, SESSION)).parcels[0].at == "PreToolUse"
+    tool = {"tool_name": "Bash", "tool_input": {"command": "grep -r x"}, "tool_use_id": "toolu_1"}
+    assert hook(spool, payload("Stop", stop_hook_active=False)) is None  # a steer never waits for the turn's end
+    assert hook(spool, payload("PreToolUse", turn="p-other", **tool)) is None
+    assert hook(spool, payload("PreToolUse", **tool)) == {"hookSpecificOutput": {
+        "hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": steer.delivered_text}}
+    assert state(ledger, steer.id).state is State.DISPATCH_UNKNOWN
+
+
+def test_a_busy_ledger_makes_the_hook_answer_nothing_in_time_and_say_so(tmp_path: Path) -> None:
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    intent = propose(ledger)
+    fill_outbox(spool, ledger, intent)
+    holder = sqlite3.connect(ledger, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a long write transaction elsewhere
+    try:
+        done = subprocess.run([sys.executable, "-m", "tillerman.controller.claude_hook", "--spool", str(spool)],
+                              input=json.dumps(payload("Stop", stop_hook_active=False)).encode(),
+                              capture_output=True, timeout=TIMEOUT_SECONDS)  # Claude Code's limit for it
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert (done.returncode, done.stdout) == (0, b"")  # no decision: the agent goes on
+    assert spool_lines(spool)[-1]["tillerman"] == {"fail_open": "ledger_busy", "intent_id": intent.id}
+    assert state(ledger, intent.id).state is State.PROPOSED  # nothing claimed: the next Stop may deliver it
+    assert hook(spool, payload("Stop", stop_hook_active=False))["reason"] == intent.delivered_text
+
+
+def parse(lines: list[dict]) -> list:
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    return events("claude-hooks", data)
+
+
+def test_the_spool_reads_a_continued_stop_chain_as_our_message_in_one_turn() -> None:
+    delivered = {"delivered": "in-1", "attempt": "a", "text": "RUN: echo pears"}
+    events = parse([payload("UserPromptSubmit", prompt="hi"), payload("Stop", stop_hook_active=False,
+                                                                       tillerman=delivered),
+                    payload("PreToolUse", tool_name="Bash", tool_input={"command": "echo pears"}, tool_use_id="t1"),
+                    payload("PostToolUse", tool_name="Bash", tool_input={"command": "echo pears"}, tool_use_id="t1",
+                            tool_response={"stdout": "pears"}),
+                    payload("Stop", stop_hook_active=True)])
+    ours = [e for e in events if isinstance(e, UserMessage) and e.client_id == "tillerman-in-1"]
+    assert [(e.turn_id, e.item_id) for e in ours] == [(PROMPT, "hook:in-1")]
+    assert [(e.turn_id, e.status) for e in events if isinstance(e, TurnCompleted)] == [(PROMPT, "completed")]
+    # A block the CLI never took up (the session ended at the Stop) proves nothing.
+    events = parse([payload("UserPromptSubmit", prompt="hi"), payload("Stop", tillerman=delivered),
+                    payload("SessionEnd", turn=None, reason="other")])
+    assert not [e for e in events if isinstance(e, UserMessage) and e.client_id]
+    assert [e.status for e in events if isinstance(e, TurnCompleted)] == ["completed"]
+    # A denied call never ran: declined at once; the turn's next event is our message.
+    events = parse([payload("UserPromptSubmit", prompt="hi"),
+                    payload("PreToolUse", tool_name="Bash", tool_input={"command": "grep"}, tool_use_id="t1",
+                            tillerman=delivered),
+                    payload("Stop", stop_hook_active=False)])
+    assert [e.status for e in events if isinstance(e, ItemCompleted)] == ["declined"]
+    assert [e.client_id for e in events if isinstance(e, UserMessage)] == [None, "tillerman-in-1"]
+
+
+def test_a_hook_session_takes_a_queue_and_a_steer_for_the_next_tool_only() -> None:
+    snapshot = ThreadSnapshot(thread_id=SESSION, hook_delivery=True, active_turn_id=PROMPT,
+                              turn_states={PROMPT: "active"})
+    owner = f"owner:{local_login()}"
+
+    def decided(mode: str, **fields) -> tuple[Action, str]:
+        intent = Intent(id="in-1", thread_id=SESSION, mode=mode, text="t", text_digest="sha256:0", created_at=0.0,
+                        ack_deadline=60.0, expires_at=100.0, expected_turn_id=None if mode == "queue" else PROMPT,
+                        producer=owner, **fields)
+        decision = decide(intent, State.PROPOSED, snapshot, 1.0, load_effective(None, None).ruleset)
+        return decision.action, decision.reason
+
+    assert decided("queue") == (Action.QUEUE, "authorized")
+    assert decided("steer", deliver_at="pre_tool_use") == (Action.STEER, "authorized")
+    assert decided("steer") == (Action.ESCALATE, "not_steerable")  # no hook reaches a running model call
+    assert decided("interrupt") == (Action.ESCALATE, "not_steerable")
+
+
+def test_the_daemon_fills_the_outbox_and_settles_the_claim_from_the_spool(tmp_path: Path) -> None:
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    spool.mkdir()
+    spooled = spool / f"{SESSION}.jsonl"
+    spooled.write_text(json.dumps(payload("UserPromptSubmit", prompt="hi")) + "\n")
+    intent = propose(ledger)
+    outbox = outbox_path(spool, SESSION)
+
+    async def run() -> None:
+        with SQLiteRecorder(ledger) as recorder:
+            daemon = Daemon(recorder, load_effective(None, None).ruleset, DaemonOptions(watch=(str(spool),)))
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                await until(outbox.exists)
+                assert hook(spool, payload("Stop", stop_hook_active=False))["reason"] == intent.delivered_text
+                await until(lambda: not outbox.exists())  # claimed: out of the outbox
+                assert hook(spool, payload("Stop", stop_hook_active=True)) is None
+                await until(lambda: state(ledger, intent.id).state is State.ACKNOWLEDGED)
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    view = state(ledger, intent.id)
+    assert [(h.state, h.reason) for h in view.history if h.kind == "transition"] == [
+        ("dispatch_unknown", "dispatching"), ("acknowledged", "echo")]
+    with SQLiteRecorder(ledger) as recorder:
+        assert projections.load(recorder).snapshot(SESSION).hook_delivery
+
+
+async def until(done, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not done():
+            await anyio.sleep(0.02)
+
+
+def test_propose_records_cancel_queued_and_deliver_at_only_where_they_apply(tmp_path: Path) -> None:
+    ledger = str(tmp_path / "ledger.sqlite3")
+    base = ["intent", "propose", "--ledger", ledger, "--thread", SESSION, "--expected-turn", PROMPT, "--json"]
+    result = CliRunner().invoke(main, [*base, "--mode", "interrupt", "--text", "stop", "--cancel-queued"])
+    assert result.exit_code == 0, result.output
+    intent_id = json.loads(result.output)["id"]
+    assert state(Path(ledger), intent_id).intent.drops_queued
+    result = CliRunner().invoke(main, [*base, "--mode", "steer", "--text", "t", "--deliver-at", "pre_tool_use"])
+    assert state(Path(ledger), json.loads(result.output)["id"]).intent.delivery_point == "pre_tool_use"
+    for wrong, says in ((["--mode", "queue", "--deliver-at", "pre_tool_use"], "--deliver-at applies to --mode steer"),
+                        (["--mode", "steer", "--cancel-queued"], "--cancel-queued applies to --mode interrupt"),
+                        (["--mode", "interrupt", "--cancel-queued", "--resume-queue"], "give one")):
+        result = CliRunner().invoke(main, [*base, "--text", "t", *wrong])
+        assert result.exit_code == 2 and says in result.output, result.output
+    # An intent without them keeps the bytes it always had.
+    assert b"cancel_queued" not in msgspec.json.encode(Intent(id="i", thread_id="t", mode="queue", text="t",
+                                                              text_digest="d", created_at=0.0, ack_deadline=1.0,
+                                                              expires_at=2.0))
