@@ -62,6 +62,7 @@ from tillerman.monitor.appserver_client import (
     backoff_delays,
     open_app_server,
 )
+from tillerman.monitor.appserver_events import decode_hot
 from tillerman.monitor.appserver_info import describe_failure
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.appserver_tap import AppServerTap
@@ -228,7 +229,8 @@ class Daemon:
         while True:
             try:
                 async with open_app_server(self.options.url, client_name=self.options.client_name, trace=trace,
-                                           connect_timeout=self.options.request_timeout, retry=False) as client:
+                                           connect_timeout=self.options.request_timeout, retry=False,
+                                           fast=decode_hot) as client:
                     await self._attach(tg, client)
                     delays = backoff_delays(maximum=RECONNECT_MAX)
                     await self._follow(tg, client)
