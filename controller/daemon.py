@@ -66,6 +66,7 @@ from tillerman.monitor.appserver_client import (
     backoff_delays,
     open_app_server,
 )
+from tillerman.monitor.appserver_events import decode_hot
 from tillerman.monitor.appserver_info import describe_failure
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.appserver_tap import AppServerTap
@@ -147,6 +148,8 @@ class Daemon:
         # once folded no "ledger changed" probe sees it again.
         self._unjudged: set[str] = set()
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
+        self._held: list[tuple[str, object]] | None = None  # inside a round: what it drives, for after its commit
+        self._fold_ahead = False  # a round failed after folding rows it did not write
         sinks = options.notify_sinks()
         self.notifier = Notifier(sinks)
         self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
@@ -267,7 +270,8 @@ class Daemon:
         while True:
             try:
                 async with open_app_server(self.options.url, client_name=self.options.client_name, trace=trace,
-                                           connect_timeout=self.options.request_timeout, retry=False) as client:
+                                           connect_timeout=self.options.request_timeout, retry=False,
+                                           fast=decode_hot) as client:
                     await self._attach(tg, client)
                     delays = backoff_delays(maximum=RECONNECT_MAX)
                     await self._follow(tg, client)
@@ -411,8 +415,9 @@ class Daemon:
     def _ledger_changed(self) -> bool:
         """Whether the ledger gained rows the fold has not seen (another process's
         intent, or this daemon's delivery tasks): one indexed lookup, so an idle daemon
-        stays near zero CPU."""
-        return self.recorder.max_seq() != self.projection.seq
+        stays near zero CPU. (Inside a round the fold runs ahead of the table: its own
+        rows are written when the round ends.)"""
+        return self.recorder.max_seq() > self.projection.seq
 
     def _timer_due(self) -> bool:
         return self._due is not None and self.clock() >= self._due
@@ -427,11 +432,33 @@ class Daemon:
             self._saved_seq = self.projection.seq
 
     def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
+        """One round in one transaction (``Recorder.bulk``): the observations, and the
+        decisions they cause, commit together, so a decision waits for no commit of its
+        observations, and the loop stops for one commit per round instead of up to three.
+        Nothing the round decided starts before that commit (``_drive`` holds it): never
+        act without a record. A round that fails has folded rows that were not written:
+        the fold is read again from the ledger before the next one."""
+        if self._fold_ahead:
+            self.projection = projections.load(self.recorder)
+            self._fold_ahead = False
+        self._held = []
+        try:
+            with self.recorder.bulk():
+                self._round(tg, batch, offsets)
+        except BaseException:
+            self._held, self._fold_ahead = None, True
+            self._due = self.clock()  # every thread judged again once the ledger takes writes
+            raise
+        held, self._held = self._held, None
+        for intent_id, fact in held:
+            tg.start_soon(self._carry_out, intent_id, fact)
+
+    def _round(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None) -> None:
         now = self.clock()
-        if batch or offsets:  # one transaction: events and file positions
+        if batch or offsets:  # events and file positions together
             self._fold_own(tg, now, self.recorder.append(batch, offsets=offsets or ()).entries)
         if self._ledger_changed():
-            self._refold(tg, now)  # what other writers added after (or instead of) ours
+            self._refold(tg, now)  # what other writers added before this round's transaction
         try:
             self._decide(tg, now)
         except IllegalTransition as exc:
@@ -617,7 +644,10 @@ class Daemon:
         thread = self.projection.threads.get(view.intent.thread_id) if view else None
         if thread is not None and thread.wrapped:
             return  # `tillerman claude` carries out this session's intents (it claims what we decided)
-        tg.start_soon(self._carry_out, intent_id, fact)
+        if self._held is not None:  # inside a round: once its transaction has committed
+            self._held.append((intent_id, fact))
+        else:
+            tg.start_soon(self._carry_out, intent_id, fact)
 
     async def _carry_out(self, intent_id: str, fact) -> None:
         """One fact for one intent, in order: a lock per intent serializes its facts."""

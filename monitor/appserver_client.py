@@ -47,6 +47,8 @@ Direction = Literal["in", "out"]
 # did not parse (see JsonlTrace for how those are written).
 TraceSink = Callable[[Direction, Any], None]
 ServerMessage = Notification | ServerRequest | BadMessage
+# Takes a frame the caller can read without its dict (``decode_hot``), or returns None.
+FastDecode = Callable[[str | bytes], Any]
 
 
 class AppServerDisconnected(ConnectionError):
@@ -222,9 +224,11 @@ class ServerMessages:
 class AppServerClient:
     """One initialized app-server connection. Create it with `open_app_server`."""
 
-    def __init__(self, websocket: ClientConnection, trace: TraceSink | None):
+    def __init__(self, websocket: ClientConnection, trace: TraceSink | None, fast: FastDecode | None = None):
         self._websocket = websocket
         self._trace = trace
+        # A trace records every message whole: with one, every frame is decoded as a dict.
+        self._fast = fast if trace is None else None
         self._session = RpcSession()
         self._answers: dict[str, Response | ErrorResponse | None] = {}
         self._answered: dict[str, anyio.Event] = {}
@@ -277,7 +281,11 @@ class AppServerClient:
     async def _read_frames(self) -> None:
         try:
             async for frame in self._websocket:
-                self._dispatch(self._session.receive(frame))
+                taken = self._fast(frame) if self._fast is not None else None
+                if taken is not None:
+                    self.incoming.put(taken)
+                else:
+                    self._dispatch(self._session.receive(frame))
                 while len(self.incoming) >= self.incoming.limit and not self._answered:
                     await self.incoming.wait_for_room()
         except ConnectionClosed:
@@ -306,6 +314,7 @@ async def open_app_server(
     connect_timeout: float = 10.0,
     retry: bool = True,
     client_class: type[AppServerClient] = AppServerClient,
+    fast: FastDecode | None = None,
 ) -> AsyncIterator[AppServerClient]:
     """Connects (retrying until `connect_timeout`, unless `retry` is off: a caller with
     its own reconnect loop wants each failure as it happens), initializes, and yields
@@ -314,6 +323,10 @@ async def open_app_server(
     The first client to initialize names the originator of every thread the server
     creates afterwards, so a supervisor that connects before the harness should pass the
     harness's `client_name`.
+
+    ``fast`` decodes the notifications it knows into what the caller reads instead
+    (``tillerman.monitor.appserver_events.decode_hot``); every other frame, and every
+    frame while a trace is written, goes through ``RpcSession``.
     """
     if retry:
         websocket = await open_websocket_with_retry(url, connect_timeout)
@@ -324,7 +337,7 @@ async def open_app_server(
             except InvalidHandshake as exc:  # the server answered, but not with a WebSocket
                 raise HandshakeRefused("WebSocket handshake refused") from exc
     async with websocket, anyio.create_task_group() as tasks:
-        client = client_class(websocket, trace)
+        client = client_class(websocket, trace, fast)
         tasks.start_soon(client._read_frames)
         try:
             await client._initialize(client_name, connect_timeout)

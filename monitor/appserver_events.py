@@ -13,7 +13,8 @@ to nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple, Union
 
 import msgspec
 
@@ -36,6 +37,7 @@ from tillerman.ledger.events import (
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.codex_wire import parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
+from tillerman.monitor.lines import skips_safely
 from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
 
 # Server→client requests that make the turn wait for a person, and what they wait for.
@@ -55,6 +57,17 @@ QUIET_METHODS = frozenset({
     "thread/closed", "item/updated",
 })
 _TURN_STATUS = {"completed": "completed", "interrupted": "interrupted", "failed": "failed"}
+
+
+class _Readers(NamedTuple):
+    text: Callable[[Any, str], Any]
+    obj: Callable[[Any, str], Any]
+    items: Callable[[Any, str], Any]
+    integer: Callable[[Any, str], Any]
+
+
+_CHECKED = _Readers(text, obj, items, integer)  # a dict: each field's type checked as it is read (WrongType)
+_DECLARED = _Readers(getattr, getattr, getattr, getattr)  # a typed Struct: checked by its decode
 
 
 class AppServerEvents:
@@ -84,6 +97,12 @@ class AppServerEvents:
         handler = _HANDLERS.get(method)
         return handler(self, params) if handler else []
 
+    def typed(self, message: HotNotification) -> list[Event]:
+        """Events for one notification ``decode_hot`` decoded: what ``normalize`` gives
+        for the same frame."""
+        handler = _HANDLERS.get(message.method)
+        return handler(self, message.params, _DECLARED) if handler else []
+
     def response(self, method: str, result: dict) -> list[Event]:
         """Events in the result of one of the client's requests.
 
@@ -111,56 +130,59 @@ class AppServerEvents:
                               ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"),
                               **workdir(text(thread, "cwd"), retain=self.retain_payloads))]
 
-    def _status(self, params: dict) -> list[Event]:
-        status = obj(params, "status")
-        flags = tuple(str(flag) for flag in items(status, "activeFlags"))
-        return [StatusChanged(thread_id=text(params, "threadId"), status=text(status, "type") or "unknown",
+    # The hot handlers read through ``r``: the checking readers for a dict, ``getattr``
+    # for the typed Structs below (whose decode already checked every field they read).
+
+    def _status(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        status = r.obj(params, "status")
+        flags = tuple(str(flag) for flag in r.items(status, "activeFlags"))
+        return [StatusChanged(thread_id=r.text(params, "threadId"), status=r.text(status, "type") or "unknown",
                               flags=flags)]
 
-    def _turn_started(self, params: dict) -> list[Event]:
-        return [TurnStarted(thread_id=text(params, "threadId"), turn_id=text(obj(params, "turn"), "id"))]
+    def _turn_started(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        return [TurnStarted(thread_id=r.text(params, "threadId"), turn_id=r.text(r.obj(params, "turn"), "id"))]
 
-    def _turn_completed(self, params: dict) -> list[Event]:
-        turn = obj(params, "turn")
-        return [TurnCompleted(thread_id=text(params, "threadId"), turn_id=text(turn, "id"),
-                              status=_TURN_STATUS.get(text(turn, "status") or "", "failed"),
-                              duration_ms=integer(turn, "durationMs"))]
+    def _turn_completed(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        turn = r.obj(params, "turn")
+        return [TurnCompleted(thread_id=r.text(params, "threadId"), turn_id=r.text(turn, "id"),
+                              status=_TURN_STATUS.get(r.text(turn, "status") or "", "failed"),
+                              duration_ms=r.integer(turn, "durationMs"))]
 
-    def _item_started(self, params: dict) -> list[Event]:
-        return self._item(params, completed=False)
+    def _item_started(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        return self._item(params, False, r)
 
-    def _item_completed(self, params: dict) -> list[Event]:
-        return self._item(params, completed=True)
+    def _item_completed(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        return self._item(params, True, r)
 
-    def _item(self, params: dict, completed: bool) -> list[Event]:
-        item = obj(params, "item")
-        ids = {"thread_id": text(params, "threadId"), "turn_id": text(params, "turnId")}
-        item_type = text(item, "type") or "unknown"
-        item_id = text(item, "id") or ""
+    def _item(self, params, completed: bool, r: _Readers) -> list[Event]:
+        item = r.obj(params, "item")
+        ids = {"thread_id": r.text(params, "threadId"), "turn_id": r.text(params, "turnId")}
+        item_type = r.text(item, "type") or "unknown"
+        item_id = r.text(item, "id") or ""
         if item_type == "userMessage":
             if not completed:
                 return []  # started and completed carry the same input: record it once
-            said = _input_text(items(item, "content"))
+            said = _input_text(r.items(item, "content"))
             p = payload(said, retain=self.retain_payloads)
-            return [UserMessage(digest=p.digest, size=p.size, text=p.text, client_id=text(item, "clientId"),
+            return [UserMessage(digest=p.digest, size=p.size, text=p.text, client_id=r.text(item, "clientId"),
                                 item_id=item_id, **ids)]
         if item_type == "agentMessage":
             if not completed:
                 return []  # a message abandoned by a steer never completes
-            said = text(item, "text") or ""
+            said = r.text(item, "text") or ""
             p = payload(said, retain=self.retain_payloads)
             return [AgentMessage(digest=p.digest, size=p.size, text=p.text, item_id=item_id,
                                  ack_tokens=ack_tokens(said), **ids)]
         if item_type == "reasoning":
             return []
-        command = text(item, "command")
+        command = r.text(item, "command")
         critical, external = self.patterns.classify(command) if command else (False, False)
         common = dict(item_id=item_id, item_type=item_type, critical=critical, external=external,
                       args_digest=digest(command) if command else None, **ids)
         if not completed:
             return [ItemStarted(**common)]
-        output = text(item, "aggregatedOutput")
-        return [ItemCompleted(status=text(item, "status") or "completed", exit_code=integer(item, "exitCode"),
+        output = r.text(item, "aggregatedOutput")
+        return [ItemCompleted(status=r.text(item, "status") or "completed", exit_code=r.integer(item, "exitCode"),
                               output_digest=digest(output) if output is not None else None,
                               output_size=size(output) if output is not None else None, **common)]
 
@@ -203,6 +225,96 @@ _HANDLERS = {
     "thread/queue/changed": AppServerEvents._queue_changed,
     "error": AppServerEvents._error,
 }
+
+
+# -- typed decoding of the notifications that make up the flood ---------------------
+#
+# A busy server sends tens of notifications per thread and second, most of them deltas
+# and token counts that the ledger never records. These Structs declare exactly the
+# fields the handlers above read, each with the types their checking readers accept
+# (stricter where that is simpler: a null object), so a frame that fits them maps to
+# the same events as its dict; anything else (a response, an approval request, an
+# unknown method, a field of another shape) is decoded as a dict as before.
+
+
+class _Params(msgspec.Struct):
+    startedAtMs: Any = None  # the tap's time stamp when the message has no emittedAtMs
+
+
+class _Status(msgspec.Struct):
+    type: str | None = None
+    activeFlags: list = []
+
+
+class _StatusParams(_Params):
+    threadId: str | None = None
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _Turn(msgspec.Struct):
+    id: str | None = None
+    status: str | None = None
+    durationMs: int | None = None
+
+
+class _TurnParams(_Params):
+    threadId: str | None = None
+    turn: _Turn = msgspec.field(default_factory=_Turn)
+
+
+class _Item(msgspec.Struct):
+    type: str | None = None
+    id: str | None = None
+    content: list = []
+    clientId: str | None = None
+    text: str | None = None
+    command: str | None = None
+    aggregatedOutput: str | None = None
+    status: str | None = None
+    exitCode: int | None = None
+
+
+class _ItemParams(_Params):
+    threadId: str | None = None
+    turnId: str | None = None
+    item: _Item = msgspec.field(default_factory=_Item)
+
+
+class HotNotification(msgspec.Struct, tag_field="method"):
+    """A notification ``decode_hot`` took; ``method`` is its tag."""
+
+    emittedAtMs: Any = msgspec.UNSET
+    id: Any = msgspec.UNSET  # a server request: not a notification, decoded as a dict
+
+    @property
+    def method(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+def _notification(method: str, params: type) -> type:
+    return msgspec.defstruct(f"Hot_{method}", [("params", params, msgspec.field(default_factory=params))],
+                             bases=(HotNotification,), tag=method)
+
+
+_HOT_PARAMS = {"thread/status/changed": _StatusParams, "turn/started": _TurnParams, "turn/completed": _TurnParams,
+               "item/started": _ItemParams, "item/completed": _ItemParams}
+# Quiet ones: their params are only checked to be an object, as ``RpcSession`` does.
+_HOT = msgspec.json.Decoder(Union[tuple(_notification(method, params) for method, params in  # noqa: UP007
+                                        [*_HOT_PARAMS.items(), *((m, _Params) for m in sorted(QUIET_METHODS))])])
+
+
+def decode_hot(frame: str | bytes) -> HotNotification | None:
+    """The frame as a typed notification, or None: decode it as a dict (``RpcSession``).
+    Skipped fields are not checked by msgspec, so a frame whose skipping could pass
+    over what a plain decode refuses (``skips_safely``) is not taken either."""
+    data = frame.encode() if isinstance(frame, str) else frame
+    if not skips_safely(data):
+        return None
+    try:
+        message = _HOT.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return message if message.id is msgspec.UNSET else None
 
 
 def _input_text(content: list) -> str:

@@ -22,7 +22,7 @@ import hashlib
 import msgspec
 
 from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
-from tillerman.monitor.appserver_events import AppServerEvents, natural_key
+from tillerman.monitor.appserver_events import AppServerEvents, HotNotification, natural_key
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.jsonrpc import BadMessage, Notification, ServerRequest
 from tillerman.monitor.parser import EARLIEST, LATEST, WrongType
@@ -54,9 +54,17 @@ class AppServerTap:
         self._asked.clear()
         self._position = 0
 
-    def receive(self, message: Notification | ServerRequest | BadMessage, now: float) -> TapOutput:
+    def receive(self, message: Notification | ServerRequest | BadMessage | HotNotification, now: float) -> TapOutput:
+        """What to record for one message, as ``RpcSession`` decoded it, or as
+        ``decode_hot`` did (the same envelopes for the same frame)."""
         position = self._position
         self._position += 1
+        if isinstance(message, HotNotification):
+            events = self._mapping.typed(message)
+            if not events:
+                return TapOutput([], [])
+            emitted = message.params.startedAtMs if message.emittedAtMs is msgspec.UNSET else message.emittedAtMs
+            return self._output(events, emitted, now)
         if isinstance(message, BadMessage):
             length = len(message.frame) if isinstance(message.frame, str | bytes) else 0
             return TapOutput([self._quarantine(position, length, f"bad_message: {message.reason}", now)], [])
@@ -68,7 +76,9 @@ class AppServerTap:
         # The server's own time keeps a re-sent fact identical (an approval request is
         # re-sent on every resume; it has no emittedAtMs, but its startedAtMs stays put).
         params = raw.get("params") if isinstance(raw.get("params"), dict) else {}
-        emitted = raw.get("emittedAtMs", params.get("startedAtMs"))
+        return self._output(events, raw.get("emittedAtMs", params.get("startedAtMs")), now)
+
+    def _output(self, events: list[Event], emitted, now: float) -> TapOutput:
         timed = isinstance(emitted, int | float) and not isinstance(emitted, bool)
         # A time out of any calendar (or beyond a double) is no time: ours stands in.
         at = emitted / 1000 if timed and EARLIEST * 1000 <= emitted <= LATEST * 1000 else now

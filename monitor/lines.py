@@ -208,11 +208,7 @@ class TypedLines:
 
     def decode(self, line: Line) -> Any:
         data = line.data
-        if (
-            b"\x00" not in data
-            and (data.isascii() or _utf8(data))
-            and _safe_to_skip(data)  # nor can skipping recurse past the limit
-        ):
+        if b"\x00" not in data and skips_safely(data):
             try:
                 return self._decode(data)
             except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
@@ -224,6 +220,13 @@ class TypedLines:
             return msgspec.convert(record, self._type)
         except msgspec.ValidationError:
             return record
+
+
+def skips_safely(data: bytes) -> bool:
+    """Whether a typed decode of ``data`` (which skips the fields its Structs do not
+    declare) refuses whatever a plain decode refuses: valid UTF-8, no nesting past
+    ``MAX_DEPTH`` (nor can skipping recurse past it), no number beyond a double."""
+    return (data.isascii() or _utf8(data)) and _safe_to_skip(data)
 
 
 def _utf8(data: bytes) -> bool:

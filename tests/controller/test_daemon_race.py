@@ -1,6 +1,7 @@
-"""A settle move the daemon loses to another writer (a person's cancel landing between
-the daemon's fold and its write) is the protocol's normal case: the daemon folds what
-won and goes on deciding; its task group survives."""
+"""A settle move the daemon would lose to another writer (a person's cancel landing
+between the daemon's fold and its write) is the protocol's normal case: a round writes
+in one transaction and folds what others wrote before it first, so the daemon decides
+on what won and goes on deciding; its task group survives."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import anyio
 
 from tillerman.controller import intent_requests
 from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.ledger.events import Envelope, IntentProposed, IntentTransition, ThreadStarted
+from tillerman.ledger.events import Envelope, IntentProposed, ThreadStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -16,19 +17,18 @@ from tillerman.rules.files import default_ruleset
 
 
 class CancelledMeanwhile(SQLiteRecorder):
-    """Before the daemon's first settle move for ``target`` is written, another process
-    cancels the intent."""
+    """When the daemon's first decision round begins (its fold holds ``target`` as
+    proposed), another process cancels the intent."""
 
     target: str = ""
     raced: bool = False
 
-    def append(self, batch, **kwargs):
-        moves = [e for e in batch if isinstance(e.event, IntentTransition) and e.event.intent_id == self.target]
-        if moves and not self.raced:
+    def bulk(self):
+        if not self.raced:
             self.raced = True
             with SQLiteRecorder(self.path) as person:
                 intent_requests.cancel(person, self.target)
-        return super().append(batch, **kwargs)
+        return super().bulk()
 
 
 def test_a_settle_move_that_loses_the_race_is_folded_not_fatal(tmp_path):

@@ -3,6 +3,8 @@ the ledger path was given in: a relative path once left it to the slow safety po
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
@@ -39,10 +41,11 @@ def test_a_proposal_from_another_process_wakes_the_daemon(tmp_path, monkeypatch,
 
 
 def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, monkeypatch):
-    """Another process commits a proposal while a round (started by an observation on
-    another thread) writes its own records: that round folds the proposal after it chose
-    its threads. The next round must decide it at once, not when something else happens
-    on its thread: once folded, no "ledger changed" probe sees it again."""
+    """Another process proposes while a round (started by an observation on another
+    thread) decides: the round holds the ledger (one transaction), so the proposal
+    commits after it, and the round never saw it. The next round must decide it at
+    once (the ledger watcher wakes the daemon), not when something else happens on its
+    thread."""
     monkeypatch.setattr(daemon_module, "POLL_INTERVAL", 60.0)  # neither the poll nor a timer may rescue it
     (tmp_path / "sessions").mkdir()
     path = tmp_path / "ledger.sqlite3"
@@ -51,11 +54,16 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
         with SQLiteRecorder(path) as recorder, SQLiteRecorder(path) as other:
             daemon = Daemon(recorder, default_ruleset(), DaemonOptions(watch=(str(tmp_path / "sessions"),)))
             proposed: list[intent_requests.Intent] = []
+            proposers: list[threading.Thread] = []
             step = daemon.step.step
 
+            def propose() -> None:
+                proposed.append(intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
+
             def step_while_another_process_proposes(projection, threads, now):
-                if "T0" in threads and not proposed:  # between this round's first fold and its next
-                    proposed.append(intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
+                if "T0" in threads and not proposers:  # waits for this round's commit
+                    proposers.append(threading.Thread(target=propose))
+                    proposers[0].start()
                 return step(projection, threads, now)
 
             daemon.step.step = step_while_another_process_proposes
@@ -71,6 +79,7 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
                         await anyio.sleep(0.02)
                 assert view.last_decision == ("reconcile_turn", "thread_unknown")
                 tg.cancel_scope.cancel()
+            proposers[0].join()
 
     anyio.run(run)
 

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from bench.sessions import rollout_name, write_rollout
 from tillerman.controller.cli import main
+from tillerman.controller import parallel_replay
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
 from tillerman.rules.files import default_ruleset
 from tests.controller.test_replay import STALL, replay, replay_json
@@ -126,8 +127,8 @@ def test_ctrl_c_stops_the_workers(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "replay", "--jobs", "2", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 60
-    while len(_group_members(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the parent, the fork server and two workers
+    while len(_group_members(proc.pid)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the parent and two workers (forked from it: no fork server)
     assert proc.poll() is None, "the replay ended before it could be interrupted"
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: to the whole foreground group
     assert proc.wait(timeout=30) != 0
@@ -135,3 +136,15 @@ def test_ctrl_c_stops_the_workers(tmp_path):
         time.sleep(0.05)
     assert not _group_members(proc.pid)
     assert b"Traceback" not in proc.stderr.read()
+
+
+def test_workers_are_forked_from_the_parent_unless_a_ledger_is_open(monkeypatch):
+    """A forked worker starts at once (the parent has imported what it runs); with a
+    ledger open, or another thread running, a fork server starts them as before. The
+    count of threads is pinned: earlier tests in this process leave idle worker threads."""
+    threads = {"count": 1}
+    monkeypatch.setattr(parallel_replay.threading, "active_count", lambda: threads["count"])
+    assert parallel_replay._context(ledger=False).get_start_method() == "fork"
+    assert parallel_replay._context(ledger=True).get_start_method() in ("forkserver", "spawn")
+    threads["count"] = 2  # another thread runs: a fork would copy its locks mid-use
+    assert parallel_replay._context(ledger=False).get_start_method() in ("forkserver", "spawn")
