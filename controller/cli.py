@@ -400,8 +400,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         raise Fail("--codex-bin names the binary --spawn-codex runs: give --spawn-codex too")
     _check_run_options(client_name=client_name, on_overdue=on_overdue, trace_path=trace_path)
     target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
-    url = ledger_url(ledger_path)
-    path = None if url else ledger_file(ledger_path)
+    database = ledger_url(ledger_path)  # a PostgreSQL ledger; None: a SQLite file
+    path = None if database else ledger_file(ledger_path)
     effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
@@ -434,8 +434,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
                             metrics=serve_metrics(metrics_address) if metrics_address else None)
     try:
-        if url:  # one daemon per database (its advisory lock), not a lock file
-            with open_ledger(url) as recorder, recorder.daemon_lock():
+        if database:  # one daemon per database (its advisory lock), not a lock file
+            with open_ledger(database) as recorder, recorder.daemon_lock():
                 run_daemon(recorder, None, effective.ruleset, options)
         else:
             with open_ledger(str(path)) as recorder:

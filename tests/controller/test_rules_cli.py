@@ -98,7 +98,7 @@ def test_validate_a_wrong_type_under_defaults(here):
      'integer (got "1"); write it like version = 1'),
     (("owner =", "team ="), 'bad.toml:1: rule "quiet-steer" field owner: missing; add owner = "platform-team"\n'
      'bad.toml:5: rule "quiet-steer" field team: unknown field; expected one of id, version, '
-     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify, review"),
+     "status, owner, review_by, expires, threads, condition, action, text, ack_deadline, verify, review, task_class"),
     (('status = "proposed"', "status = proposed"), "bad.toml:4: invalid TOML: Invalid value at column 10; strings need "
      'quotes, e.g. status = "active"'),
 ])
