@@ -360,9 +360,11 @@ class Replayer:
                    if triggers_may_find(projection.triggers(t, ruleset), projection.snapshot(t), now)]
         if finding:
             self._record(self.step.step(projection, finding, now))
-        wanted = set(thread_ids)
-        views = [v for v in self._open.values() if v.intent.thread_id in wanted]
-        self._record(self.step.decide_intents(self.projection, views, now)[0])
+        if self._open:  # most events come with no intent open
+            wanted = set(thread_ids)
+            views = [v for v in self._open.values() if v.intent.thread_id in wanted]
+            if views:
+                self._record(self.step.decide_intents(self.projection, views, now)[0])
 
     def _fold_ahead(self, env: Envelope) -> None:
         """Fold an observation the ledger is certain to store as the next row (it cannot
