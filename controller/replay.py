@@ -59,7 +59,8 @@ from tillerman.rules.ruleset import RuleSet
 CHUNK = 1 << 20
 HEAD = 64 * 1024
 FORMATS = ("auto", *sorted(PARSERS), "ledger")
-BATCH = 512  # observations appended per transaction at most
+BATCH = 512  # observations folded ahead of their append, appended together
+COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
@@ -214,7 +215,7 @@ class Replayer:
         self._open: dict[str, IntentView] = {}
         # When the next timer fires: kept up to date from what is folded, not rescanned.
         self.timers = Timers(_CachingProjection.triggers)
-        # The open ``Recorder.bulk`` block, committed every BATCH rows or so (``_append``).
+        # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
         # Observations folded ahead of their append (``_fold_ahead``): appended together
@@ -378,9 +379,12 @@ class Replayer:
                    if triggers_may_find(projection.triggers(t, ruleset), projection.snapshot(t), now)]
         if finding:
             self._record(self.step.step(projection, finding, now))
-        wanted = set(thread_ids)
-        views = [v for v in self._open.values() if v.intent.thread_id in wanted]
-        self._record(self.step.decide_intents(self.projection, views, now)[0])
+        views = []
+        if self._open:  # most events come with no intent open
+            wanted = set(thread_ids)
+            views = [v for v in self._open.values() if v.intent.thread_id in wanted]
+            if views:
+                self._record(self.step.decide_intents(self.projection, views, now)[0])
         if self.checkpoints is not None:
             self._checkpoints([v.intent.id for v in views], now)
 
@@ -440,7 +444,7 @@ class Replayer:
         if entries and self._next_seq is not None:
             self._next_seq = entries[-1].seq + 1
         self._uncommitted += len(entries)
-        if self._uncommitted >= BATCH:  # a commit now and then: a reader sees progress, a crash loses little
+        if self._uncommitted >= COMMIT_EVERY:  # a commit now and then: a reader sees progress, a crash loses little
             self._uncommitted = 0
             self._bulk.close()
             self._bulk.enter_context(self.recorder.bulk())

@@ -22,7 +22,7 @@ from tillerman.ledger.errors import RowsNotKept
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.memory import InProcessExtras
-from tillerman.ledger.id_table import IdTable
+from tillerman.ledger.id_table import IdTable, key_of
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
 
@@ -39,6 +39,7 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         self._head = GENESIS
         self._event_digests = IdTable()  # event id -> the first 32 bits of its content digest
         self._intent_states = IdTable()  # intent id -> its state's index in State
+        self._absent: dict[str, bytes] = {}  # the ids of the batch being prepared not in the table: their keys
 
     @property
     def head(self) -> tuple[int, str]:
@@ -49,9 +50,10 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
                offsets: Sequence[FileOffset] = ()) -> AppendResult:
         if not batch and not offsets:
             return AppendResult()
+        self._absent.clear()
         prepared = prepare(batch, self._seq, self._head, time.time(), self._digests, self._state)
-        for row in prepared.rows:
-            self._event_digests.put(row.envelope.event_id, int(row.digest[:DIGEST_PREFIX], 16))
+        for row in prepared.rows:  # each was looked up by ``_digests`` and found absent
+            self._event_digests.add_key(self._absent[row.envelope.event_id], int(row.digest[:DIGEST_PREFIX], 16))
         for intent_id, state in prepared.intent_states.items():
             self._intent_states.put(intent_id, _STATES.index(state))
         if prepared.rows:
@@ -62,8 +64,11 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
     def _digests(self, event_ids: Iterable[str]) -> dict[str, str]:
         found = {}
         for event_id in event_ids:
-            tag = self._event_digests.get(event_id)
-            if tag is not None:
+            key = key_of(event_id)
+            tag = self._event_digests.get_key(key)
+            if tag is None:
+                self._absent[event_id] = key  # kept for the row it becomes: one digest and search per id
+            else:
                 found[event_id] = f"{tag:0{DIGEST_PREFIX}x}"
         return found
 

@@ -23,7 +23,8 @@ SPLIT_AT = 128  # records per bucket, on average, that double the buckets
 _TAG_MAX = 0xFFFF_FFFF
 
 
-def _key(name: str) -> bytes:
+def key_of(name: str) -> bytes:
+    """The 64-bit digest a name is stored under."""
     return hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
@@ -38,22 +39,28 @@ class IdTable:
 
     def get(self, name: str) -> int | None:
         """The tag stored for ``name``, or None."""
-        key = _key(name)
+        return self.get_key(key_of(name))
+
+    def get_key(self, key: bytes) -> int | None:
+        """``get`` of the name whose ``key_of`` is ``key``."""
         bucket = self._bucket(key)
         at = _find(bucket, key)
         return None if at < 0 else int.from_bytes(bucket[at + 8:at + RECORD], "little")
 
     def put(self, name: str, tag: int) -> None:
         """Store ``tag`` (0 … 2³² − 1) for ``name``, replacing the one it had."""
-        if not 0 <= tag <= _TAG_MAX:
-            raise ValueError(f"tag {tag} does not fit in 32 bits")
-        key = _key(name)
+        key = key_of(name)
         bucket = self._bucket(key)
         at = _find(bucket, key)
         if at >= 0:
-            bucket[at + 8:at + RECORD] = tag.to_bytes(4, "little")
+            bucket[at + 8:at + RECORD] = _tag_bytes(tag)
             return
-        bucket += key + tag.to_bytes(4, "little")
+        self.add_key(key, tag)
+
+    def add_key(self, key: bytes, tag: int) -> None:
+        """Store ``tag`` under ``key``, known to be absent (``get_key`` said None, and it
+        was not added since): the bucket is not searched again."""
+        self._bucket(key).extend(key + _tag_bytes(tag))
         self._count += 1
         if self._count > SPLIT_AT << self._bits:
             self._split()
@@ -80,6 +87,12 @@ class IdTable:
             high.append(move)
         self._buckets = low + high
         self._bits += 1
+
+
+def _tag_bytes(tag: int) -> bytes:
+    if not 0 <= tag <= _TAG_MAX:
+        raise ValueError(f"tag {tag} does not fit in 32 bits")
+    return tag.to_bytes(4, "little")
 
 
 def _find(bucket: bytearray, key: bytes) -> int:

@@ -121,8 +121,9 @@ class Projection(msgspec.Struct):
         t = self.threads.get(thread_id)
         if t is None:
             return ThreadSnapshot(thread_id=thread_id, known=False)
-        critical = [i.started_at for i in t.running.values() if i.critical]
-        approvals = [s for s in t.approvals.values()]
+        # Built for every event replay folds: nothing running and no approval pending (the
+        # common case) skips the scans.
+        critical = [i.started_at for i in t.running.values() if i.critical] if t.running else ()
         return ThreadSnapshot(
             thread_id=thread_id,
             steerable=t.steerable,
@@ -134,13 +135,14 @@ class Projection(msgspec.Struct):
             last_event_at=t.last_event_at,
             last_progress_at=t.last_progress_at,
             approval_pending=bool(t.approvals),
-            approval_pending_since=min((s for s in approvals if s is not None), default=None),
+            approval_pending_since=min([s for s in t.approvals.values() if s is not None], default=None)
+            if t.approvals else None,
             critical_tool=bool(critical),
-            critical_tool_since=min((s for s in critical if s is not None), default=None),
-            external_effect_unknown=any(i.external for i in t.running.values()),
+            critical_tool_since=min([s for s in critical if s is not None], default=None) if critical else None,
+            external_effect_unknown=any(i.external for i in t.running.values()) if t.running else False,
             queue=t.queue,
             queue_paused=t.queue_paused,
-            failures=dict(t.failures),
+            failures=dict(t.failures) if t.failures else {},
         )
 
     def open_intents(self) -> list[IntentView]:
