@@ -7,7 +7,10 @@ stream-json-input mode; it opens the turn, whose id is the first of its
 transcript reader gives the same turn), else the init line's ``uuid``. The turn's
 ``result`` ends it: ``terminal_reason`` ``aborted_*`` (an interrupt, a
 ``priority: "now"`` message) is ``interrupted``, any other ``is_error`` (an API error)
-``failed``, the rest ``completed``.
+``failed``, the rest ``completed``. CLIs older than ``terminal_reason`` (2.1.29 and
+before) end an interrupted turn with a ``result`` that says neither, not even
+``is_error``: there the interrupt marker the CLI wrote in the turn (a user line
+``[Request interrupted by user…``) is what says it was interrupted.
 
 Tools: ``assistant`` tool_use blocks start calls, ``user`` tool_result blocks end them,
 with the same outcomes as in a transcript (``interrupted`` for a call stopped while
@@ -64,6 +67,7 @@ class ClaudeStreamParser(Parser):
         self._queue: dict[str, QueueEntry] = {}  # message uuid → entry, in the order queued
         self._calls = OpenCalls()
         self._prompts: dict[str, str] = {}  # can_use_tool request id → tool call id
+        self._marked_interrupted = False  # the running turn holds the CLI's interrupt marker
 
     def _time(self, record: dict) -> float | None:
         return iso_time(record.get("timestamp"))
@@ -97,12 +101,13 @@ class ClaudeStreamParser(Parser):
         if turn == self._turn:
             return []
         self._turn = turn  # one still open had no result: it stays unclosed, as stdout tells it
+        self._marked_interrupted = False
         return [TurnStarted(**self._ids)]
 
     def _result(self, record: dict) -> list[Event]:
         reason = field(record, "terminal_reason") or ""
         status: TurnStatus
-        if reason.startswith("aborted"):
+        if reason.startswith("aborted") or (not reason and self._marked_interrupted):
             status = "interrupted"
         else:
             status = "failed" if record.get("is_error") is True else "completed"
@@ -113,6 +118,7 @@ class ClaudeStreamParser(Parser):
             return []
         event = TurnCompleted(status=status, duration_ms=duration_ms, **self._ids)
         self._turn = None
+        self._marked_interrupted = False
         return [event]
 
     def _assistant(self, record: dict) -> list[Event]:
@@ -146,6 +152,8 @@ class ClaudeStreamParser(Parser):
             elif block.get("type") == "text":
                 said.append(field(block, "text") or "")
         prompt = "\n".join(said)
+        if any(line.startswith(INTERRUPT_MARKER) for line in said):
+            self._marked_interrupted = True
         if said and not events and record.get("isReplay") and not prompt.startswith(INTERRUPT_MARKER):
             # With --replay-user-messages: a message as it reached the model.
             events.append(self._user_message(prompt, item_id=field(record, "uuid"), **self._ids))
