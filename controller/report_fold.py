@@ -26,6 +26,10 @@ STALL_FINDING = re.compile(r"^turn (?P<turn>\S+) made no progress")
 MESSAGE_ITEMS = frozenset({"userMessage", "agentMessage", "reasoning", "user_message", "agent_message"})
 
 
+#: 2000-01-01T00:00:00Z: an earlier observation time is replay's virtual clock, not a date.
+EARLIEST_REAL_TIME = 946684800.0
+
+
 class Turn(msgspec.Struct, kw_only=True):
     thread_id: str
     turn_id: str
@@ -131,7 +135,12 @@ class Facts:
     def apply(self, entry: Entry) -> None:
         env = entry.envelope
         event = env.event
-        at = env.at if env.at is not None else env.observed_at
+        # A record without its own time has only the observer's, and replay's virtual
+        # clock counts from 0 until a record of the group gives it a real time: such an
+        # observation time is unknown, not 1970 (a record's own time is taken as given).
+        at = env.at
+        if at is None and env.observed_at is not None and env.observed_at >= EARLIEST_REAL_TIME:
+            at = env.observed_at
         self.projection.apply(entry)
         self.reviews.apply(entry)
         self.events += 1

@@ -228,6 +228,18 @@ def replayed_entries(config: Path) -> list[ev.Entry]:
     return list(memory.read())
 
 
+def test_records_without_their_own_time_are_not_dated_by_replays_virtual_clock() -> None:
+    """Claude Code's stdout carries no times: replay observes its first records at a
+    virtual 0 s. Those are unknown times, not 1970, and no turn ran for 56 years."""
+    memory = MemoryRecorder()
+    effective = load_effective(None, None)
+    replay_files([str(p) for p in collect_files([str(SESSIONS / "claude-live")])],
+                 ReplaySettings(ruleset=effective.ruleset, patterns=effective.patterns), ledger=memory)
+    result = account(fold_facts(memory.read()))
+    assert result.first_at is not None and result.first_at > 946684800.0
+    assert result.cancelled_work.turn_seconds.value < 3600
+
+
 def test_report_on_recorded_sessions_equals_the_raw_event_counts() -> None:
     config = SESSIONS / "replay" / "grants.toml"
     entries = replayed_entries(config)
