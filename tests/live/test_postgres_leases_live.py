@@ -27,7 +27,7 @@ from fixtures.codex_server import AppServer, is_item, start_thread, start_turn, 
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, wait_until
-from tillerman.controller.driver import CHECKPOINTS, STOP_AT_ENV
+from tillerman.controller.driver import CHECKPOINTS, KILL_AT_ENV, STOP_AT_ENV
 from tillerman.controller.intent_requests import intent_view, propose
 from tillerman.ledger.postgres import PostgresRecorder
 
@@ -52,15 +52,19 @@ class Daemon:
         stat = Path(f"/proc/{self.process.pid}/stat").read_text()
         return stat.rsplit(")", 1)[1].split()[0] == "T"
 
+    def requests(self) -> list[dict]:
+        """Every request this daemon sent, in order (its trace)."""
+        if not self.trace.exists():
+            return []
+        records = (json.loads(line) for line in self.trace.read_text().splitlines() if line.strip())
+        return [r["msg"] for r in records if r.get("dir") == "out" and isinstance(r.get("msg"), dict)
+                and "method" in r["msg"]]
+
     def sent(self, client_id: str) -> int:
         """The dispatch requests (turn/steer) this daemon sent for the intent whose message
         has ``client_id`` (the trace redacts the text)."""
-        if not self.trace.exists():
-            return 0
-        records = (json.loads(line) for line in self.trace.read_text().splitlines() if line.strip())
-        return sum(1 for r in records if r.get("dir") == "out" and isinstance(r.get("msg"), dict)
-                   and r["msg"].get("method") == "turn/steer"
-                   and r["msg"].get("params", {}).get("clientUserMessageId") == client_id)
+        return sum(1 for m in self.requests() if m["method"] == "turn/steer"
+                   and m.get("params", {}).get("clientUserMessageId") == client_id)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -73,14 +77,17 @@ class Daemon:
                 self.process.wait()
 
 
-def start_daemon(server: AppServer, dsn: str, config: Path, name: str, stop_at: str | None = None) -> Daemon:
+def start_daemon(server: AppServer, dsn: str, config: Path, name: str, stop_at: str | None = None,
+                 kill_at: str | None = None) -> Daemon:
     folder = config.parent
     log, trace = folder / f"{name}.log", folder / f"{name}-trace.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(STOP_AT_ENV, None)
-    env.pop("TILLERMAN_KILL_AT", None)
+    env.pop(KILL_AT_ENV, None)
     if stop_at:
         env[STOP_AT_ENV] = stop_at
+    if kill_at:
+        env[KILL_AT_ENV] = kill_at
     with log.open("w") as err:
         process = subprocess.Popen(
             [sys.executable, "-m", "tillerman", "run", "--codex", server.url, "--ledger", dsn, "--config", str(config),
@@ -102,6 +109,12 @@ async def command_turn(harness, log, workspace: Path, seconds: int) -> tuple[str
     await log.wait_for(lambda m: is_item("item/started", "commandExecution")(m) and m.params.get("threadId") == thread,
                        timeout=30)
     return thread, turn
+
+
+async def user_messages(harness, thread: str) -> list[str | None]:
+    """The clientId of every user message the server holds in the thread's turns."""
+    turns = (await harness.request("thread/turns/list", {"threadId": thread, "limit": 10, "itemsView": "full"}))["data"]
+    return [item.get("clientId") for t in turns for item in t.get("items", []) if item.get("type") == "userMessage"]
 
 
 def delivered(scripted_model: ScriptedModel, text: str) -> int:
@@ -150,6 +163,49 @@ async def test_every_intent_is_dispatched_by_exactly_one_daemon(
             daemon.stop()
 
 
+# -- failover ---------------------------------------------------------------------------------
+
+
+async def test_a_dead_daemons_thread_is_taken_over_and_read_back_before_anything_is_dispatched(
+    app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, postgres_dsn: str, config: Path,
+) -> None:
+    """The owner dies (SIGKILL) after the server accepted its steer, before recording the
+    answer. The other daemon takes the thread once the lease expires, settles the steer
+    by readback (never resending it), and only then dispatches the next intent."""
+    PostgresRecorder(postgres_dsn).close()
+    async with watched_connection(app_server.url, client_name="harness") as (harness, log):
+        dead = start_daemon(app_server, postgres_dsn, config, "dead", kill_at="dispatch_answered")
+        heir = None
+        try:
+            with PostgresRecorder(postgres_dsn) as ledger:
+                thread, turn = await command_turn(harness, log, workspace, 10)
+                await wait_until(lambda: owner_pid(ledger, thread) == dead.process.pid, "the first daemon's lease", 60)
+                heir = start_daemon(app_server, postgres_dsn, config, "heir")
+                await wait_until(lambda: len(ledger.leases().daemons()) == 2, "the second daemon to register", 60)
+                sent = propose(ledger, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
+                               text="FAILOVER FIRST: note this.")
+                await wait_until(lambda: dead.process.poll() is not None, "the first daemon to die", 60)
+                after = propose(ledger, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
+                                text="FAILOVER SECOND: note this.")
+                await wait_until(lambda: owner_pid(ledger, thread) == heir.process.pid, "the takeover", 60)
+                for intent in (sent, after):
+                    await wait_until(lambda i=intent: intent_view(ledger, i.id).state in SETTLED,
+                                     f"intent {intent.id} to settle", 60)
+                assert intent_view(ledger, sent.id).state == intent_view(ledger, after.id).state == "acknowledged"
+                assert ledger.verify().ok
+        finally:
+            for daemon in (dead, heir):
+                if daemon is not None:
+                    daemon.stop()
+        landed = await user_messages(harness, thread)
+    assert [landed.count(i.client_user_message_id) for i in (sent, after)] == [1, 1]  # each once, in the thread
+    # the heir listed the thread's turns (the readback) before it sent anything
+    methods = [m["method"] for m in heir.requests() if m.get("params", {}).get("threadId") == thread]
+    assert "thread/turns/list" in methods and methods.index("thread/turns/list") < methods.index("turn/steer")
+    assert dead.sent(sent.client_user_message_id) == 1 and heir.sent(sent.client_user_message_id) == 0
+    assert dead.sent(after.client_user_message_id) == 0 and heir.sent(after.client_user_message_id) == 1
+
+
 # -- a daemon paused past its lease at each checkpoint --------------------------------------------
 
 
@@ -184,10 +240,7 @@ async def paused_past_its_lease(checkpoint: str, daemons: int, app_server: AppSe
         finally:
             for daemon in (first, *others):
                 daemon.stop()
-        ours = [item for t in (await harness.request("thread/turns/list", {"threadId": thread, "limit": 10,
-                                                                             "itemsView": "full"}))["data"]
-                for item in t.get("items", [])
-                if item.get("type") == "userMessage" and item.get("clientId") == intent.client_user_message_id]
+        ours = [c for c in await user_messages(harness, thread) if c == intent.client_user_message_id]
     client_id = intent.client_user_message_id
     assert len(ours) <= 1 and delivered(scripted_model, text) <= 1  # never twice
     assert sum(d.sent(client_id) for d in (first, *others)) <= 1
