@@ -40,15 +40,18 @@ SCHEMA = (
         expires_at TIMESTAMPTZ NOT NULL
     )""",
     "CREATE INDEX leases_owner ON leases (owner)",
-    # every daemon sharing the database, and when it last renewed (``tillerman status``)
-    """CREATE TABLE daemons (
+)
+#: Every daemon sharing the database, and when it last renewed (``tillerman status``);
+#: created by any writer that opens a ledger made before it.
+DAEMONS = (
+    """CREATE TABLE IF NOT EXISTS daemons (
         owner TEXT PRIMARY KEY,
         host TEXT NOT NULL,
         pid INTEGER NOT NULL,
         started_at TIMESTAMPTZ NOT NULL,
         renewed_at TIMESTAMPTZ NOT NULL,
         lease_seconds DOUBLE PRECISION NOT NULL
-    )""",
+    )"""
 )
 
 #: The fence, run inside an append's transaction.

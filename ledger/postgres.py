@@ -112,6 +112,7 @@ SCHEMA = (
     f"INSERT INTO meta (key, value) VALUES ('chain_version', '{CHAIN_VERSION}'),"
     f" ('schema_version', '{SCHEMA_VERSION}')",
     *leases.SCHEMA,
+    leases.DAEMONS,
 )
 #: The channel every commit that adds rows notifies, with its last seq (``ChangeListener``).
 CHANNEL = "tillerman_ledger"
@@ -207,6 +208,8 @@ class PostgresRecorder(Recorder):
             if int(version[0]) > SCHEMA_VERSION:
                 raise SchemaError(f"ledger schema version {version[0]} is newer than this tillerman understands"
                                   f" ({SCHEMA_VERSION}); upgrade tillerman")
+            if create:  # a ledger made before daemons shared one (the table is created IF NOT EXISTS)
+                conn.execute(leases.DAEMONS)
 
     # -- transactions -----------------------------------------------------------
 
