@@ -25,11 +25,15 @@ bench: $(STAMP)
 
 # Fault injection at full counts (real app-server, real SIGKILLs): the whole crash-point
 # matrix, random kills, rollover races and server faults, then 200 random-kill rounds and
-# 60 rollover races with the summary table (seed printed; replay with --seed).
+# 60 rollover races with the summary table (seed printed; replay with --seed). Then several
+# daemons on one PostgreSQL ledger: one stopped past its lease at every checkpoint, with two
+# and three daemons, LEASE_ROUNDS times.
 TORTURE_ROUNDS ?= 200
 TORTURE_RACES ?= 60
+LEASE_ROUNDS ?= 50
 torture: $(STAMP)
 	$(PY) -m pytest -m slow tests/faults $(PYTEST_ARGS)
+	TILLERMAN_LEASE_ROUNDS=$(LEASE_ROUNDS) $(PY) -m pytest -m slow tests/live/test_postgres_leases_live.py $(PYTEST_ARGS)
 	$(PY) -m tests.faults.torture --rounds $(TORTURE_ROUNDS) --races $(TORTURE_RACES) $(if $(SEED),--seed $(SEED),)
 
 # Supported Codex releases: the oldest and the newest. `make compat` runs the live tests

@@ -373,9 +373,14 @@ class _Progress:
               help="Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464 (GET /metrics).")
 @click.option("--log-format", type=click.Choice(LOG_FORMATS), default="text", show_default=True,
               help="json: one JSON object per log line.")
+# -- several daemons on one PostgreSQL ledger
+@click.option("--lease", "lease", callback=_duration, metavar="DURATION",
+              help="A PostgreSQL ledger's thread lease length (default 15s): a thread whose daemon stopped"
+                   " renewing is taken over by another daemon after this long.")
 @errors_to_exit_codes
 def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, client_name, ledger_path, config_path,
-            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose, metrics_address, log_format):
+            rules_path, trace_path, retain_payloads, dry_run, on_overdue, verbose, metrics_address, log_format,
+            lease):
     """Supervise a live Codex app-server: observe every thread, run the rules, deliver
     intents through the guarded adapter, report what is overdue. Stops on SIGINT/SIGTERM.
 
@@ -402,6 +407,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
     target = None if no_codex or spawn_codex else _target(url, client_name, allow_remote)
     database = ledger_url(ledger_path)  # a PostgreSQL ledger; None: a SQLite file
     path = None if database else ledger_file(ledger_path)
+    lease = _lease_length(lease, database=bool(database))
     effective = load_rules_or_fail(rules_path, config_path, refuse_unsafe=True)
     server = None
     if spawn_codex:
@@ -432,10 +438,10 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             config_path=config_path, patterns=effective.patterns,
                             reviewers=effective.reviewers,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
-                            metrics=serve_metrics(metrics_address) if metrics_address else None)
+                            metrics=serve_metrics(metrics_address) if metrics_address else None, lease=lease)
     try:
-        if database:  # one daemon per database (its advisory lock), not a lock file
-            with open_ledger(database) as recorder, recorder.daemon_lock():
+        if database:  # several daemons may share a database: each thread by lease, no lock file
+            with open_ledger(database) as recorder:
                 run_daemon(recorder, None, effective.ruleset, options)
         else:
             with open_ledger(str(path)) as recorder:
@@ -478,6 +484,21 @@ def serve_metrics(address: str):
     return metrics
 
 
+def _lease_length(lease: float | None, *, database: bool) -> float | None:
+    """The thread lease length of a daemon on a database ledger; a SQLite ledger has one
+    daemon, which owns every thread, so no lease."""
+    from tillerman.controller.leases_keeper import DEFAULT_LEASE, RENEWALS_PER_LEASE
+
+    if not database:
+        if lease is not None:
+            raise Fail("--lease is for several daemons on a PostgreSQL ledger; a SQLite ledger has one daemon:"
+                       " drop --lease, or give --ledger postgresql://…")
+        return None
+    if lease is not None and lease < RENEWALS_PER_LEASE * 0.1:
+        raise Fail(f"--lease {lease:g}s is too short to renew in time; give at least {RENEWALS_PER_LEASE * 0.1:g}s")
+    return DEFAULT_LEASE if lease is None else lease
+
+
 def _check_run_options(*, client_name: str | None, on_overdue: str | None, trace_path: str | None) -> None:
     """What can be checked before the daemon starts, so that a typo is one line, not a
     failure inside the running daemon."""
@@ -512,6 +533,10 @@ def status_cmd(as_json, ledger_path):
         return
     for line in _daemon_lines(data["daemon"]):
         click.echo(line)
+    for daemon in data["daemons"]:
+        state = "renewing" if daemon["alive"] else "stopped renewing"
+        click.echo(f"daemon {daemon['id']}: host {daemon['host']}, pid {daemon['pid']}, {state},"
+                   f" last renewal {daemon['renewed_at']}, lease {format_duration(daemon['lease_seconds'])}")
     for lease in data["leases"]:
         click.echo(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
                    f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")

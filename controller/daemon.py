@@ -16,6 +16,11 @@ Before it dispatches anything after a start, the daemon folds the ledger and
 reconciles every intent whose delivery is under way (``dispatch_unknown``,
 ``queued``): a restart never resends, it reads back. What to read back and what it
 shows is planned by ``tillerman.controller.reconcile``; the daemon only asks the server.
+
+Several daemons on one PostgreSQL ledger share the threads by lease
+(``tillerman.controller.leases_keeper``): each decides and dispatches only for the threads
+it holds, takes a thread whose lease is free or expired after reading it back and
+reconciling its deliveries under way, and fences every dispatch with the lease.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Obs
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
 from tillerman.controller.intent_requests import intent_view
+from tillerman.controller.leases_keeper import LeaseKeeper
 from tillerman.controller.metrics import Metrics, TimedRecorder
 from tillerman.controller.notify import Notifier
 from tillerman.controller.notify_sinks import SinkRunner
@@ -51,7 +57,7 @@ from tillerman.controller.supervisor import Step
 from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
-from tillerman.ledger.errors import IllegalTransition, OperationalError
+from tillerman.ledger.errors import Fenced, IllegalTransition, OperationalError
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
@@ -113,6 +119,7 @@ class DaemonOptions:
     reviewers: tuple[Reviewer, ...] = ()  # [[reviewer]]: asked at the checkpoints of rules with `review`
     sinks: tuple[NotifySink, ...] = ()  # the config file's [[notify]] tables
     metrics: Metrics | None = None  # --metrics: counted, and served by the caller
+    lease: float | None = None  # --lease: threads shared by lease with other daemons on a database ledger
 
     def notify_sinks(self) -> tuple[NotifySink, ...]:
         """The [[notify]] sinks, and ``--on-overdue`` as one more: overdue notices only,
@@ -159,6 +166,9 @@ class Daemon:
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
+        leases = getattr(recorder, "leases", None) if options.lease else None
+        self.keeper = LeaseKeeper(leases(), options.lease) if leases is not None else None
+        self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
 
     # -- the task group ---------------------------------------------------------------
 
@@ -189,6 +199,8 @@ class Daemon:
                 tg.start_soon(self._follow_files)
             tg.start_soon(self.sink_runner.run)
             tg.start_soon(self._watch_rules)
+            if self.keeper is not None:
+                tg.start_soon(self._keep_leases, tg)
             if self.options.url:
                 tg.start_soon(self._connection, tg)
             task_status.started()
@@ -279,7 +291,7 @@ class Daemon:
             except (OSError, AppServerDisconnected, RpcError, TimeoutError) as exc:
                 reason = describe_failure(exc, self.link.server_version)
                 absent = isinstance(exc, FileNotFoundError | ConnectionRefusedError)
-            self.adapter = None
+            self.adapter, self._client = None, None
             self.connected = anyio.Event()
             delay = next(delays)
             if reason != self.link.error:  # one line per outage, not one per retry
@@ -323,6 +335,7 @@ class Daemon:
                                       recorded_cwd=self.projection.recorded_cwd,
                                       timeout=self.options.request_timeout, clock=self.clock,
                                       retain_payloads=self.options.retain_payloads)
+        self._client = client
         self.connected.set()
         self._beat_now = True  # `status` shows the connection now, not at the next beat
         self.wake()
@@ -476,13 +489,16 @@ class Daemon:
             return
         threads = list(self.projection.threads) if timer_due else sorted(self._unjudged)
         self._unjudged.clear()  # what the folds below add is judged by the next round
+        if self.keeper is not None:  # several daemons: only the threads this one holds, read back
+            threads = [t for t in threads if self.keeper.ready(t)]
         if self.checkpoints.reviewers:  # a reviewer's own session is never supervised
             threads = [t for t in threads
                        if not is_reviewer_thread(self.projection.recorded_cwd(t), self.checkpoints.reviewers.values())]
         self._fold_own(tg, now, self._write(self.step.step(self.projection, threads, now)))
         self._fold_own(tg, now, self._write(self.checkpoints.consequences(self.projection, self.step.ruleset, now)))
         wanted = set(threads)
-        views = [v for v in self.projection.open_intents() if timer_due or v.intent.thread_id in wanted]
+        views = [v for v in self.projection.open_intents() if (timer_due or v.intent.thread_id in wanted)
+                 and (self.keeper is None or self.keeper.ready(v.intent.thread_id))]
         envelopes, decided = self.step.decide_intents(self.projection, views, now)
         self._fold_own(tg, now, self._write(envelopes))
         for view, decision in decided:
@@ -592,18 +608,23 @@ class Daemon:
         self._refold(tg, self.clock())
         await self._read_back_turns(tg, client)
         for view in under_way(self.projection):
-            self._drive(tg, view.intent.id, reconcile_fact(self.projection, view, self.clock()))
+            if self.keeper is None or self.keeper.holds(view.intent.thread_id):
+                self._drive(tg, view.intent.id, reconcile_fact(self.projection, view, self.clock()))
         # Then every open intent is decided once more: after a start the ledger already holds
         # intents no new entry will touch, and a decision made while disconnected was dropped.
         self._due = self.clock()
 
-    async def _read_back_turns(self, tg, client: AppServerClient) -> None:
+    async def _read_back_turns(self, tg, client: AppServerClient, only: set[str] | None = None) -> None:
         """What happened while this daemon was away (dead, or disconnected): the turns of
         the threads ``turns_to_read_back`` names are listed, and what they show is recorded
         (``tillerman.controller.reconcile``). The fold then settles (or dispatches) the
-        intent as the live notifications would have."""
+        intent as the live notifications would have. ``only``: these threads (a takeover);
+        else every thread, or with leases every thread this daemon holds."""
         envelopes: list[Envelope] = []
         for thread_id, turn_ids in turns_to_read_back(self.projection).items():
+            if (only is not None and thread_id not in only) or (
+                    only is None and self.keeper is not None and not self.keeper.holds(thread_id)):
+                continue
             turns = await self._list_turns(client, thread_id)
             if turns is not None:
                 envelopes += read_back(self.projection, thread_id, turns, turn_ids, self.tap.source)
@@ -644,6 +665,8 @@ class Daemon:
         thread = self.projection.threads.get(view.intent.thread_id) if view else None
         if thread is not None and thread.wrapped:
             return  # `tillerman claude` carries out this session's intents (it claims what we decided)
+        if self.keeper is not None and view is not None and not self.keeper.holds(view.intent.thread_id):
+            return  # another daemon's thread (or ours no longer): its owner carries it out
         if self._held is not None:  # inside a round: once its transaction has committed
             self._held.append((intent_id, fact))
         else:
@@ -656,8 +679,18 @@ class Daemon:
             if self.adapter is None:
                 return
             machine = self.machines.get(intent_id) or self._machine(intent_id)
+            fence = None
+            if self.keeper is not None and (fence := self.keeper.fence(machine.intent.thread_id)) is None:
+                self.machines.pop(intent_id, None)  # the lease went while this fact waited
+                return
             try:
-                await carry_out(machine, fact, self.recorder, self.adapter, kill_at)
+                await carry_out(machine, fact, self.recorder, self.adapter, kill_at, fence=fence)
+            except Fenced as exc:
+                # Our lease lapsed (we were paused, partitioned or slow) and maybe another
+                # daemon owns the thread now: nothing was sent. Its owner reconciles the
+                # intent by readback; should we take the thread again, so do we, first.
+                log.warning("fenced: %s", exc)
+                self._forget(machine.intent.thread_id)
             except (IllegalTransition, StaleDelivery) as exc:
                 log.info("intent %s moved elsewhere (%s): rebuilding its machine from the ledger", intent_id, exc)
                 self.machines[intent_id] = self._machine(intent_id)
@@ -669,6 +702,66 @@ class Daemon:
             self.wake()  # fold what it recorded now, whatever the ledger watcher sees
             if machine.finished:
                 self.machines.pop(intent_id, None)
+
+    # -- several daemons: thread leases ------------------------------------------------
+
+    async def _keep_leases(self, tg) -> None:
+        """Renew this daemon's leases, take every thread it sees whose lease is free or
+        expired, and read each taken thread back before deciding for it
+        (``tillerman.controller.leases_keeper``). A clean stop gives them all up."""
+        keeper = self.keeper
+        try:
+            while True:
+                healthy = self.options.url is None or self._client is not None
+                try:
+                    tick = keeper.tick(self._lease_candidates() if healthy else (), healthy=healthy)
+                except OperationalError as exc:  # not renewed: they lapse, and the fence holds
+                    log.error("ledger not reachable (%s): thread leases not renewed", exc)
+                else:
+                    for thread_id in tick.lost:
+                        log.warning("lost the lease on thread %s: another daemon may take it", thread_id)
+                        self._forget(thread_id)
+                    if tick.gained:
+                        await self._take_over(tg, tick.gained)
+                await anyio.sleep(keeper.renew_every)
+        finally:
+            with contextlib.suppress(OperationalError):
+                keeper.leave()
+
+    def _lease_candidates(self) -> list[str]:
+        """The threads this daemon sees: those its connection follows, and with ``--watch``
+        those followed through files (never steered)."""
+        seen = set(self.tap.following())
+        if self.options.watch:
+            seen.update(t for t in self.projection.threads
+                        if self.projection.snapshot(t).supervised and not self.projection.snapshot(t).steerable)
+        return sorted(seen)
+
+    async def _take_over(self, tg, threads: list[str]) -> None:
+        """Threads just taken (new tokens): their turns are read back and every delivery
+        under way reconciled, as after a restart, before any decision for them — the
+        previous owner may have died or been paused mid-dispatch."""
+        log.info("took the lease on thread(s) %s: reading back before deciding", ", ".join(threads))
+        taken = set(threads)
+        if self._client is not None:
+            await self._read_back_turns(tg, self._client, only=taken)
+        else:
+            self._refold(tg, self.clock())
+        for view in under_way(self.projection):
+            if view.intent.thread_id in taken and self.keeper.holds(view.intent.thread_id):
+                self.machines.pop(view.intent.id, None)  # rebuilt from the ledger: another daemon moved it
+                self._drive(tg, view.intent.id, reconcile_fact(self.projection, view, self.clock()))
+        self.keeper.reconciled(threads)
+        self._unjudged.update(taken)
+        self.wake()
+
+    def _forget(self, thread_id: str) -> None:
+        """The lease on ``thread_id`` is gone: drop its deliveries' machines (a later owner,
+        this daemon included, rebuilds them from the ledger after its readback)."""
+        self.keeper.lost(thread_id)
+        for intent_id, machine in list(self.machines.items()):
+            if machine.intent.thread_id == thread_id:
+                del self.machines[intent_id]
 
     def _machine(self, intent_id: str) -> Delivery:
         view = intent_view(self.recorder, intent_id)

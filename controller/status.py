@@ -48,7 +48,8 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
         "last_seq": projection.seq,
         "undecodable": {str(seq): why for seq, why in sorted(projection.undecodable.items())},
         "flagged_reviewers": flagged_reviewers(recorder),
-        # several daemons on one PostgreSQL ledger: who holds which thread, until when
+        # several daemons on one PostgreSQL ledger: who they are, who holds which thread, until when
+        "daemons": [dict(d, since=iso(d["since"]), renewed_at=iso(d["renewed_at"])) for d in _daemons(recorder)],
         "leases": [dict(lease, expires_at=iso(lease["expires_at"])) for lease in _leases(recorder)],
     }
 
@@ -62,6 +63,12 @@ def _leases(recorder: Recorder) -> list[dict]:
     """The database's thread leases (a SQLite ledger has none: one daemon owns it all)."""
     leases = getattr(recorder, "leases", None)
     return leases().all() if leases is not None else []
+
+
+def _daemons(recorder: Recorder) -> list[dict]:
+    """Every daemon sharing the database, with its last renewal (none on a SQLite ledger)."""
+    leases = getattr(recorder, "leases", None)
+    return leases().daemons() if leases is not None else []
 
 
 def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
@@ -83,7 +90,7 @@ def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
 
 
 def _running(recorder: Recorder, ledger_path: Path | str) -> bool:
-    """A SQLite ledger's daemon holds its lock file; a database's, an advisory lock."""
+    """A SQLite ledger's daemon holds its lock file; on a database, any daemon renewing."""
     if (held := getattr(recorder, "daemon_running", None)) is not None:
         return held()
     return _lock_held(Path(f"{ledger_path}.lock"))

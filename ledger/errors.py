@@ -44,3 +44,9 @@ class SchemaError(LedgerError):
 
 class LedgerLocked(LedgerError):
     """Another daemon already owns this ledger."""
+
+
+class Fenced(LedgerError):
+    """The caller's thread lease is no longer current (it lapsed, or another daemon took
+    the thread): nothing was written, nothing may be sent. The caller reconciles instead
+    of dispatching (``tillerman.ledger.leases``)."""

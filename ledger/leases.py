@@ -29,7 +29,7 @@ from collections.abc import Callable
 import msgspec
 import psycopg
 
-from tillerman.ledger.errors import LedgerError
+from tillerman.ledger.errors import Fenced
 
 SCHEMA = (
     """CREATE TABLE leases (
@@ -41,15 +41,22 @@ SCHEMA = (
     )""",
     "CREATE INDEX leases_owner ON leases (owner)",
 )
+#: Every daemon sharing the database, and when it last renewed (``tillerman status``);
+#: created by any writer that opens a ledger made before it.
+DAEMONS = (
+    """CREATE TABLE IF NOT EXISTS daemons (
+        owner TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid INTEGER NOT NULL,
+        started_at TIMESTAMPTZ NOT NULL,
+        renewed_at TIMESTAMPTZ NOT NULL,
+        lease_seconds DOUBLE PRECISION NOT NULL
+    )"""
+)
 
 #: The fence, run inside an append's transaction.
 FENCE = ("SELECT 1 FROM leases WHERE thread_id = %s AND owner = %s AND token = %s"
          " AND expires_at > clock_timestamp() FOR SHARE")
-
-
-class Fenced(LedgerError):
-    """The caller's lease is no longer current (it lapsed, or another daemon took the
-    thread): nothing was written. The caller reconciles instead of dispatching."""
 
 
 class Lease(msgspec.Struct, frozen=True):
@@ -108,6 +115,33 @@ class Leases:
         """The re-check just before the socket write (see the module's doc for the window left)."""
         with self._statement() as conn:
             return conn.execute(FENCE.replace(" FOR SHARE", ""), fence_params(lease)).fetchone() is not None
+
+    def beat(self, owner: str, host: str, pid: int, ttl: float) -> None:
+        """The daemon ``owner`` is alive and renewing (its row in ``daemons``)."""
+        with self._statement() as conn:
+            conn.execute("INSERT INTO daemons (owner, host, pid, started_at, renewed_at, lease_seconds)"
+                         " VALUES (%s, %s, %s, clock_timestamp(), clock_timestamp(), %s)"
+                         " ON CONFLICT (owner) DO UPDATE SET renewed_at = excluded.renewed_at,"
+                         " lease_seconds = excluded.lease_seconds", (owner, host, pid, ttl))
+
+    def leave(self, owner: str) -> None:
+        """A clean shutdown: the daemon's row goes, and every lease it holds is free at once."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE leases SET expires_at = clock_timestamp()"
+                         " WHERE owner = %s AND expires_at > clock_timestamp()", (owner,))
+            conn.execute("DELETE FROM daemons WHERE owner = %s", (owner,))
+
+    def daemons(self) -> list[dict]:
+        """Every daemon that registered: id, host, pid, start and last renewal (server
+        time), and whether it renewed within its lease length (``alive``)."""
+        with self._statement() as conn:
+            rows = conn.execute(
+                "SELECT owner, host, pid, extract(epoch FROM started_at)::float8,"
+                " extract(epoch FROM renewed_at)::float8, lease_seconds,"
+                " renewed_at + make_interval(secs => lease_seconds) > clock_timestamp()"
+                " FROM daemons ORDER BY owner").fetchall()
+        return [{"id": o, "host": h, "pid": p, "since": s, "renewed_at": r, "lease_seconds": t, "alive": a}
+                for o, h, p, s, r, t, a in rows]
 
     def all(self) -> list[dict]:
         """Every lease: thread, owner, token, expiry (server time), and whether it stands."""

@@ -39,7 +39,7 @@ import psycopg_pool
 
 from tillerman.ledger import events, leases
 from tillerman.ledger.batch import Row, prepare, row_columns
-from tillerman.ledger.errors import AnchorMismatch, IntegrityError, LedgerLocked, OperationalError, SchemaError
+from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
@@ -59,7 +59,6 @@ _COPY = f"COPY events ({COLUMNS}) FROM STDIN"
 _NAMES = (1, 4, 5, 6, 8)
 _PAYLOAD = 11
 _SETUP_LOCK = 7_470_581_331  # the advisory lock two processes creating the schema take in turn
-_DAEMON_LOCK = 7_470_581_332  # held by the one daemon on the database (``daemon_lock``)
 _COPY_FROM = 16  # rows from which a batch is sent with COPY
 _PAGE = 1000  # rows per read round trip
 #: Connections per recorder: a ``bulk()`` block holds one while reads use another.
@@ -113,6 +112,7 @@ SCHEMA = (
     f"INSERT INTO meta (key, value) VALUES ('chain_version', '{CHAIN_VERSION}'),"
     f" ('schema_version', '{SCHEMA_VERSION}')",
     *leases.SCHEMA,
+    leases.DAEMONS,
 )
 #: The channel every commit that adds rows notifies, with its last seq (``ChangeListener``).
 CHANNEL = "tillerman_ledger"
@@ -208,6 +208,8 @@ class PostgresRecorder(Recorder):
             if int(version[0]) > SCHEMA_VERSION:
                 raise SchemaError(f"ledger schema version {version[0]} is newer than this tillerman understands"
                                   f" ({SCHEMA_VERSION}); upgrade tillerman")
+            if create:  # a ledger made before daemons shared one (the table is created IF NOT EXISTS)
+                conn.execute(leases.DAEMONS)
 
     # -- transactions -----------------------------------------------------------
 
@@ -476,29 +478,9 @@ class PostgresRecorder(Recorder):
     def change_listener(self) -> ChangeListener:
         return ChangeListener(self._dsn)
 
-    @contextlib.contextmanager
-    def daemon_lock(self) -> Iterator[None]:
-        """One daemon per database until daemons share threads by lease: a session
-        advisory lock on a connection of its own, held for the block (the server drops
-        it when the daemon's connection dies, even by SIGKILL)."""
-        try:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=10)
-        except psycopg.Error as exc:
-            raise _translate(exc) from exc
-        with conn:
-            if not conn.execute("SELECT pg_try_advisory_lock(%s)", (_DAEMON_LOCK,)).fetchone()[0]:
-                raise LedgerLocked(f"another tillerman daemon runs on {self.path}; stop it first (several daemons"
-                                   " on one database need thread leases, not built yet)")
-            yield
-
     def daemon_running(self) -> bool:
-        """Whether a daemon holds ``daemon_lock`` on this database now."""
-        with self._reading() as conn:
-            return conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
-                " WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()"
-                " AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = %s)",
-                (_DAEMON_LOCK,)).fetchone()[0]
+        """Whether any daemon renewed its place within its lease length (``leases.Leases.daemons``)."""
+        return any(daemon["alive"] for daemon in self.leases().daemons())
 
     def leases(self) -> leases.Leases:
         """The thread leases of this database (``tillerman.ledger.leases``)."""

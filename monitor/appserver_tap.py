@@ -92,6 +92,10 @@ class AppServerTap:
         self._asked.update(fresh)
         return fresh
 
+    def following(self) -> frozenset[str]:
+        """The user's threads this connection subscribed to (what this daemon sees)."""
+        return frozenset(t for t in self._asked if self._users_work.get(t) is not False)
+
     def users_work(self, thread_id: str) -> bool | None:
         """Whether a thread is the user's work; None when this tap never saw what it is."""
         return self._users_work.get(thread_id)

@@ -8,7 +8,6 @@ from click.testing import CliRunner
 
 from tests.controller.test_recheck import supervised
 from tillerman.controller.cli import main
-from tillerman.controller.link import HEARTBEAT
 from tillerman.ledger.postgres import PostgresRecorder
 
 
@@ -71,9 +70,10 @@ def test_archive_refuses_a_database_in_one_line(postgres_dsn):
     assert len(result.output.strip().splitlines()) == 1
 
 
-def test_one_daemon_per_database(postgres_dsn, tmp_path):
-    """``tillerman run`` on a database holds its advisory lock; a second one is refused
-    in one line (exit 2) while the first runs, and may start once it stopped."""
+def test_several_daemons_share_a_database_and_status_shows_each(postgres_dsn, tmp_path):
+    """``tillerman run`` on a database takes no lock: a second daemon starts beside the
+    first, ``status`` lists both (id, host, pid, last renewal), and a daemon stopped
+    cleanly leaves the list."""
     import os
     import signal
     import subprocess
@@ -82,26 +82,39 @@ def test_one_daemon_per_database(postgres_dsn, tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    argv = [sys.executable, "-m", "tillerman", "run", "--no-codex", "--watch", str(tmp_path), "--ledger", postgres_dsn]
+    argv = [sys.executable, "-m", "tillerman", "run", "--no-codex", "--watch", str(tmp_path), "--ledger", postgres_dsn,
+            "--lease", "3s"]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    first = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    PostgresRecorder(postgres_dsn).close()  # the ledger, for status to read from the start
+    daemons = [subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
     try:
-        with PostgresRecorder(postgres_dsn) as ledger:
-            deadline = time.monotonic() + 60
-            while ledger.load_snapshot(HEARTBEAT) is None and first.poll() is None:
-                assert time.monotonic() < deadline, "the first daemon never beat"
-                time.sleep(0.1)
-        assert first.poll() is None, first.communicate()
-        second = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
-        assert second.returncode == 2 and "another tillerman daemon runs on" in second.stderr, second.stderr
-        assert len(second.stderr.strip().splitlines()) == 1
-        assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is True
+        deadline = time.monotonic() + 60
+        while len(listed := json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemons"]) < 2:
+            assert time.monotonic() < deadline and all(d.poll() is None for d in daemons), \
+                [d.communicate() for d in daemons if d.poll() is not None]
+            time.sleep(0.2)
+        assert sorted(d["pid"] for d in listed) == sorted(d.pid for d in daemons)
+        assert all(d["alive"] and d["lease_seconds"] == 3 and d["renewed_at"] for d in listed)
+        data = json.loads(run("status", "--json", "--ledger", postgres_dsn).output)
+        assert data["daemon"]["running"] is True
+        shown = run("status", "--ledger", postgres_dsn).output
+        assert all(f"pid {d.pid}, renewing" in shown for d in daemons), shown
     finally:
-        first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=30)
+        daemons[0].send_signal(signal.SIGTERM)
+        assert daemons[0].wait(30) == 0, daemons[0].communicate()
+    assert [d["pid"] for d in json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemons"]] == \
+        [daemons[1].pid]  # a clean stop leaves
+    daemons[1].send_signal(signal.SIGTERM)
+    assert daemons[1].wait(30) == 0
     assert json.loads(run("status", "--json", "--ledger", postgres_dsn).output)["daemon"]["running"] is False
-    with PostgresRecorder(postgres_dsn) as ledger, ledger.daemon_lock():
-        pass  # released when the first daemon stopped
+
+
+def test_lease_is_for_a_database_ledger(tmp_path):
+    result = run("run", "--no-codex", "--watch", str(tmp_path), "--ledger", str(tmp_path / "l.sqlite3"),
+                 "--lease", "10s")
+    assert result.exit_code == 2 and "--lease is for several daemons on a PostgreSQL ledger" in result.output
+    assert len(result.output.strip().splitlines()) == 1
 
 
 def test_a_password_is_never_shown(postgres_dsn):

@@ -136,3 +136,11 @@ def test_status_lists_every_lease(ledger, postgres_dsn):
         ("T1", "daemon-a", 1, True), ("T2", "daemon-b", 1, True)]
     text = CliRunner().invoke(main, ["status", "--ledger", postgres_dsn]).output
     assert "lease: thread T1 held by daemon-a (token 1) until" in text
+
+
+def test_a_ledger_made_before_the_daemons_table_gets_it_from_a_writer(postgres_dsn):
+    with PostgresRecorder(postgres_dsn) as ledger, ledger._transaction() as conn:
+        conn.execute("DROP TABLE daemons")
+    with PostgresRecorder(postgres_dsn) as ledger:
+        ledger.leases().beat("host:1:a", "host", 1, 5.0)
+        assert [d["id"] for d in ledger.leases().daemons()] == ["host:1:a"]
