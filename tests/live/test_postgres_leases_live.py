@@ -252,7 +252,7 @@ async def paused_past_its_lease(checkpoint: str, daemons: int, app_server: AppSe
     else:  # it had sent before it stopped: the new owner found the steer by readback or echo
         assert first.sent(client_id) == 1 and final.state == "acknowledged" and len(ours) == 1
     if checkpoint == "dispatch_recording":  # no record was made: the new owner dispatched it itself
-        assert final.state == "acknowledged" and len(ours) == 1
+        assert final.state == "acknowledged" and len(ours) == 1, [(h.state, h.reason) for h in final.history]
         assert sum(d.sent(client_id) for d in others) == 1
 
 
