@@ -434,8 +434,10 @@ class Wrapper:
                     "still_queued": len(response.get("still_queued") or ()),
                     "cancelled": len(response.get("cancelled") or ()) if isinstance(
                         response.get("cancelled"), list) else response.get("cancelled")}
+        # An answer comes only after the durable dispatch record; the fold may not have
+        # read that record back yet, and must not date the answer before it.
         view = self.projection.intents.get(intent.id)
-        state = view.state if view else State.DISPATCH_UNKNOWN
+        state = view.state if view and view.state != State.PROPOSED else State.DISPATCH_UNKNOWN
         self._append([evidence_envelope(intent, state, reason, evidence, f"{reason}:{request_id}", self.clock())])
 
     async def _withdraw(self, ours: Ours, why: str) -> None:
