@@ -10,6 +10,10 @@ is enough to tell an identical duplicate (dropped) from a changed one (a conflic
 record); a conflict record names the stored content by the prefix kept, where a backend
 with rows names the whole digest. Rows it did not keep cannot be read: ``read`` and
 ``intent_entries`` raise ``RowsNotKept``, and ``verify`` reports the head it holds.
+
+Events its caller knows are new and will never be offered again are appended with
+``append_new``, which keeps no id for them: a replay of many session files, each read
+once, keeps ids only for what it records itself.
 """
 
 from __future__ import annotations
