@@ -365,7 +365,7 @@ class Daemon:
         # (tests/live/test_daemon_live.py, reconnect case).
         known = self.projection.threads.get(thread_id)
         envelopes = [e for e in self.tap.resumed(result, self.clock())
-                     if known is None or e.event.turn_id not in known.turn_states]
+                     if known is None or known.turn_state(e.event.turn_id) is None]
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
         envelopes += seen(self.projection, thread_id, wire.parse_turn_page(page).turns, self.tap.source)
         if envelopes:

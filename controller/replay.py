@@ -25,6 +25,7 @@ import contextlib
 import gc
 import hashlib
 import stat
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
 from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
+from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.forgetting import ForgettingProjection
 from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.ledger.errors import LedgerError
@@ -223,6 +225,10 @@ class Replayer:
         self._waiting: list[Envelope] = []
         self._next_seq: int | None = None  # the seq the next appended row gets, while it is certain
         self._identities: set[str] = set()  # the files replayed so far in this run
+        # Files whose observations' ids an in-memory ledger need not keep (``_run``), and
+        # whether the observations waiting to be appended are theirs.
+        self._read_once: set[str] = set()
+        self._waiting_read_once = False
         self.now: float | None = None
         self.end: float | None = None  # the latest virtual time any file reached
         self._digest = hashlib.sha256()
@@ -254,6 +260,8 @@ class Replayer:
             # Into an empty ledger, a file's observations cannot be duplicates (their ids
             # name the file, ``file_event_id``) unless the file was replayed before.
             self._next_seq = 1 if self.recorder.max_seq() == 0 else None
+            if isinstance(self.recorder, ChainOnlyRecorder) and self.fmt != "ledger":
+                self._read_once = _read_once(found)
             for path in found:
                 files.append(self._replay_file(path))
             self._flush()
@@ -305,6 +313,10 @@ class Replayer:
             threads: set[str] = set()
             ahead = self._next_seq is not None and identity not in self._identities
             self._identities.add(identity)
+            read_once = ahead and identity in self._read_once
+            if read_once != self._waiting_read_once:
+                self._flush()  # one kind per append: ids kept, or not
+                self._waiting_read_once = read_once
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
                 if parsed.event.thread_id is not None:
@@ -420,7 +432,7 @@ class Replayer:
         if not self._waiting:
             return
         waiting, self._waiting, first = self._waiting, [], self._next_seq
-        entries = self._append(waiting)
+        entries = self._append(waiting, read_once=self._waiting_read_once)
         if len(entries) != len(waiting) or entries[0].seq != first:
             raise RuntimeError(f"the ledger stored {len(entries)} of {len(waiting)} observations folded ahead"
                                f" from seq {first}: the replay's fold no longer matches it")
@@ -433,14 +445,18 @@ class Replayer:
         for entry in self._append(batch):
             self._fold(entry)
 
-    def _append(self, batch: list[Envelope]) -> tuple[Entry, ...]:
+    def _append(self, batch: list[Envelope], *, read_once: bool = False) -> tuple[Entry, ...]:
         if not batch:
             return ()
         # What replay records itself is observed on the virtual clock too, not at the wall
         # time of the run: two replays of the same input write the same ledger.
         batch = [env if env.observed_at is not None else msgspec.structs.replace(env, observed_at=env.at)
                  for env in batch]
-        entries = self.recorder.append(batch).entries
+        if read_once:
+            assert isinstance(self.recorder, ChainOnlyRecorder)
+            entries = self.recorder.append_new(batch).entries
+        else:
+            entries = self.recorder.append(batch).entries
         if entries and self._next_seq is not None:
             self._next_seq = entries[-1].seq + 1
         self._uncommitted += len(entries)
@@ -477,6 +493,23 @@ class Replayer:
                 self.on_decision(line)
         elif isinstance(event, ev.Report):
             self.reports += 1
+
+
+def _read_once(paths: list[Path]) -> set[str]:
+    """The identities of the files named once among ``paths``, when none is a ledger: the
+    ids of their observations name them (``file_event_id``), so once a file is read
+    nothing later in the run can offer them again, and an in-memory ledger need not
+    keep them to drop duplicates. A file named twice repeats its ids; a ledger's rows
+    repeat those of the files it followed: then every id is kept."""
+    named: Counter[str] = Counter()
+    for path in paths:
+        try:
+            if read_head(path).startswith(_SQLITE_MAGIC):
+                return set()
+            named[file_identity(path, read_first_line(path))] += 1
+        except OSError:
+            continue  # its replay reports it
+    return {identity for identity, times in named.items() if times == 1}
 
 
 def read_head(path: Path) -> bytes:

@@ -10,6 +10,10 @@ is enough to tell an identical duplicate (dropped) from a changed one (a conflic
 record); a conflict record names the stored content by the prefix kept, where a backend
 with rows names the whole digest. Rows it did not keep cannot be read: ``read`` and
 ``intent_entries`` raise ``RowsNotKept``, and ``verify`` reports the head it holds.
+
+Events its caller knows are new and will never be offered again are appended with
+``append_new``, which keeps no id for them: a replay of many session files, each read
+once, keeps ids only for what it records itself.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from tillerman.ledger.batch import prepare
+from tillerman.ledger.batch import Prepared, prepare
 from tillerman.ledger.errors import RowsNotKept
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
@@ -54,12 +58,29 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         prepared = prepare(batch, self._seq, self._head, time.time(), self._digests, self._state)
         for row in prepared.rows:  # each was looked up by ``_digests`` and found absent
             self._event_digests.add_key(self._absent[row.envelope.event_id], int(row.digest[:DIGEST_PREFIX], 16))
+        return self._appended(prepared, offsets)
+
+    def append_new(self, batch: Sequence[Envelope]) -> AppendResult:
+        """``append`` of events the caller knows were never appended and will never be
+        offered again: the same rows and entries, but their ids are neither looked up
+        nor kept. A replay that reads each session file once and no ledger (whose rows
+        repeat the ids of the files it followed) appends their observations here: their
+        ids name the file (``file_event_id``), so the table would only grow with them."""
+        if not batch:
+            return AppendResult()
+        return self._appended(prepare(batch, self._seq, self._head, time.time(), _none_kept, self._state), ())
+
+    def _appended(self, prepared: Prepared, offsets: Sequence[FileOffset]) -> AppendResult:
         for intent_id, state in prepared.intent_states.items():
             self._intent_states.put(intent_id, _STATES.index(state))
         if prepared.rows:
             self._seq, self._head = prepared.rows[-1].seq, prepared.rows[-1].hash
         self._keep_offsets(offsets)
         return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
+
+    def ids_kept(self) -> int:
+        """Event ids the de-duplication table holds."""
+        return len(self._event_digests)
 
     def _digests(self, event_ids: Iterable[str]) -> dict[str, str]:
         found = {}
@@ -94,3 +115,7 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
     def verify(self) -> VerifyReport:
         return VerifyReport(ok=True, rows=self._seq, last_seq=self._seq,
                             notes=(f"rows not kept; chain head at seq {self._seq}: {self._head}",))
+
+
+def _none_kept(event_ids: Iterable[str]) -> dict[str, str]:
+    return {}

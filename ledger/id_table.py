@@ -11,12 +11,17 @@ overhead (about 65 bytes) adds about one byte per record to the twelve.
 Two names whose digests are equal are one name: with n names the chance of any such
 pair is about n² / 2⁶⁵ (3 × 10⁻⁸ for a million, 3 × 10⁻⁶ for ten million). The digest is
 deterministic, so a run that hits one hits it again.
+
+The table is a msgspec Struct, so a projection that holds one (a thread's ended turns,
+``tillerman.ledger.projections``) is saved and loaded with it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+
+import msgspec
 
 RECORD = 12  # 8 bytes of the name's digest, 4 of its tag
 SPLIT_AT = 128  # records per bucket, on average, that double the buckets
@@ -28,11 +33,13 @@ def key_of(name: str) -> bytes:
     return hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
-class IdTable:
-    def __init__(self) -> None:
-        self._bits = 4
-        self._buckets: list[bytearray] = [bytearray() for _ in range(1 << self._bits)]
-        self._count = 0
+_FIRST_BITS = 4  # 16 buckets to start with
+
+
+class IdTable(msgspec.Struct):
+    _bits: int = _FIRST_BITS
+    _buckets: list[bytearray] = msgspec.field(default_factory=lambda: [bytearray() for _ in range(1 << _FIRST_BITS)])
+    _count: int = 0
 
     def __len__(self) -> int:
         return self._count

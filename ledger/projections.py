@@ -20,10 +20,17 @@ from tillerman.ledger.events import Entry, QueueEntry
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
+from tillerman.ledger.id_table import IdTable
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v3"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v4"  # bump when Projection changes shape
+#: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
+#: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
+#: start or end is recognised, an intent that expected it is refused) at about 14 bytes
+#: instead of about 130 for an id string and its dict entry, so a session open for
+#: tens of thousands of turns does not grow the fold's memory with them.
+RECENT_TURNS = 32
 #: The source prefix of what ``tillerman claude`` (the stream-json wrapper) records: its
 #: session is steerable, through the wrapper and never through an app-server connection.
 CLAUDE_WRAPPER_SOURCE = "claude-wrapper"
@@ -50,7 +57,8 @@ class ThreadState(msgspec.Struct):
     flags: tuple[str, ...] = ()
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None
-    turn_states: dict[str, str] = {}
+    turn_states: dict[str, str] = {}  # the recent turns (at most RECENT_TURNS)
+    earlier_turns: IdTable | None = None  # the older ones: state index by id digest
     last_event_at: float | None = None
     last_progress_at: float | None = None
     running: dict[str, RunningItem] = {}
@@ -60,6 +68,22 @@ class ThreadState(msgspec.Struct):
     failures: dict[str, tuple[int, str | None, int | None]] = {}
     client_ids: dict[str, str | None] = {}  # our clientId echoes -> the turn they landed in
     cwd: str | None = None  # the working directory its session named (kept with --retain-payloads only)
+
+    def turn_state(self, turn_id: str | None) -> str | None:
+        """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
+        return turn_state(self.turn_states, self.earlier_turns, turn_id)
+
+    def set_turn_state(self, turn_id: str, state: str) -> None:
+        """Record ``turn_id``'s state; past RECENT_TURNS, the oldest ended turn moves
+        to ``earlier_turns``. At most one turn is active (a start marks the one before
+        it unclosed), so an ended one is always found."""
+        self.turn_states[turn_id] = state
+        if len(self.turn_states) > RECENT_TURNS:
+            oldest, ended = next((t, s) for t, s in self.turn_states.items() if s in ENDED_TURN_STATES)
+            del self.turn_states[oldest]
+            if self.earlier_turns is None:
+                self.earlier_turns = IdTable()
+            self.earlier_turns.put(oldest, TURN_STATES.index(ended))
 
 
 class HistoryItem(msgspec.Struct, frozen=True):
@@ -132,6 +156,7 @@ class Projection(msgspec.Struct):
             active_turn_id=t.active_turn_id,
             active_turn_started_at=t.active_turn_started_at,
             turn_states=t.turn_states,
+            earlier_turns=t.earlier_turns,
             last_event_at=t.last_event_at,
             last_progress_at=t.last_progress_at,
             approval_pending=bool(t.approvals),
@@ -192,11 +217,11 @@ def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
-    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) is not None:
+    if t is None or e.turn_id is None or t.turn_state(e.turn_id) is not None:
         return  # a second source's copy, or a late start after the end: one turn
     if t.active_turn_id is not None:
-        t.turn_states[t.active_turn_id] = "unclosed"
-    t.turn_states[e.turn_id] = "active"
+        t.set_turn_state(t.active_turn_id, "unclosed")
+    t.set_turn_state(e.turn_id, "active")
     t.active_turn_id = e.turn_id
     t.active_turn_started_at = at
     t.last_progress_at = at
@@ -206,9 +231,9 @@ def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
 
 def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
-    if t is None or e.turn_id is None or t.turn_states.get(e.turn_id) in ENDED_TURN_STATES:
+    if t is None or e.turn_id is None or t.turn_state(e.turn_id) in ENDED_TURN_STATES:
         return
-    t.turn_states[e.turn_id] = e.status
+    t.set_turn_state(e.turn_id, e.status)
     if t.active_turn_id == e.turn_id:
         t.active_turn_id = None
         t.active_turn_started_at = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from tillerman.ledger.events import QueueEntry
+from tillerman.ledger.id_table import IdTable
 
 #: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
 #: "failed"), or "unclosed" (the next turn started, or the source ended, first).
@@ -24,7 +25,10 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     supervised: bool = True  # False: Codex's own ephemeral housekeeping thread; nothing is decided
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None
-    turn_states: dict[str, str] = {}  # turn id -> one of TURN_STATES
+    turn_states: dict[str, str] = {}  # turn id -> one of TURN_STATES: the thread's recent turns
+    # Its older turns, all ended, by the digest of their id: their index in TURN_STATES
+    # (``tillerman.ledger.projections.RECENT_TURNS`` says why).
+    earlier_turns: IdTable | None = None
     last_event_at: float | None = None
     last_progress_at: float | None = None  # last item/message activity in the active turn
     approval_pending: bool = False
@@ -39,6 +43,16 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id``: one of TURN_STATES, or None when never seen."""
-        if turn_id is None:
-            return None
-        return self.turn_states.get(turn_id)
+        return turn_state(self.turn_states, self.earlier_turns, turn_id)
+
+
+def turn_state(recent: dict[str, str], earlier: IdTable | None, turn_id: str | None) -> str | None:
+    """The state of ``turn_id`` in a thread's turn table: its recent turns by id, then
+    its earlier ones by digest; None when it was never seen."""
+    if turn_id is None:
+        return None
+    state = recent.get(turn_id)
+    if state is None and earlier is not None:
+        index = earlier.get(turn_id)
+        state = None if index is None else TURN_STATES[index]
+    return state
