@@ -100,14 +100,21 @@ def moves(found: IntentView) -> list[tuple[str, str, str]]:
     return [(item.kind, str(item.state), item.reason) for item in found.history if item.kind != "decision"]
 
 
+def running_tool(harness: ClaudeSession, ledger: Path, seconds: int) -> tuple[str, str]:
+    """Start a turn whose Bash call sleeps ``seconds``; once the call runs and the
+    wrapper has recorded the turn (steerable), the session and the turn."""
+    turn = harness.user(f"RUN: sleep {seconds}")
+    harness.wait_for(is_tool_use)
+    session = harness.session_id
+    wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+    return session, turn
+
+
 def test_a_steer_is_folded_into_its_turn_and_acknowledged_on_the_cli_s_evidence(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        turn = harness.user("RUN: sleep 3")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 3)
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: mention bananas",
                                    expected_turn=turn, now=time.time())
         result = harness.wait_for(is_result, timeout=20)
@@ -162,10 +169,7 @@ def test_an_interrupt_kills_the_running_tool_and_is_recorded_as_separate_facts(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        turn = harness.user("RUN: sleep 20")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 20)
         intent_id = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop the sleep",
                                    expected_turn=turn, now=time.time())
         result = harness.wait_for(is_result, timeout=15)  # well before the 20 s the tool would take
@@ -203,10 +207,7 @@ def test_permission_requests_pass_through_and_the_harness_sees_the_cli_s_bytes_a
                        "--permission-prompt-tool", "stdio", env=env) as harness:
         send = harness.send
         harness.send = lambda message: (sent.append(json.dumps(message).encode() + b"\n"), send(message))[1]
-        turn = harness.user("RUN: sleep 3")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 3)
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: touch nothing",
                                    expected_turn=turn, now=time.time())
         harness.wait_for(is_result)
@@ -263,10 +264,7 @@ def test_a_killed_wrapper_resumed_delivers_nothing_twice_and_settles_from_the_tr
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     with ClaudeSession(script, first, anthropic_model.base_url, env=env) as harness:
-        turn = harness.user("RUN: sleep 3")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 3)
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: only once",
                                    expected_turn=turn, now=time.time())
         wait_until(lambda: view(ledger, intent_id).state == State.QUEUED, "the CLI to accept the steer")
@@ -294,10 +292,7 @@ def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdr
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        turn = harness.user("RUN: sleep 4")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 4)
         later = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: run me after", now=time.time())
         stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=1.5,
                                now=time.time())
@@ -319,10 +314,7 @@ def test_an_interrupt_that_cancels_the_queue_drops_our_queued_message(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        turn = harness.user("RUN: sleep 20")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 20)
         queued = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: dropped", now=time.time())
         wait_until(lambda: view(ledger, queued).state == State.QUEUED, "the CLI to queue the message")
         stop = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop, and drop the queue",
@@ -346,10 +338,7 @@ def test_a_wrapper_killed_between_its_dispatch_record_and_the_write_settles_not_
     first.mkdir()
     with ClaudeSession(script, first, anthropic_model.base_url, env={**env, "TILLERMAN_KILL_AT": "dispatch_recorded"}
                        ) as harness:
-        turn = harness.user("RUN: sleep 2")
-        harness.wait_for(is_tool_use)
-        session = harness.session_id
-        wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
+        session, turn = running_tool(harness, ledger, 2)
         cli = cli_child(harness.process.pid)
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: never written",
                                    expected_turn=turn, now=time.time())
