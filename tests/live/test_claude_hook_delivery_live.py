@@ -87,15 +87,22 @@ def requests_saying(model: AnthropicModel, text: str, since: int) -> list:
     return [r for r in model.requests[since:] if any(text in t for t in r.texts + r.tool_outputs)]
 
 
+
+def held_turn(session: ClaudeSession, ledger: Path, release: Path) -> str:
+    """Start a turn the scripted model holds until ``release`` exists; once the daemon
+    sees it running, the session's id."""
+    session.user(f"WAIT: {release}")
+    session_id = session.session_id
+    until(lambda: active_turn(ledger, session_id), "the daemon to see the turn")
+    return session_id
+
 def test_a_queued_intent_reaches_the_agent_once_at_the_stop_and_the_agent_acts_on_it(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path) -> None:
     release = tmp_path / "release"
     with supervised(tmp_path) as (spool, ledger), \
             ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
         since = len(anthropic_model.requests)
-        session.user(f"WAIT: {release}")
-        session_id = session.session_id
-        until(lambda: active_turn(ledger, session_id), "the daemon to see the turn")
+        session_id = held_turn(session, ledger, release)
         queued = propose(ledger, session_id, "queue", "RUN: echo acted-on-it")
         until(lambda: outbox_holds(spool, session_id, queued), "the daemon to fill the outbox")
         release.touch()
@@ -115,9 +122,7 @@ def test_a_steer_for_the_next_tool_denies_it_with_the_intents_text(
     with supervised(tmp_path) as (spool, ledger), \
             ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
         since = len(anthropic_model.requests)
-        session.user(f"WAIT: {release}")
-        session_id = session.session_id
-        until(lambda: active_turn(ledger, session_id), "the daemon to see the turn")
+        session_id = held_turn(session, ledger, release)
         # The queued message makes the agent call a tool in this turn; the steer meets that call.
         queued = propose(ledger, session_id, "queue", f"RUN: touch {acted}")
         steer = propose(ledger, session_id, "steer", "Do not touch files; say done.", expected_turn="active",
@@ -151,9 +156,7 @@ def test_a_busy_ledger_does_not_stall_the_session(
     with supervised(tmp_path) as (spool, ledger), \
             ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
         since = len(anthropic_model.requests)
-        session.user(f"WAIT: {release}")
-        session_id = session.session_id
-        until(lambda: active_turn(ledger, session_id), "the daemon to see the turn")
+        session_id = held_turn(session, ledger, release)
         queued = propose(ledger, session_id, "queue", "RUN: echo never")
         until(lambda: outbox_holds(spool, session_id, queued), "the daemon to fill the outbox")
         holder = sqlite3.connect(ledger, isolation_level=None)
