@@ -1,22 +1,24 @@
 """The ``tillerman`` command line. Each command opens the ledger, calls one library
-function and prints; the logic lives in the library modules it names."""
+function and prints; the logic lives in the library modules it names.
+
+Every command pays for what this module imports, so it imports only what the
+commands' options need; a command imports the library modules it calls when it runs,
+and the commands defined in other modules (``replay``, ``rules``, ``report``, …) are
+loaded only when named (``LazyGroup``): ``tillerman hook claude`` or ``tillerman replay``
+never import the daemon's WebSocket client, pydantic or the metrics library."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anyio
 import click
 import msgspec
 
-from tillerman.controller import intent_requests as intent_lib
-from tillerman.controller.claude_hooks_cli import hook, hooks
-from tillerman.controller.driver import kill_at
-from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
 from tillerman.controller.output import (
     EXIT_CHECK_FAILED,
     Fail,
@@ -38,23 +40,15 @@ from tillerman.controller.cli_shared import (
     parse_now,
     report_anchor,
 )
-from tillerman.controller.overdue import overdue as find_overdue
-from tillerman.controller.render import intent_json, overdue_json
-from tillerman.controller.recheck import CannotCheck, check_ledger
-from tillerman.controller.parallel_replay import ReplaySettings, replay_files
-from tillerman.controller.replay import FORMATS, ReplayError, collect_files
-from tillerman.controller.report_cli import report, timeline_cmd
-from tillerman.controller.review_cli import review
-from tillerman.controller.rules_cli import rules
-from tillerman.controller.log_format import LOG_FORMATS, configure_logging
+from tillerman.controller.log_format import LOG_FORMATS
 from tillerman.controller.timefmt import iso, parse_time, shorten
-from tillerman.ledger import projections, segments
-from tillerman.ledger.archive import archive as archive_ledger
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.location import shown
-from tillerman.monitor.codex_home import OWN_CLIENT_NAME, Target, TargetError, codex_home, resolve_target
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
+
+if TYPE_CHECKING:
+    from tillerman.monitor.codex_home import Target
 
 SEQ_MAX = 2**63 - 1  # SQLite's largest integer
 def _duration(ctx, param, value):
@@ -77,7 +71,34 @@ def _seq(ctx, param, value: str) -> int:
     return seq
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A group whose commands defined in other modules are imported when named (or
+    listed, for ``--help``), not when the group is: ``lazy`` maps a command's name to
+    ``module:attribute``."""
+
+    def __init__(self, *args, lazy: dict[str, str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, attribute = self.lazy[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, lazy={
+    "replay": "tillerman.controller.replay_cli:replay_cmd",
+    "rules": "tillerman.controller.rules_cli:rules",
+    "review": "tillerman.controller.review_cli:review",
+    "report": "tillerman.controller.report_cli:report",
+    "timeline": "tillerman.controller.report_cli:timeline_cmd",
+    "hooks": "tillerman.controller.claude_hooks_cli:hooks",  # Claude Code's hooks: hooks install|uninstall --claude
+    "hook": "tillerman.controller.claude_hooks_cli:hook",  # and what they run: hook claude
+})
 @click.version_option(package_name="tillerman")
 def main() -> None:
     """Supervise AI coding agents: deliver steers, queued messages and interrupts
@@ -130,6 +151,8 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
     --text "Stop the recursive grep; read src/api/ and src/db/ instead."
     """
+    from tillerman.controller import intent_requests as intent_lib
+
     with open_ledger(ledger_path) as ledger:
         new = intent_lib.propose(
             ledger, thread_id=thread, expected_turn=expected_turn, mode=mode, text=text,
@@ -152,6 +175,8 @@ def intent_cancel(intent_id, ledger_path):
 
     Example: tillerman intent cancel in-3f2a9c0d1e2b4a5f6c7d
     """
+    from tillerman.controller import intent_requests as intent_lib
+
     with open_ledger(ledger_path, must_exist=True) as ledger:
         try:
             intent_lib.cancel(ledger, intent_id)
@@ -171,12 +196,16 @@ def intent_show(intent_id, as_json, ledger_path):
 
     Example: tillerman intent show in-3f2a9c0d1e2b4a5f6c7d --json
     """
+    from tillerman.controller import intent_requests as intent_lib
+
     with open_intact_ledger(ledger_path) as ledger:
         view = intent_lib.intent_view(ledger, intent_id)
     _print_intent(view, as_json, history=True)
 
 
 def _print_intent(view, as_json: bool, history: bool) -> None:
+    from tillerman.controller.render import intent_json
+
     data = intent_json(view, history=history)
     if as_json:
         print_json(data)
@@ -200,6 +229,9 @@ def intents_list(state, as_json, ledger_path):
 
     Example: tillerman intents --state queued --json
     """
+    from tillerman.controller.render import intent_json
+    from tillerman.ledger import projections
+
     with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
     warn_undecodable(projection.undecodable)
@@ -210,133 +242,6 @@ def intents_list(state, as_json, ledger_path):
         print_json(rows)
     else:
         print_table(rows, ("id", "thread", "expected_turn", "mode", "state", "owner", "created_at"), "no intents")
-
-
-# -- replay ------------------------------------------------------------------------
-
-
-@main.command("replay")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
-              help="Input format; auto detects it per file.")
-@click.option("--ledger", "ledger_path", type=PathType(dir_okay=False),
-              help="Record into this ledger file (default: in memory, keeping only the chain head;"
-                   " $TILLERMAN_LEDGER is ignored).")
-@click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (TOML).")
-@click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
-@click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
-@click.option("--jobs", type=click.IntRange(min=1), metavar="N",
-              help="Replay on N processes, one thread family (a rollout and its forks, a transcript and its"
-                   " subagents) per task; 1 replays in this process. The result is the same for any N."
-                   "  [default: the number of cores]")
-@click.option("--check", is_flag=True,
-              help="Decide again every decision the ledger PATH records, with the rule set then in force;"
-                   " exit 1 at the first that differs.")
-@click.option("--review", is_flag=True,
-              help="Ask the configured reviewers at checkpoints the inputs did not record (default: hold them,"
-                   " with no call, so the replay is deterministic).")
-@json_option
-@click.argument("paths", nargs=-1, required=True)
-@errors_to_exit_codes
-def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs, check, review, as_json, paths):
-    """Run recorded sessions through the normalizer, rules and policy on a virtual
-    clock. Dispatches nothing; never touches a configured ledger.
-
-    With --check LEDGER: decide every recorded decision again, at its seq and time,
-    with this version's policy and the rule set the ledger recorded; exit 0 when all
-    agree, 1 at the first that differs, 2 when the ledger cannot be checked.
-
-    Example: tillerman replay --json ~/.codex/sessions/2026/11/30/
-    """
-    if check:
-        given = [name for name, value in (("--format", fmt != "auto"), ("--ledger", ledger_path),
-                                          ("--rules", rules_path), ("--config", config_path),
-                                          ("--retain-payloads", retain_payloads), ("--jobs", jobs),
-                                          ("--review", review)) if value]
-        if given or len(paths) != 1:
-            raise Fail("--check takes one ledger and uses the rule sets it recorded: give only"
-                       f" --check [--json] LEDGER{' (drop ' + ', '.join(given) + ')' if given else ''}")
-        _check(paths[0], as_json)
-        return
-    effective = load_rules_or_fail(rules_path, config_path)
-    try:
-        found = [str(p) for p in collect_files(list(paths))]  # before a --ledger is created
-    except ReplayError as exc:
-        raise Fail(str(exc)) from exc
-    ledger = open_ledger(ledger_path) if ledger_path is not None else None
-    progress = _Progress() if sys.stderr.isatty() and not as_json else None
-    settings = ReplaySettings(ruleset=effective.ruleset, fmt=fmt, patterns=effective.patterns,
-                              retain_payloads=retain_payloads, reviewers=effective.reviewers, review=review)
-    try:
-        summary = replay_files(found, settings, jobs=jobs or os.cpu_count() or 1, ledger=ledger, progress=progress)
-    except ReplayError as exc:
-        raise Fail(str(exc), exc.exit_code) from exc
-    finally:
-        if progress:
-            progress.done()
-        if ledger is not None:
-            ledger.close()
-    if ledger_path is not None:
-        summary.ledger = shown(ledger_path)
-    if as_json:
-        print_json(summary)
-        return
-    print_table([msgspec.structs.asdict(f) for f in summary.files],
-                ("path", "format", "records", "events", "quarantined", "threads", "turns",
-                 "interrupted_turns", "unclosed_turns"), "no files")
-    click.echo(f"\n{summary.events} events, {summary.decisions} decisions ({summary.decisions_digest[:19]}…),"
-               f" {summary.reports} reports")
-    if summary.intents:
-        click.echo("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
-    for item in summary.overdue:
-        click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
-    for kind, said in (summary.reviews or {}).items():
-        click.echo(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
-
-
-def _check(path: str, as_json: bool) -> None:
-    progress = _Progress(unit=lambda seq: f"seq {seq}") if sys.stderr.isatty() and not as_json else None
-    try:
-        result = check_ledger(path, progress=(lambda seq, last: progress(path, seq, last)) if progress else None)
-    except CannotCheck as exc:
-        raise Fail(str(exc), exc.exit_code) from exc
-    finally:
-        if progress:
-            progress.done()
-    if as_json:
-        print_json(result)
-    else:
-        for note in result.notes:
-            click.echo(f"note: {note}")
-        skipped = f"; {result.shadow_decisions} shadow decisions not decided again" if result.shadow_decisions else ""
-        diff = result.first_difference
-        if diff is None:
-            click.echo(f"ok: {result.decisions} decisions decided again, all agree ({result.entries} entries,"
-                       f" {result.rulesets} rule sets{skipped})")
-        else:
-            click.echo(f"DIFFERS at seq {diff.seq}: intent {diff.intent} on thread {diff.thread} at {iso(diff.at)}:"
-                       f" recorded {diff.recorded.action} ({diff.recorded.reason}), decided again"
-                       f" {diff.redecided.action} ({diff.redecided.reason}) under rule set {diff.ruleset_digest};"
-                       f" the {result.decisions - 1} decisions before it agree")
-    if not result.ok:
-        sys.exit(EXIT_CHECK_FAILED)
-
-
-class _Progress:
-    """A one-line progress meter on stderr for long replays on a terminal."""
-
-    def __init__(self, unit: Callable[[int], str] = lambda done: f"{done >> 20} MiB") -> None:
-        self.last = 0.0
-        self.unit = unit
-
-    def __call__(self, path: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self.last >= 0.2 or done >= total:
-            self.last = now
-            pct = 100 * done // total if total else 100
-            click.echo(f"\r{pct:3d}% {self.unit(done)}  {path[-60:]}", err=True, nl=False)
-
-    def done(self) -> None:
-        click.echo("\r\033[K", err=True, nl=False)
 
 
 # -- the daemon ------------------------------------------------------------------------
@@ -394,6 +299,10 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
 
     Example: tillerman run --watch ~/.codex/sessions
     """
+    from tillerman.controller.codex_process import AppServer, AppServerStartError, CodexBinaryMissing, find_codex_binary
+    from tillerman.controller.log_format import configure_logging
+    from tillerman.monitor.codex_home import OWN_CLIENT_NAME, codex_home
+
     if no_codex and (url is not None or spawn_codex):
         raise Fail("--no-codex attaches to no app-server: drop --codex and --spawn-codex, or drop --no-codex")
     if no_codex and not watch_dirs:
@@ -456,6 +365,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
 def _target(url: str | None, client_name: str | None, allow_remote: bool) -> Target:
     """The app-server to attach to. Its WebSocket has no authentication by default, so a
     host on another machine is refused unless ``--allow-remote`` says it is meant."""
+    from tillerman.monitor.codex_home import TargetError, resolve_target
+
     try:
         target = resolve_target(url, client_name)
     except TargetError as exc:
@@ -584,9 +495,11 @@ def shim_cmd(socket_path, ignored):
 
     Example: tillerman shim ~/.codex/app-server-control/tillerman.sock
     """
-    try:
-        from tillerman.controller.shim import run_shim
+    import anyio
 
+    from tillerman.controller.shim import run_shim
+
+    try:
         anyio.run(run_shim, socket_path)
     except OSError as exc:
         raise Fail(f"cannot connect to {socket_path}: {exc}; is the shared app-server running?") from exc
@@ -607,6 +520,10 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
 
     Example: tillerman overdue --check --json
     """
+    from tillerman.controller.overdue import overdue as find_overdue
+    from tillerman.controller.render import overdue_json
+    from tillerman.ledger import projections
+
     now = parse_now(now_text)
     with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
@@ -670,6 +587,8 @@ def ledger_export(after, ledger_path):
 
     Example: tillerman ledger export > ledger.jsonl
     """
+    from tillerman.ledger import segments
+
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     with open_intact_ledger(ledger_path) as recorder:
@@ -740,6 +659,9 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
 
     Example: tillerman ledger archive --before 2026-10-01T00:00:00Z --dry-run
     """
+    from tillerman.controller.driver import kill_at  # the crash checkpoints tests set
+    from tillerman.ledger.archive import archive as archive_ledger
+
     try:
         before = parse_time(before_text)
     except ValueError as exc:
@@ -763,12 +685,6 @@ def ledger_archive(before_text, dry_run, as_json, ledger_path):
         click.echo(f"ledger {result.bytes_before:,} -> {result.bytes_after:,} bytes")
 
 
-main.add_command(rules)
-main.add_command(review)
-main.add_command(report)
-main.add_command(timeline_cmd)
-main.add_command(hooks)  # Claude Code's hooks: hooks install|uninstall --claude
-main.add_command(hook)  # and what they run: hook claude
 
 
 # -- claude: the stream-json wrapper -------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,8 +17,10 @@ from tillerman.controller.timefmt import parse_time
 from tillerman.ledger.errors import SchemaError
 from tillerman.ledger.location import is_database_url, open_recorder, shown
 from tillerman.ledger.recorder import Recorder
-from tillerman.rules.config import Effective, config_file, load_effective
 from tillerman.rules.errors import RuleSetError
+
+if TYPE_CHECKING:
+    from tillerman.rules.config import Effective
 
 LEDGER_HELP = ("Ledger file, or a PostgreSQL database as postgresql://USER@HOST/DB (default: $TILLERMAN_LEDGER,"
                " else $XDG_STATE_HOME/tillerman/ledger.sqlite3).")
@@ -108,6 +111,8 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None, *, refus
     ``--config`` as given (no ``--config``: the default config file, if any). A file
     someone else could have written is refused with ``refuse_unsafe`` (``run``: the
     daemon acts on it), and otherwise only warned about."""
+    from tillerman.rules.config import config_file, load_effective  # not for the commands that read no rules
+
     try:
         return load_effective(Path(rules_path) if rules_path else None, config_file(config_path),
                               on_unsafe=None if refuse_unsafe else warn_unsafe)

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
@@ -41,10 +40,9 @@ from tillerman.rules.errors import RuleSetError, show
 from tillerman.rules.file_safety import read_file
 from tillerman.rules.files import default_rules, load_config, load_rules
 from tillerman.rules.notify import NotifySink
+from tillerman.rules.owner import owner_grant
 from tillerman.rules.review import Reviewer
-from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.toml_source import locate, parse_toml
-from tillerman.rules.validation import validation_report
 from tillerman.rules.ruleset import Rule, RuleSet, build_ruleset
 
 PATTERN_KEYS = ("critical", "external")
@@ -63,12 +61,6 @@ class Effective(msgspec.Struct, frozen=True, kw_only=True):
         return next((r for r in self.reviewers if r.name == name), None)
 
 
-class _PatternsSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    critical: list[str] | None = None
-    external: list[str] | None = None
-
-
 def patterns_digest(patterns: CommandPatterns) -> str:
     body = msgspec.json.encode({"critical": list(patterns.critical), "external": list(patterns.external)})
     return "sha256:" + hashlib.sha256(body).hexdigest()
@@ -76,6 +68,11 @@ def patterns_digest(patterns: CommandPatterns) -> str:
 
 def load_patterns(text: str, source: str) -> CommandPatterns:
     """The ``[patterns]`` table of a config file (absent: the built-in patterns)."""
+    from pydantic import ValidationError  # the schema's imports only for a config file to validate
+
+    from tillerman.rules.schema import PatternsSpec
+    from tillerman.rules.validation import validation_report
+
     data = parse_toml(text, source)
     table = data.get("patterns")
     if table is None:
@@ -85,7 +82,7 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
         raise RuleSetError(f"{source}:{line}: top level field patterns: must be a table, written [patterns] "
                            "followed by critical = [...] and external = [...]")
     try:
-        spec = _PatternsSpec.model_validate(table)
+        spec = PatternsSpec.model_validate(table)
     except ValidationError as exc:
         raise RuleSetError(validation_report(exc.errors(), lambda error: _describe(error, table, text, source),
                                              source)) from None
@@ -150,13 +147,13 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
         text = read_file(config_path, on_unsafe=on_unsafe)
         config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
-    else:
-        config, patterns = NO_CONFIG, DEFAULT_PATTERNS
-    reviewers = config.reviewers()
+        grants, reviewers, sinks = config.grants(), config.reviewers(), config.sinks()
+    else:  # what ``tillerman.rules.schema.NO_CONFIG`` holds, without importing the schema
+        grants, reviewers, sinks, patterns = (owner_grant(),), (), (), DEFAULT_PATTERNS
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
                        {r.name for r in reviewers}, config_path)
-    return Effective(ruleset=build_ruleset(rules, config.grants()), patterns=patterns,
-                     patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=config.sinks())
+    return Effective(ruleset=build_ruleset(rules, grants), patterns=patterns,
+                     patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks)
 
 
 def check_review_names(rules: Sequence[Rule], text: str, source: str, names: set[str],

@@ -10,14 +10,29 @@ file, line, field and fix (``tillerman.rules.validation``). Every problem raises
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from tillerman.rules.errors import RuleSetError
 from tillerman.rules.ruleset import Grant, Rule, RuleSet, build_ruleset
-from tillerman.rules.schema import ConfigFile, RulesFile
 from tillerman.rules.toml_source import locate, parse_toml
-from tillerman.rules.validation import validate
+
+if TYPE_CHECKING:
+    from tillerman.rules.schema import ConfigFile
+
+#: ``rules/defaults.toml`` validated once: its rules, with the digest of the text they
+#: came from. Loading them needs no schema (pydantic alone takes longer to import than
+#: a small replay runs); ``python -m tillerman.rules.files`` writes it again.
+COMPILED_DEFAULTS = "defaults.compiled.json"
+
+
+class CompiledRules(msgspec.Struct, frozen=True):
+    source: str  # sha256 of the rule file's bytes
+    rules: tuple[Rule, ...]
 
 
 def default_ruleset() -> RuleSet:
@@ -28,6 +43,9 @@ def default_ruleset() -> RuleSet:
 
 def load_rules(text: str, source: str) -> tuple[Rule, ...]:
     """The ``[[rule]]`` tables of a rule file, validated, each id used once."""
+    from tillerman.rules.schema import RulesFile  # pydantic: only for a rule file to validate
+    from tillerman.rules.validation import validate
+
     data = parse_toml(text, source)
     specs = validate(RulesFile, data, text, source).rule
     _check_unique([spec.id for spec in specs], "rule", "id", text, source,
@@ -38,6 +56,9 @@ def load_rules(text: str, source: str) -> tuple[Rule, ...]:
 def load_config(text: str, source: str) -> ConfigFile:
     """The grants, ``[defaults]`` and ``[[reviewer]]`` tables of a config file, validated,
     each reviewer name used once."""
+    from tillerman.rules.schema import ConfigFile
+    from tillerman.rules.validation import validate
+
     config = validate(ConfigFile, parse_toml(text, source), text, source)
     _check_unique([spec.name for spec in config.reviewer], "reviewer", "name", text, source,
                   "give each [[reviewer]] its own name")
@@ -52,10 +73,29 @@ def load_grants(text: str, source: str) -> tuple[Grant, ...]:
 
 
 def default_rules() -> tuple[Rule, ...]:
-    """The rules of ``rules/defaults.toml``, shipped with the package."""
+    """The rules of ``rules/defaults.toml``, shipped with the package: from the compiled
+    copy while it was compiled from this very text, else validated again."""
+    text = _package_file("defaults.toml")
+    compiled = msgspec.json.decode(_package_file(COMPILED_DEFAULTS), type=CompiledRules)
+    if compiled.source == _text_digest(text):
+        return compiled.rules
+    return load_rules(text.decode("utf-8"), "rules/defaults.toml")
+
+
+def compile_defaults() -> bytes:
+    """The compiled copy of ``rules/defaults.toml`` (``COMPILED_DEFAULTS``), validated now."""
+    text = _package_file("defaults.toml")
+    rules = load_rules(text.decode("utf-8"), "rules/defaults.toml")
+    return msgspec.json.format(msgspec.json.encode(CompiledRules(_text_digest(text), rules))) + b"\n"
+
+
+def _package_file(name: str) -> bytes:
     # This package's own file: another distribution may install a top-level "rules".
-    resource = importlib.resources.files(__package__) / "defaults.toml"
-    return load_rules(resource.read_text(encoding="utf-8"), "rules/defaults.toml")
+    return (importlib.resources.files(__package__) / name).read_bytes()
+
+
+def _text_digest(text: bytes) -> str:
+    return "sha256:" + hashlib.sha256(text).hexdigest()
 
 
 def _check_unique(names: Sequence[str], table: str, key: str, text: str, source: str, fix: str) -> None:
@@ -67,3 +107,7 @@ def _check_unique(names: Sequence[str], table: str, key: str, text: str, source:
                 f'{source}:{line}: {table} "{name}" field {key}: duplicate {key}, already used at line {earlier}; {fix}'
             )
         first[name] = index
+
+
+if __name__ == "__main__":  # after editing rules/defaults.toml: write the compiled copy again
+    (importlib.resources.files(__package__) / COMPILED_DEFAULTS).write_bytes(compile_defaults())

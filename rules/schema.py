@@ -246,6 +246,14 @@ class ConfigFile(BaseModel):
 
 #: No config file at all: the built-in owner grant and nothing else.
 NO_CONFIG = ConfigFile()
+
+
+class PatternsSpec(BaseModel):
+    """``[patterns]`` (``tillerman.rules.config.load_patterns`` checks each expression)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    critical: list[str] | None = None
+    external: list[str] | None = None
 #: The config file's plain tables (``[name]``, not ``[[name]]``) validated here.
 TABLES: dict[str, type[BaseModel]] = {"defaults": DefaultsSpec}
 

@@ -12,7 +12,9 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def _commands(group: click.Group, prefix: str = "tillerman"):
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the lazily loaded ones too
+        command = group.get_command(ctx, name)
         path = f"{prefix} {name}"
         if isinstance(command, click.Group):
             yield from _commands(command, path)
