@@ -24,8 +24,6 @@ held lock. They ignore SIGINT; Ctrl-C reaches the parent, which terminates them.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -180,6 +178,9 @@ _worker: dict = {}  # in a worker: its settings and progress queue, set once at 
 
 def _context(ledger: bool):
     """How workers start (see the module's docstring)."""
+    import multiprocessing  # only for a pool: most replays are one group, in this process
+    import multiprocessing.forkserver
+
     methods = multiprocessing.get_all_start_methods()
     if not ledger and "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")

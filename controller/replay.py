@@ -28,16 +28,15 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from tillerman.controller.checkpoints import Checkpoints, asked_now, review_counts, without_call
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
 from tillerman.controller.supervisor import Step
 from tillerman.controller.timers import Timers
 from tillerman.ledger import events as ev
-from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.forgetting import ForgettingProjection
@@ -53,10 +52,12 @@ from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.ledger.snapshot import ThreadSnapshot
-from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.detect import Triggers, triggers, triggers_may_find
 from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
+
+if TYPE_CHECKING:
+    from tillerman.controller.checkpoints import Checkpoints
 
 CHUNK = 1 << 20
 HEAD = 64 * 1024
@@ -207,7 +208,7 @@ class Replayer:
         self.step = Step(ruleset, replay=True)
         # Reviews (``tillerman.controller.checkpoints``): a recorded answer is used, a new
         # checkpoint is held (no call: deterministic) or, with ``review``, asked.
-        self.checkpoints = Checkpoints(reviewers, replay=True) if reviewers else None
+        self.checkpoints = _checkpoints(reviewers) if reviewers else None
         self.review = review
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
@@ -275,7 +276,7 @@ class Replayer:
             intents=self.projection.intent_counts(),
             overdue=[overdue_json(o) for o in overdue(self.projection, now)],
             ruleset_digest=self.ruleset.digest,
-            reviews=review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
+            reviews=_review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
         )
 
     def _replay_file(self, path: Path) -> FileSummary:
@@ -401,6 +402,8 @@ class Replayer:
             self._checkpoints([v.intent.id for v in views], now)
 
     def _checkpoints(self, intent_ids: list[str], now: float) -> None:
+        from tillerman.controller.checkpoints import asked_now, without_call
+
         checkpoints = self.checkpoints
         self._record(checkpoints.consequences(self.projection, self.ruleset, now))
         views = [self._open[i] for i in intent_ids if i in self._open]
@@ -539,7 +542,22 @@ def _review_records(path: Path) -> Iterator[Envelope]:
             yield entry.envelope
 
 
+def _checkpoints(reviewers: tuple[Reviewer, ...]) -> Checkpoints:
+    from tillerman.controller.checkpoints import Checkpoints  # reviews' machinery only with reviewers
+
+    return Checkpoints(reviewers, replay=True)
+
+
+def _review_counts(checkpoints: Checkpoints, held: list[str]) -> dict[str, dict[str, int]]:
+    from tillerman.controller.checkpoints import review_counts
+
+    return review_counts(checkpoints, held)
+
+
 def _stored_entries(path: Path) -> Iterator[Entry]:
+    from tillerman.ledger import segments  # SQLite only for a ledger given as input
+    from tillerman.ledger.sqlite import SQLiteRecorder
+
     try:
         ledger: Recorder = SQLiteRecorder(path, readonly=True)
     except LedgerError as exc:

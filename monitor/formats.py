@@ -6,25 +6,43 @@ complete record when there is one) and at the path; ``None`` when nothing fits.
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Iterator, Mapping
 
 import msgspec
 
-from tillerman.monitor.appserver_trace import AppServerTraceParser
-from tillerman.monitor.claude_hooks import ClaudeHooksParser
-from tillerman.monitor.claude_stream import ClaudeStreamParser
-from tillerman.monitor.claude_transcript import ClaudeTranscriptParser
-from tillerman.monitor.codex_exec import CodexExecParser
-from tillerman.monitor.codex_rollout import CodexRolloutParser
-from tillerman.monitor.codex_tui import CodexTuiParser
 from tillerman.monitor.lines import decode_json
 from tillerman.monitor.parser import Parser
 
-PARSERS: dict[str, type[Parser]] = {
-    parser.format: parser
-    for parser in (CodexRolloutParser, CodexExecParser, CodexTuiParser, ClaudeTranscriptParser,
-                   ClaudeStreamParser, ClaudeHooksParser, AppServerTraceParser)
-}
+
+class _Parsers(Mapping[str, type[Parser]]):
+    """Each format's parser by name, its module imported when the format is first asked
+    for: a replay of Codex rollouts never imports the Claude or trace parsers."""
+
+    def __init__(self, where: dict[str, str]) -> None:
+        self._where = where  # format -> "module:class"
+
+    def __getitem__(self, name: str) -> type[Parser]:
+        module, cls = self._where[name].split(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+PARSERS: Mapping[str, type[Parser]] = _Parsers({
+    "codex-rollout": "tillerman.monitor.codex_rollout:CodexRolloutParser",
+    "codex-exec": "tillerman.monitor.codex_exec:CodexExecParser",
+    "codex-tui": "tillerman.monitor.codex_tui:CodexTuiParser",
+    "claude-transcript": "tillerman.monitor.claude_transcript:ClaudeTranscriptParser",
+    "claude-stream-json": "tillerman.monitor.claude_stream:ClaudeStreamParser",
+    "claude-hooks": "tillerman.monitor.claude_hooks:ClaudeHooksParser",
+    "appserver-trace": "tillerman.monitor.appserver_trace:AppServerTraceParser",
+})
 
 _ROLLOUT_TYPES = frozenset({"session_meta", "turn_context", "response_item", "event_msg", "compacted",
                             "world_state", "token_usage_record"})
