@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -30,8 +31,10 @@ from tillerman.controller.replay import Replayer, collect_files
 from tillerman.controller.timefmt import iso
 from tillerman.ledger import events as ev
 from tillerman.ledger.intents import intent_id_from
-from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import Effective
+
+if TYPE_CHECKING:
+    from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 class Act(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,6 +109,8 @@ def collect_acts(recorder: SQLiteRecorder) -> dict[str, tuple[Act, _Where]]:
 
 
 def _replay(path: Path, effective: Effective) -> dict[str, tuple[Act, _Where]]:
+    from tillerman.ledger.sqlite import SQLiteRecorder  # only when `rules diff` runs
+
     with SQLiteRecorder(":memory:") as recorder:
         Replayer(recorder, effective.ruleset, patterns=effective.patterns).run([str(path)])
         return collect_acts(recorder)
