@@ -11,8 +11,8 @@ file, line, field and fix (``tillerman.rules.validation``). Every problem raises
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -89,9 +89,13 @@ def compile_defaults() -> bytes:
     return msgspec.json.format(msgspec.json.encode(CompiledRules(_text_digest(text), rules))) + b"\n"
 
 
+#: This package's own folder (another distribution may install a top-level "rules"):
+#: read directly, since ``importlib.resources`` alone imports ``zipfile`` and ``tempfile``.
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
 def _package_file(name: str) -> bytes:
-    # This package's own file: another distribution may install a top-level "rules".
-    return (importlib.resources.files(__package__) / name).read_bytes()
+    return (PACKAGE_DIR / name).read_bytes()
 
 
 def _text_digest(text: bytes) -> str:
@@ -110,4 +114,4 @@ def _check_unique(names: Sequence[str], table: str, key: str, text: str, source:
 
 
 if __name__ == "__main__":  # after editing rules/defaults.toml: write the compiled copy again
-    (importlib.resources.files(__package__) / COMPILED_DEFAULTS).write_bytes(compile_defaults())
+    (PACKAGE_DIR / COMPILED_DEFAULTS).write_bytes(compile_defaults())
