@@ -21,8 +21,6 @@ import re
 
 import msgspec
 
-from tillerman.monitor.claude_transcript import SUBAGENT_FILE
-from tillerman.monitor.codex_rollout import THREAD_FROM_PATH
 from tillerman.monitor.lines import decode_json
 
 # A ``session_meta`` line longer than the opening (long base instructions) is cut: its
@@ -38,6 +36,8 @@ def file_threads(fmt: str | None, head: bytes, path: str) -> frozenset[str]:
 
 
 def _rollout(head: bytes, path: str) -> set[str]:
+    from tillerman.monitor.codex_rollout import THREAD_FROM_PATH  # each format's parser only when its files are read
+
     found = THREAD_FROM_PATH.search(path)
     ids = {found.group(1)} if found else set()
     first = _first_record(head)
@@ -52,6 +52,8 @@ def _rollout(head: bytes, path: str) -> set[str]:
 
 
 def _claude(head: bytes, path: str) -> set[str]:
+    from tillerman.monitor.claude_transcript import SUBAGENT_FILE
+
     found = SUBAGENT_FILE.search(path)
     ids = {found.group(1)} if found else set()
     session = next(filter(None, (_text_at(record, "sessionId") for record in _records(head))), None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from typing import Any
 
 from tillerman.rules.errors import RuleSetError
@@ -18,6 +17,8 @@ _TOML_POSITION = re.compile(r"(?P<what>.*) \(at line (?P<line>\d+), column (?P<c
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:
+    import tomllib  # only for a rule or config file: the built-in rules come compiled
+
     try:
         return tomllib.loads(text)
     except RecursionError:
