@@ -81,7 +81,7 @@ class LazyGroup(click.Group):
         self.lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *self.lazy])
+        return sorted({*super().list_commands(ctx), *self.lazy})  # a loaded one is in both
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy and cmd_name not in self.commands:

@@ -50,3 +50,14 @@ def test_a_replay_into_a_ledger_imports_sqlite_and_still_no_daemon(tmp_path):
 
 def test_each_format_names_its_parser_which_is_imported_when_asked_for():
     assert sorted(PARSERS) == sorted(PARSERS[name].format for name in PARSERS)
+
+
+def test_help_lists_each_command_once_after_one_was_loaded():
+    from click.testing import CliRunner
+
+    from tillerman.controller.cli import main
+
+    runner = CliRunner()
+    assert runner.invoke(main, ["replay", "--help"]).exit_code == 0
+    listed = runner.invoke(main, ["--help"]).output.split("Commands:")[1].split()
+    assert listed.count("replay") == 1 and listed.count("rules") == 1
