@@ -42,6 +42,9 @@ def discover(only: list[str] | None = None) -> list[str]:
 def run_module(module: str, quick: bool, timeout: float | None) -> tuple[list[dict], float]:
     start = time.monotonic()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # Measured as installed: with PYTHONDONTWRITEBYTECODE every tillerman process would
+    # compile its modules again at each start, which no installed copy does.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         proc = subprocess.run([sys.executable, "-c", _CHILD, module, "quick" if quick else "full"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
