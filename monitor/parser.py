@@ -27,7 +27,17 @@ import msgspec
 from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.digest import digest, payload, size
-from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, TypedLines, decode_object
+from tillerman.monitor.lines import (
+    MAX_LINE,
+    TOO_DEEP,
+    WRONG_TYPE,
+    Line,
+    LineFramer,
+    Skipped,
+    TooDeep,
+    TypedLines,
+    decode_record,
+)
 
 
 class Parsed(msgspec.Struct, frozen=True):
@@ -82,17 +92,21 @@ class Parser:
         self.records = 0
         self.unknown_types: collections.Counter[str] = collections.Counter()
         self._framer = LineFramer(max_line)
-        self._line: Line | None = None  # the record being read, for subclasses
+        # Byte offset of the record being read: a stable id where the format has none.
+        self._offset = 0
 
     def use_patterns(self, patterns: CommandPatterns) -> None:
         """Classify commands with these patterns from now on (a reloaded configuration)."""
         self.patterns = patterns
 
     def feed(self, data: bytes) -> list[Parsed]:
-        return self._parse(self._framer.feed(data))
+        offset = self._framer.consumed
+        frames = self._framer.split(data)
+        return self._parse(frames, offset, self._framer.ascii)
 
     def close(self) -> list[Parsed]:
-        return self._parse(self._framer.close())
+        tail = self._framer.close()
+        return self._parse(tail, tail[0].offset, False) if tail else []
 
     @property
     def consumed(self) -> int:
@@ -101,42 +115,52 @@ class Parser:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _parse(self, frames: list[Line | Skipped]) -> list[Parsed]:
+    def _parse(self, frames: list[bytes | Line | Skipped], offset: int, ascii: bool) -> list[Parsed]:
+        """Events of ``frames`` (line bodies, an unterminated tail, skipped ranges) whose
+        first starts at ``offset``; ``ascii``: every body is known to be ASCII."""
         out: list[Parsed] = []
-        decode = decode_object if self.lines is None else self.lines.decode
+        typed = self.lines.decode if self.lines is not None else None
+        stamp, seconds, handle = self._stamp, self._seconds, self._events
         for frame in frames:
-            if isinstance(frame, Skipped):
+            if frame.__class__ is bytes:
+                data, terminated, length = frame, True, len(frame) + 1
+            elif isinstance(frame, Skipped):
                 self.records += 1
                 out.append(self._quarantine(frame.offset, frame.length, frame.reason))
+                offset += frame.length
                 continue
-            record = decode(frame)
+            else:
+                data, terminated, length = frame.data, frame.terminated, frame.length
+            at, offset = offset, offset + length
+            record = typed(data, terminated, ascii) if typed is not None else decode_record(data, terminated)
             if record is None:
                 continue  # blank line: whitespace needs no account
             self.records += 1
-            if isinstance(record, str):
-                out.append(self._quarantine(frame.offset, frame.length, record))
+            if record.__class__ is str:
+                out.append(self._quarantine(at, length, record))
                 continue
-            self._line = frame
+            self._offset = at
             try:
-                at = source_time(self._time(record))
-                events = self._events(record)
+                # The time's type is checked before any state changes; the time itself
+                # is read only for a record with events (most records have none).
+                when = stamp(record)
+                events = handle(record)
+                if events:
+                    when = source_time(seconds(when))
+            except TooDeep:
+                out.append(self._quarantine(at, length, TOO_DEEP))
+                continue
             except (WrongType, TypeError, AttributeError, KeyError, ValueError):
                 # Wrong types deep inside a record: refuse the record, keep going.
-                out.append(self._quarantine(frame.offset, frame.length, WRONG_TYPE))
+                out.append(self._quarantine(at, length, WRONG_TYPE))
                 continue
             if events:
-                out.extend(Parsed(event, frame.offset, frame.length, i, at) for i, event in enumerate(events))
+                out.extend([Parsed(event, at, length, i, when) for i, event in enumerate(events)])
         return out
 
     def _quarantine(self, offset: int, length: int, reason: str) -> Parsed:
         event = Quarantined(source=self.source, offset=offset, length=length, reason=reason)
         return Parsed(event, offset, length, 0, None)
-
-    @property
-    def _offset(self) -> int:
-        """Byte offset of the record being read: a stable id where the format has none."""
-        assert self._line is not None
-        return self._line.offset
 
     # -- for subclasses --------------------------------------------------------
 
@@ -145,6 +169,15 @@ class Parser:
 
     def _time(self, record: dict) -> float | None:
         return None
+
+    def _stamp(self, record: Any) -> Any:
+        """The record's source time as read, its type checked (``WrongType``): read
+        before the record's events change any state. By default the time itself."""
+        return self._time(record)
+
+    def _seconds(self, stamp: Any) -> float | None:
+        """What ``_stamp`` read, as epoch seconds; asked only of records with events."""
+        return stamp
 
     def _user_message(self, text: str, **ids: Any) -> UserMessage:
         p = payload(text, retain=self.retain_payloads)
@@ -207,7 +240,11 @@ def as_obj(value: Any, key: str) -> dict:
 
 
 def items(record: dict, key: str) -> list:
-    value = record.get(key)
+    return as_list(record.get(key), key)
+
+
+def as_list(value: Any, key: str) -> list:
+    """A list; a missing one reads as empty."""
     if value is None:
         return []
     if isinstance(value, list):
@@ -298,6 +335,13 @@ class OpenCalls:
         for call_id, _ in abandoned:
             self.finish(call_id, authoritative=True)
         return abandoned
+
+    def repeated(self, call_id: str, *, authoritative: bool) -> bool:
+        """Whether ``finish`` would call this report a repeat (asking changes nothing)."""
+        if call_id not in self._done:
+            return False
+        _, settled = self._done[call_id]
+        return settled or not authoritative
 
     def finish(self, call_id: str, *, authoritative: bool) -> Call | None | bool:
         """The call's start (None when unseen) when this report is news; False for a repeat."""
