@@ -164,6 +164,7 @@ class LineFramer:
 
 
 _decoder = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder().encode
 
 
 class TooDeep(msgspec.DecodeError):
@@ -197,9 +198,20 @@ def nested(value: Any, level: int) -> Any:
     """``value``, read from a record at nesting ``level`` (a field of the record itself
     is at level 2), or ``TooDeep`` when an object or array in it nests past
     ``MAX_DEPTH`` levels counted from the record, as ``decode_json`` counts them."""
-    if isinstance(value, dict | list) and _deeper_than(value, MAX_DEPTH - level + 1):
+    if isinstance(value, dict | list) and _maybe_deeper_than(value, MAX_DEPTH - level + 1):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _maybe_deeper_than(value: dict | list, limit: int) -> bool:
+    """``_deeper_than``, first bounded cheaply: a value whose JSON opens no more than
+    ``limit`` brackets (strings' brackets counted too) nests no deeper than that."""
+    try:
+        if _brackets(_encode(value)) <= limit:
+            return False
+    except RecursionError:  # it was decoded, so it can be walked (iteratively)
+        pass
+    return _deeper_than(value, limit)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -26,7 +26,7 @@ import msgspec
 
 from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
-from tillerman.monitor.digest import digest, payload, size
+from tillerman.monitor.digest import digest, measure, payload
 from tillerman.monitor.lines import (
     MAX_LINE,
     TOO_DEEP,
@@ -121,11 +121,11 @@ class Parser:
         out: list[Parsed] = []
         typed = self.lines.decode if self.lines is not None else None
         stamp, seconds, handle = self._stamp, self._seconds, self._events
+        blank = 0
         for frame in frames:
             if frame.__class__ is bytes:
                 data, terminated, length = frame, True, len(frame) + 1
             elif isinstance(frame, Skipped):
-                self.records += 1
                 out.append(self._quarantine(frame.offset, frame.length, frame.reason))
                 offset += frame.length
                 continue
@@ -134,8 +134,8 @@ class Parser:
             at, offset = offset, offset + length
             record = typed(data, terminated, ascii) if typed is not None else decode_record(data, terminated)
             if record is None:
-                continue  # blank line: whitespace needs no account
-            self.records += 1
+                blank += 1  # whitespace needs no account
+                continue
             if record.__class__ is str:
                 out.append(self._quarantine(at, length, record))
                 continue
@@ -156,6 +156,7 @@ class Parser:
                 continue
             if events:
                 out.extend([Parsed(event, at, length, i, when) for i, event in enumerate(events)])
+        self.records += len(frames) - blank  # every frame is a record but blank lines
         return out
 
     def _quarantine(self, offset: int, length: int, reason: str) -> Parsed:
@@ -205,11 +206,11 @@ class Parser:
     ) -> ItemCompleted:
         # ``flags``: critical/external from the start, when the end lacks the command.
         critical, external = flags if flags is not None else self._classify(command)
+        output_digest, output_size = (None, None) if output is None else measure(output)
         return ItemCompleted(
             item_id=item_id, item_type=item_type, critical=critical, external=external,
             args_digest=None if args is None else digest(args),
-            output_digest=None if output is None else digest(output),
-            output_size=None if output is None else size(output), **fields,
+            output_digest=output_digest, output_size=output_size, **fields,
         )
 
 
