@@ -278,9 +278,6 @@ class CodexRolloutParser(Parser):
             self.unknown_types[str(kind)] += 1
         return []
 
-    def _ids(self) -> dict:
-        return {"thread_id": self._thread, "turn_id": self._turn}
-
     # -- session and turns -------------------------------------------------------
 
     def _session_meta(self, body: _SessionMetaBody) -> list[Event]:
@@ -299,7 +296,7 @@ class CodexRolloutParser(Parser):
     def _start_turn(self, turn_id: str) -> list[Event]:
         self._turn = turn_id
         self._said.clear()
-        return [TurnStarted(**self._ids())]
+        return [TurnStarted(thread_id=self._thread, turn_id=self._turn)]
 
     def _end_turn(self, turn_id: str | None, status: str, duration_ms: int | None = None) -> list[Event]:
         turn_id = turn_id or self._turn
@@ -326,7 +323,7 @@ class CodexRolloutParser(Parser):
         return self._agent_output(as_text(body.message, "message") or "", item_id=None)
 
     def _error_msg(self, body: _ErrorMsg | _StreamError) -> list[Event]:
-        return [Error(message_digest=digest(as_text(body.message, "message") or ""), **self._ids())]
+        return [Error(message_digest=digest(as_text(body.message, "message") or ""), thread_id=self._thread, turn_id=self._turn)]
 
     def _item_completed_msg(self, body: _ItemCompleted) -> list[Event]:
         """0.163 writes user input, agent output and commands as completed items."""
@@ -359,22 +356,22 @@ class CodexRolloutParser(Parser):
             events += self._start_turn(f"turn@{self._offset}")
         # A copy without the client id adds nothing; one with it carries the echo.
         if self._first_report("user", said, rich=item_id is not None) or client_id:
-            events.append(self._user_message(said, client_id=client_id, item_id=item_id, **self._ids()))
+            events.append(self._user_message(said, client_id=client_id, item_id=item_id, thread_id=self._thread, turn_id=self._turn))
         return events
 
     def _agent_output(self, said: str, *, item_id: str | None) -> list[Event]:
         if not self._first_report("agent", said, rich=item_id is not None):
             return []
-        return [self._agent_message(said, item_id=item_id, **self._ids())]
+        return [self._agent_message(said, item_id=item_id, thread_id=self._thread, turn_id=self._turn)]
 
     def _first_report(self, role: str, said: str, *, rich: bool) -> bool:
         """False when this message is the other record kind's copy of one already reported.
 
         Some versions write a message both as ``event_msg user_message`` /
-        ``agent_message`` and as ``item_completed``; within a turn, equal digests
-        from the two kinds are one message.
+        ``agent_message`` and as ``item_completed``; within a turn, equal texts from
+        the two kinds are one message (the texts are kept, not hashed, until the turn ends).
         """
-        key = (role, digest(said))
+        key = (role, said)
         if self._said[(key, not rich)] > 0:
             self._said[(key, not rich)] -= 1
             return False
@@ -385,7 +382,7 @@ class CodexRolloutParser(Parser):
 
     def _call_started(self, call_id: str, item_type: str, tool: str | None, command: str | None,
                       args) -> list[Event]:
-        started = self._item_started(call_id, item_type, command=command, args=args, tool=tool, **self._ids())
+        started = self._item_started(call_id, item_type, command=command, args=args, tool=tool, thread_id=self._thread, turn_id=self._turn)
         if not self._calls.start(call_id, Call(self._turn, item_type, tool, started.critical, started.external)):
             return []
         return [started]
@@ -468,7 +465,7 @@ class CodexRolloutParser(Parser):
     def _web_search_call(self, body: _WebSearchCall) -> list[Event]:
         item_id = as_text(body.id, "id") or f"search@{self._offset}"
         return [self._item_completed(item_id, "webSearch", status=as_text(body.status, "status") or "completed",
-                                     **self._ids())]
+                                     thread_id=self._thread, turn_id=self._turn)]
 
 
 _P = CodexRolloutParser

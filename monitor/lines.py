@@ -6,13 +6,16 @@ its newline arrives; ``close()`` hands back an unterminated tail. A line longer
 than ``max_line`` is never held: once the limit is passed the framer only counts
 bytes until the next newline and then reports the whole range as skipped. So the
 memory used is bounded by ``max_line`` plus one chunk, whatever the file size, and
-every byte range comes back either as a line or as a skipped range.
+every byte range comes back either as a line or as a skipped range. ``split`` is the
+same without a ``Line`` per line (bodies only, offsets implied by their lengths), with
+one ``bytes.split`` per chunk: the parsers' path.
 
 ``decode_json`` is the one place untrusted JSON is decoded (file records, the
 app-server's frames, JSON inside their strings); ``decode_object`` turns a line into
 a dict or the reason it is refused. ``TypedLines`` reads a format's lines into its
-msgspec Structs, skipping the fields no event uses, and refuses exactly the lines
-``decode_object`` refuses.
+msgspec Structs, skipping the fields no event uses; it refuses what ``decode_object``
+refuses, except a number beyond a double or nesting past ``MAX_DEPTH`` inside a skipped
+field (see ``TypedLines``).
 """
 
 from __future__ import annotations
