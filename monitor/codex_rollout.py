@@ -254,16 +254,12 @@ class CodexRolloutParser(Parser):
         return iso_time(stamp)
 
     def _events(self, record: _Line | dict) -> list[Event]:
-        handler = _RECORD_HANDLERS.get(record.__class__)
-        return handler(self, record) if handler is not None else []  # None: a quiet type
-
-    def _event_msg(self, record: _EventMsg) -> list[Event]:
-        handler = _EVENT_HANDLERS.get(record.payload.__class__)
-        return handler(self, record.payload) if handler is not None else []
-
-    def _response_item(self, record: _ResponseItem) -> list[Event]:
-        handler = _ITEM_HANDLERS.get(record.payload.__class__)
-        return handler(self, record.payload) if handler is not None else []
+        kind = record.__class__
+        if kind is _EventMsg or kind is _ResponseItem:  # nearly every record: one look-up
+            handler = _BODY_HANDLERS.get(record.payload.__class__)
+            return handler(self, record.payload) if handler is not None else []  # None: a quiet type
+        handler = _RECORD_HANDLERS.get(kind)
+        return handler(self, record) if handler is not None else []
 
     def _session_meta_record(self, record: _SessionMeta) -> list[Event]:
         return self._session_meta(record.payload or _SessionMetaBody())
@@ -477,14 +473,14 @@ _EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = 
     _McpEnd: _P._mcp_end,
 }
 _RECORD_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
-    _EventMsg: _P._event_msg, _ResponseItem: _P._response_item, _SessionMeta: _P._session_meta_record,
-    dict: _P._untyped,
+    _SessionMeta: _P._session_meta_record, dict: _P._untyped,
 }
 _ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _FunctionCall: _P._function_call, _LocalShellCall: _P._local_shell_call, _CustomToolCall: _P._custom_tool_call,
     _FunctionCallOutput: _P._function_call_output, _CustomToolCallOutput: _P._function_call_output,
     _WebSearchCall: _P._web_search_call,
 }
+_BODY_HANDLERS = {**_EVENT_HANDLERS, **_ITEM_HANDLERS}  # the body types of the two are distinct classes
 
 
 def _command_from_arguments(arguments) -> str | None:
