@@ -7,7 +7,8 @@ wrong types, becomes a ``Quarantined`` event with its byte range and reason.
 Record types a parser does not know are counted in ``unknown_types``.
 
 A subclass implements ``_events(record)`` (and ``_time(record)`` when its format
-has timestamps). Helpers ``text``/``obj``/``items`` read a field and raise
+has timestamps; or ``_stamp``, which only reads the time and checks its type, and
+``_seconds``, which converts it, asked only for records that have events). Helpers ``text``/``obj``/``items`` read a field and raise
 ``WrongType`` when it has the wrong type, which quarantines the whole record
 (``as_text``/``as_obj``/``as_integer`` check a value already read, such as a Struct's
 field). A format whose records are read into msgspec Structs sets ``lines``
