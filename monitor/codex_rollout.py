@@ -450,12 +450,12 @@ class CodexRolloutParser(Parser):
     def _function_call_output(self, body: _FunctionCallOutput) -> list[Event]:
         call_id = self._call_id(body)
         output = nested(body.output, 3)
+        if self._calls.repeated(call_id, authoritative=False):
+            return []  # reported already: its output need not be read
         if _still_running(output):
             # The tool answered the model, but its process goes on (unified exec
             # yields; an interrupt does not kill it): the end comes later or never.
             return []
-        if self._calls.repeated(call_id, authoritative=False):
-            return []  # reported already: its output need not be read for an exit code
         return self._call_ended(call_id, "functionCall", output, _exit_code(output), authoritative=False)
 
     def _web_search_call(self, body: _WebSearchCall) -> list[Event]:

@@ -184,7 +184,8 @@ def decode_json(data: bytes | str) -> Any:
         value = _decoder.decode(data)
     except RecursionError:
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels") from None
-    if _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    # Each level takes two bytes at least: short data cannot be deep, no need to count.
+    if len(data) > 2 * MAX_DEPTH and _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
     return value
 

@@ -124,16 +124,20 @@ class Parser:
         stamp, seconds, handle = self._stamp, self._seconds, self._events
         blank = 0
         for frame in frames:
+            at = offset
             if frame.__class__ is bytes:
-                data, terminated, length = frame, True, len(frame) + 1
+                length = len(frame) + 1
+                offset += length
+                record = typed(frame, True, ascii) if typed is not None else decode_record(frame)
             elif isinstance(frame, Skipped):
                 out.append(self._quarantine(frame.offset, frame.length, frame.reason))
                 offset += frame.length
                 continue
-            else:
-                data, terminated, length = frame.data, frame.terminated, frame.length
-            at, offset = offset, offset + length
-            record = typed(data, terminated, ascii) if typed is not None else decode_record(data, terminated)
+            else:  # the unterminated tail
+                length = frame.length
+                offset += length
+                record = (typed(frame.data, False, False) if typed is not None
+                          else decode_record(frame.data, False))
             if record is None:
                 blank += 1  # whitespace needs no account
                 continue
