@@ -84,7 +84,7 @@ class LineFramer:
                 self.ascii = data_ascii and self._pending_ascii
                 self._offset += pending + len(data) - len(rest)
                 self._pending = bytearray(rest)
-                self._pending_ascii = data_ascii
+                self._pending_ascii = data_ascii or rest.isascii()
                 return pieces
             if not pieces and pending + len(rest) <= self.max_line:
                 self._pending += rest
