@@ -159,7 +159,9 @@ class Parser:
                 # Wrong types deep inside a record: refuse the record, keep going.
                 out.append(self._quarantine(at, length, WRONG_TYPE))
                 continue
-            if events:
+            if len(events) == 1:  # the common case, without a comprehension's frame
+                out.append(Parsed(events[0], at, length, 0, when))
+            elif events:
                 out.extend([Parsed(event, at, length, i, when) for i, event in enumerate(events)])
         self.records += len(frames) - blank  # every frame is a record but blank lines
         return out
