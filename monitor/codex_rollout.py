@@ -25,18 +25,18 @@ import msgspec
 
 from tillerman.ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.monitor.digest import digest
-from tillerman.monitor.lines import TypedLines, decode_json
+from tillerman.monitor.lines import TypedLines, decode_json, nested
 from tillerman.monitor.parser import (
     Call,
     OpenCalls,
     Parser,
+    WrongType,
     as_integer,
+    as_list,
     as_obj,
     as_text,
     command_text,
-    integer,
     iso_time,
-    items,
     obj,
     text,
     workdir,
@@ -109,8 +109,21 @@ class _StreamError(_UserMessage, tag="stream_error"):
     pass
 
 
+class _Item(msgspec.Struct):
+    """A completed item (0.163): the fields any item type's events read."""
+
+    type: Any = None
+    id: Any = None
+    client_id: Any = None
+    content: Any = None
+    status: Any = None
+    aggregated_output: Any = None
+    exit_code: Any = None
+
+
 class _ItemCompleted(_Tagged, tag="item_completed"):
-    item: Any = None
+    # Any JSON value but an object is taken too, to be refused where it is read (a wrong type).
+    item: _Item | list | str | int | float | bool | None = None
 
 
 class _ExecBegin(_Tagged, tag="exec_command_begin"):
@@ -229,20 +242,27 @@ class CodexRolloutParser(Parser):
         self._said: Counter[tuple[tuple[str, str], bool]] = Counter()
 
     def _time(self, record: _Line | dict) -> float | None:
-        return iso_time(record.get("timestamp") if isinstance(record, dict) else record.timestamp)
+        return iso_time(self._stamp(record))
+
+    def _stamp(self, record: _Line | dict) -> str | None:
+        stamp = record.get("timestamp") if record.__class__ is dict else record.timestamp
+        if stamp is None or stamp.__class__ is str:
+            return stamp
+        raise WrongType("timestamp")
+
+    def _seconds(self, stamp: str | None) -> float | None:
+        return iso_time(stamp)
 
     def _events(self, record: _Line | dict) -> list[Event]:
-        if isinstance(record, _EventMsg):
-            handler = _EVENT_HANDLERS.get(type(record.payload))
-            return handler(self, record.payload) if handler else []
-        if isinstance(record, _ResponseItem):
-            handler = _ITEM_HANDLERS.get(type(record.payload))
-            return handler(self, record.payload) if handler else []
-        if isinstance(record, _SessionMeta):
-            return self._session_meta(record.payload or _SessionMetaBody())
-        if isinstance(record, dict):
-            return self._untyped(record)
-        return []  # a quiet type
+        kind = record.__class__
+        if kind is _EventMsg or kind is _ResponseItem:  # nearly every record: one look-up
+            handler = _BODY_HANDLERS.get(record.payload.__class__)
+            return handler(self, record.payload) if handler is not None else []  # None: a quiet type
+        handler = _RECORD_HANDLERS.get(kind)
+        return handler(self, record) if handler is not None else []
+
+    def _session_meta_record(self, record: _SessionMeta) -> list[Event]:
+        return self._session_meta(record.payload or _SessionMetaBody())
 
     def _untyped(self, record: dict) -> list[Event]:
         """A record outside the Structs: an unknown type, or a body that is no object."""
@@ -254,15 +274,12 @@ class CodexRolloutParser(Parser):
             self.unknown_types[str(kind)] += 1
         return []
 
-    def _ids(self) -> dict:
-        return {"thread_id": self._thread, "turn_id": self._turn}
-
     # -- session and turns -------------------------------------------------------
 
     def _session_meta(self, body: _SessionMetaBody) -> list[Event]:
         self._thread = as_text(body.id, "id") or self._thread
         parent = as_text(body.forked_from_id, "forked_from_id") or as_text(body.parent_thread_id, "parent_thread_id")
-        source = body.source
+        source = nested(body.source, 3)
         if isinstance(source, dict):  # subagents: {"subagent": {"thread_spawn": {"parent_thread_id"}}}
             spawn = obj(obj(source, "subagent"), "thread_spawn")
             parent = parent or text(spawn, "parent_thread_id")
@@ -275,7 +292,7 @@ class CodexRolloutParser(Parser):
     def _start_turn(self, turn_id: str) -> list[Event]:
         self._turn = turn_id
         self._said.clear()
-        return [TurnStarted(**self._ids())]
+        return [TurnStarted(thread_id=self._thread, turn_id=self._turn)]
 
     def _end_turn(self, turn_id: str | None, status: str, duration_ms: int | None = None) -> list[Event]:
         turn_id = turn_id or self._turn
@@ -302,25 +319,29 @@ class CodexRolloutParser(Parser):
         return self._agent_output(as_text(body.message, "message") or "", item_id=None)
 
     def _error_msg(self, body: _ErrorMsg | _StreamError) -> list[Event]:
-        return [Error(message_digest=digest(as_text(body.message, "message") or ""), **self._ids())]
+        return [Error(message_digest=digest(as_text(body.message, "message") or ""), thread_id=self._thread, turn_id=self._turn)]
 
-    def _item_completed_event(self, body: _ItemCompleted) -> list[Event]:
-        return self._item_completed_msg(as_obj(body.item, "item"))
-
-    def _item_completed_msg(self, item: dict) -> list[Event]:
+    def _item_completed_msg(self, body: _ItemCompleted) -> list[Event]:
         """0.163 writes user input, agent output and commands as completed items."""
-        item_type = text(item, "type")
-        item_id = text(item, "id")
+        item = body.item
+        if item.__class__ is not _Item:
+            if item is None:
+                return []
+            nested(item, 3)  # an array nested too deep is refused as such
+            raise WrongType("item")
+        item_type = as_text(item.type, "type")
+        item_id = as_text(item.id, "id")
         if item_type in ("UserMessage", "AgentMessage"):
-            said = "".join(text(part, "text") or "" for part in items(item, "content") if isinstance(part, dict))
+            content = as_list(nested(item.content, 4), "content")
+            said = "".join(text(part, "text") or "" for part in content if isinstance(part, dict))
             if item_type == "UserMessage":
-                return self._user_input(said, client_id=text(item, "client_id"), item_id=item_id)
+                return self._user_input(said, client_id=as_text(item.client_id, "client_id"), item_id=item_id)
             return self._agent_output(said, item_id=item_id)
         if item_type == "CommandExecution":
-            status = text(item, "status")
+            status = as_text(item.status, "status")
             return self._call_ended(item_id or f"call@{self._offset}", "commandExecution",
-                                    text(item, "aggregated_output"), integer(item, "exit_code"),
-                                    authoritative=True, status=status)
+                                    as_text(item.aggregated_output, "aggregated_output"),
+                                    as_integer(item.exit_code, "exit_code"), authoritative=True, status=status)
         return []
 
     def _user_input(self, said: str, *, client_id: str | None, item_id: str | None) -> list[Event]:
@@ -331,22 +352,22 @@ class CodexRolloutParser(Parser):
             events += self._start_turn(f"turn@{self._offset}")
         # A copy without the client id adds nothing; one with it carries the echo.
         if self._first_report("user", said, rich=item_id is not None) or client_id:
-            events.append(self._user_message(said, client_id=client_id, item_id=item_id, **self._ids()))
+            events.append(self._user_message(said, client_id=client_id, item_id=item_id, thread_id=self._thread, turn_id=self._turn))
         return events
 
     def _agent_output(self, said: str, *, item_id: str | None) -> list[Event]:
         if not self._first_report("agent", said, rich=item_id is not None):
             return []
-        return [self._agent_message(said, item_id=item_id, **self._ids())]
+        return [self._agent_message(said, item_id=item_id, thread_id=self._thread, turn_id=self._turn)]
 
     def _first_report(self, role: str, said: str, *, rich: bool) -> bool:
         """False when this message is the other record kind's copy of one already reported.
 
         Some versions write a message both as ``event_msg user_message`` /
-        ``agent_message`` and as ``item_completed``; within a turn, equal digests
-        from the two kinds are one message.
+        ``agent_message`` and as ``item_completed``; within a turn, equal texts from
+        the two kinds are one message (the texts are kept, not hashed, until the turn ends).
         """
-        key = (role, digest(said))
+        key = (role, said)
         if self._said[(key, not rich)] > 0:
             self._said[(key, not rich)] -= 1
             return False
@@ -357,7 +378,7 @@ class CodexRolloutParser(Parser):
 
     def _call_started(self, call_id: str, item_type: str, tool: str | None, command: str | None,
                       args) -> list[Event]:
-        started = self._item_started(call_id, item_type, command=command, args=args, tool=tool, **self._ids())
+        started = self._item_started(call_id, item_type, command=command, args=args, tool=tool, thread_id=self._thread, turn_id=self._turn)
         if not self._calls.start(call_id, Call(self._turn, item_type, tool, started.critical, started.external)):
             return []
         return [started]
@@ -383,7 +404,8 @@ class CodexRolloutParser(Parser):
 
     def _exec_begin(self, body: _ExecBegin) -> list[Event]:
         call_id = self._call_id(body)
-        return self._call_started(call_id, "commandExecution", "shell", command_text(body.command), body.command)
+        command = nested(body.command, 3)
+        return self._call_started(call_id, "commandExecution", "shell", command_text(command), command)
 
     def _patch_begin(self, body: _PatchBegin) -> list[Event]:
         return self._call_started(self._call_id(body), "fileChange", None, None, None)
@@ -409,7 +431,7 @@ class CodexRolloutParser(Parser):
 
     def _function_call(self, body: _FunctionCall) -> list[Event]:
         name = as_text(body.name, "name")
-        arguments = body.arguments
+        arguments = nested(body.arguments, 3)
         call_id = self._call_id(body)
         shell = name in SHELL_TOOLS
         command = _command_from_arguments(arguments) if shell else None
@@ -417,17 +439,19 @@ class CodexRolloutParser(Parser):
 
     def _local_shell_call(self, body: _LocalShellCall) -> list[Event]:
         call_id = as_text(body.call_id, "call_id") or as_text(body.id, "id") or f"call@{self._offset}"
-        action = as_obj(body.action, "action")
+        action = as_obj(nested(body.action, 3), "action")
         return self._call_started(call_id, "commandExecution", "local_shell", command_text(action.get("command")),
                                   action)
 
     def _custom_tool_call(self, body: _CustomToolCall) -> list[Event]:
         call_id = self._call_id(body)
-        return self._call_started(call_id, "customToolCall", as_text(body.name, "name"), None, body.input)
+        return self._call_started(call_id, "customToolCall", as_text(body.name, "name"), None, nested(body.input, 3))
 
     def _function_call_output(self, body: _FunctionCallOutput) -> list[Event]:
         call_id = self._call_id(body)
-        output = body.output
+        output = nested(body.output, 3)
+        if self._calls.repeated(call_id, authoritative=False):
+            return []  # reported already: its output need not be read
         if _still_running(output):
             # The tool answered the model, but its process goes on (unified exec
             # yields; an interrupt does not kill it): the end comes later or never.
@@ -437,22 +461,26 @@ class CodexRolloutParser(Parser):
     def _web_search_call(self, body: _WebSearchCall) -> list[Event]:
         item_id = as_text(body.id, "id") or f"search@{self._offset}"
         return [self._item_completed(item_id, "webSearch", status=as_text(body.status, "status") or "completed",
-                                     **self._ids())]
+                                     thread_id=self._thread, turn_id=self._turn)]
 
 
 _P = CodexRolloutParser
 _EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _TaskStarted: _P._task_started, _TaskComplete: _P._task_complete, _TurnAborted: _P._task_complete,
     _UserMessage: _P._user_message_msg, _AgentMessage: _P._agent_message_msg, _ErrorMsg: _P._error_msg,
-    _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_event, _ExecBegin: _P._exec_begin,
+    _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_msg, _ExecBegin: _P._exec_begin,
     _PatchBegin: _P._patch_begin, _McpBegin: _P._mcp_begin, _ExecEnd: _P._exec_end, _PatchEnd: _P._patch_end,
     _McpEnd: _P._mcp_end,
+}
+_RECORD_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
+    _SessionMeta: _P._session_meta_record, dict: _P._untyped,
 }
 _ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _FunctionCall: _P._function_call, _LocalShellCall: _P._local_shell_call, _CustomToolCall: _P._custom_tool_call,
     _FunctionCallOutput: _P._function_call_output, _CustomToolCallOutput: _P._function_call_output,
     _WebSearchCall: _P._web_search_call,
 }
+_BODY_HANDLERS = {**_EVENT_HANDLERS, **_ITEM_HANDLERS}  # the body types of the two are distinct classes
 
 
 def _command_from_arguments(arguments) -> str | None:

@@ -36,6 +36,12 @@ def size(value: Any) -> int:
     return len(_as_bytes(value))
 
 
+def measure(value: Any) -> tuple[str, int]:
+    """``(digest(value), size(value))``, encoding the value once."""
+    data = _as_bytes(value)
+    return "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
+
+
 class Payload(msgspec.Struct, frozen=True):
     digest: str
     size: int
@@ -43,4 +49,4 @@ class Payload(msgspec.Struct, frozen=True):
 
 
 def payload(text: str, *, retain: bool) -> Payload:
-    return Payload(digest(text), size(text), text if retain else None)
+    return Payload(*measure(text), text if retain else None)

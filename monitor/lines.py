@@ -6,13 +6,16 @@ its newline arrives; ``close()`` hands back an unterminated tail. A line longer
 than ``max_line`` is never held: once the limit is passed the framer only counts
 bytes until the next newline and then reports the whole range as skipped. So the
 memory used is bounded by ``max_line`` plus one chunk, whatever the file size, and
-every byte range comes back either as a line or as a skipped range.
+every byte range comes back either as a line or as a skipped range. ``split`` is the
+same without a ``Line`` per line (bodies only, offsets implied by their lengths), with
+one ``bytes.split`` per chunk: the parsers' path.
 
 ``decode_json`` is the one place untrusted JSON is decoded (file records, the
 app-server's frames, JSON inside their strings); ``decode_object`` turns a line into
 a dict or the reason it is refused. ``TypedLines`` reads a format's lines into its
-msgspec Structs, skipping the fields no event uses, and refuses exactly the lines
-``decode_object`` refuses.
+msgspec Structs, skipping the fields no event uses; it refuses what ``decode_object``
+refuses, except a number beyond a double or nesting past ``MAX_DEPTH`` inside a skipped
+field (see ``TypedLines``).
 """
 
 from __future__ import annotations
@@ -60,9 +63,51 @@ class LineFramer:
         self._offset = 0  # source offset of the first byte not yet returned
         self._discarding = False  # inside an over-long line: count, don't keep
         self._discarded = 0
+        self._pending_ascii = True  # every byte pending is ASCII (False: not known)
+        self.ascii = True  # of the lines ``split`` returned last
+
+    def split(self, data: bytes) -> list[bytes | Skipped]:
+        """The complete lines ``data`` ends, as their bodies (without the newline: each
+        stands for its length plus one bytes of the source, from ``consumed`` on), and
+        the over-long ranges skipped, in source order. ``ascii`` then says whether every
+        returned body is known to be ASCII (so valid UTF-8) without looking at each."""
+        data_ascii = data.isascii()
+        if not self._discarding and len(data) <= self.max_line:
+            # The common case in one ``bytes.split``: only a line continuing what is
+            # pending, or the new pending tail, can be over-long.
+            pieces = data.split(b"\n")
+            rest = pieces.pop()
+            pending = len(self._pending)
+            if pieces and pending + len(pieces[0]) <= self.max_line and len(rest) <= self.max_line:
+                if pending:
+                    pieces[0] = bytes(self._pending) + pieces[0]
+                self.ascii = data_ascii and self._pending_ascii
+                self._offset += pending + len(data) - len(rest)
+                self._pending = bytearray(rest)
+                self._pending_ascii = data_ascii or rest.isascii()
+                return pieces
+            if not pieces and pending + len(rest) <= self.max_line:
+                self._pending += rest
+                self._pending_ascii = self._pending_ascii and data_ascii
+                return []
+        self.ascii = False  # not worth tracking on this rare path: bodies are checked one by one
+        return self._split_slowly(data)
 
     def feed(self, data: bytes) -> list[Line | Skipped]:
+        """``split`` with each line's offset, length and body."""
+        offset = self._offset
         out: list[Line | Skipped] = []
+        for frame in self.split(data):
+            if frame.__class__ is bytes:
+                out.append(Line(offset, len(frame) + 1, frame, True))
+                offset += len(frame) + 1
+            else:
+                out.append(frame)
+                offset += frame.length
+        return out
+
+    def _split_slowly(self, data: bytes) -> list[bytes | Skipped]:
+        out: list[bytes | Skipped] = []
         start, end = 0, len(data)
         while start < end:
             nl = data.find(b"\n", start)
@@ -83,6 +128,7 @@ class LineFramer:
                     continue
                 if nl < 0:
                     self._pending += data[start:end]
+                    self._pending_ascii = False
                     break
                 if self._pending:
                     self._pending += data[start:nl]
@@ -90,7 +136,7 @@ class LineFramer:
                     self._pending = bytearray()
                 else:
                     body = data[start:nl]
-                out.append(Line(self._offset, len(body) + 1, body, True))
+                out.append(body)
                 self._offset += len(body) + 1
             start = nl + 1
         return out
@@ -121,6 +167,7 @@ class LineFramer:
 
 
 _decoder = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder().encode
 
 
 class TooDeep(msgspec.DecodeError):
@@ -137,7 +184,8 @@ def decode_json(data: bytes | str) -> Any:
         value = _decoder.decode(data)
     except RecursionError:
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels") from None
-    if _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    # Each level takes two bytes at least: short data cannot be deep, no need to count.
+    if len(data) > 2 * MAX_DEPTH and _brackets(data) > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
     return value
 
@@ -148,6 +196,26 @@ def _brackets(data: bytes | str) -> int:
     if isinstance(data, str):
         return data.count("[") + data.count("{")
     return data.count(b"[") + data.count(b"{")
+
+
+def nested(value: Any, level: int) -> Any:
+    """``value``, read from a record at nesting ``level`` (a field of the record itself
+    is at level 2), or ``TooDeep`` when an object or array in it nests past
+    ``MAX_DEPTH`` levels counted from the record, as ``decode_json`` counts them."""
+    if isinstance(value, dict | list) and _maybe_deeper_than(value, MAX_DEPTH - level + 1):
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _maybe_deeper_than(value: dict | list, limit: int) -> bool:
+    """``_deeper_than``, first bounded cheaply: a value whose JSON opens no more than
+    ``limit`` brackets (strings' brackets counted too) nests no deeper than that."""
+    try:
+        if _brackets(_encode(value)) <= limit:
+            return False
+    except RecursionError:  # it was decoded, so it can be walked (iteratively)
+        pass
+    return _deeper_than(value, limit)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -165,7 +233,11 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def decode_object(line: Line) -> dict | str | None:
     """The line's JSON object, a quarantine reason, or None for a blank line."""
-    data = line.data
+    return decode_record(line.data, line.terminated)
+
+
+def decode_record(data: bytes, terminated: bool = True) -> dict | str | None:
+    """``decode_object`` of a line's body (``terminated``: its newline was seen)."""
     if not data.strip():
         return None
     if b"\x00" in data:
@@ -178,7 +250,7 @@ def decode_object(line: Line) -> dict | str | None:
         message = str(exc)
         if "UTF-8" in message:
             return INVALID_UTF8
-        if "truncated" in message or not line.terminated:
+        if "truncated" in message or not terminated:
             return TRUNCATED
         if "out of range" in message:
             return NUMBER_OUT_OF_RANGE
@@ -196,24 +268,29 @@ class TypedLines:
     ``decode`` returns the Struct; the plain dict when the record does not fit
     ``line_type`` (an unknown type, a field of a shape the Structs do not take); or what
     ``decode_object`` returns: None for a blank line, the reason a line is refused.
-    Skipping checks the JSON's syntax, but not a skipped string's UTF-8, a skipped
-    number's range nor the depth of what it skips: the typed decode is used only on
-    lines where those cannot matter, and a line it does not take is decoded plainly, so
-    every line is refused, or not, exactly as ``decode_object`` decides.
+
+    What a skipped field must be: valid JSON (msgspec checks its syntax while skipping)
+    and valid UTF-8 (checked here, as msgspec does not look inside a skipped string).
+    Its numbers' range and its depth are not checked: skipped content never becomes a
+    Python value, so nothing can overflow on it or recurse into it. The fields a Struct
+    declares are decoded, and refused as ``decode_object`` refuses them (a number
+    beyond a double fails the typed decode; the parser checks the depth of what it
+    reads as an object or array, ``parser.nested``). A line the typed decode does not
+    take is decoded whole by ``decode_object``, and refused exactly as it decides.
     """
 
     def __init__(self, line_type: Any) -> None:
         self._type = line_type
         self._decode = msgspec.json.Decoder(line_type).decode
 
-    def decode(self, line: Line) -> Any:
-        data = line.data
-        if b"\x00" not in data and skips_safely(data):
+    def decode(self, data: bytes, terminated: bool = True, utf8: bool = False) -> Any:
+        """The record in a line's body; ``utf8``: the body is known to be valid UTF-8."""
+        if utf8 or data.isascii() or _utf8(data):
             try:
                 return self._decode(data)
             except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
                 pass
-        record = decode_object(line)
+        record = decode_record(data, terminated)
         if not isinstance(record, dict):
             return record
         try:

@@ -7,7 +7,8 @@ wrong types, becomes a ``Quarantined`` event with its byte range and reason.
 Record types a parser does not know are counted in ``unknown_types``.
 
 A subclass implements ``_events(record)`` (and ``_time(record)`` when its format
-has timestamps). Helpers ``text``/``obj``/``items`` read a field and raise
+has timestamps; or ``_stamp``, which only reads the time and checks its type, and
+``_seconds``, which converts it, asked only for records that have events). Helpers ``text``/``obj``/``items`` read a field and raise
 ``WrongType`` when it has the wrong type, which quarantines the whole record
 (``as_text``/``as_obj``/``as_integer`` check a value already read, such as a Struct's
 field). A format whose records are read into msgspec Structs sets ``lines``
@@ -26,8 +27,18 @@ import msgspec
 
 from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
-from tillerman.monitor.digest import digest, payload, size
-from tillerman.monitor.lines import MAX_LINE, WRONG_TYPE, Line, LineFramer, Skipped, TypedLines, decode_object
+from tillerman.monitor.digest import digest, measure, payload
+from tillerman.monitor.lines import (
+    MAX_LINE,
+    TOO_DEEP,
+    WRONG_TYPE,
+    Line,
+    LineFramer,
+    Skipped,
+    TooDeep,
+    TypedLines,
+    decode_record,
+)
 
 
 class Parsed(msgspec.Struct, frozen=True):
@@ -82,17 +93,21 @@ class Parser:
         self.records = 0
         self.unknown_types: collections.Counter[str] = collections.Counter()
         self._framer = LineFramer(max_line)
-        self._line: Line | None = None  # the record being read, for subclasses
+        # Byte offset of the record being read: a stable id where the format has none.
+        self._offset = 0
 
     def use_patterns(self, patterns: CommandPatterns) -> None:
         """Classify commands with these patterns from now on (a reloaded configuration)."""
         self.patterns = patterns
 
     def feed(self, data: bytes) -> list[Parsed]:
-        return self._parse(self._framer.feed(data))
+        offset = self._framer.consumed
+        frames = self._framer.split(data)
+        return self._parse(frames, offset, self._framer.ascii)
 
     def close(self) -> list[Parsed]:
-        return self._parse(self._framer.close())
+        tail = self._framer.close()
+        return self._parse(tail, tail[0].offset, False) if tail else []
 
     @property
     def consumed(self) -> int:
@@ -101,42 +116,59 @@ class Parser:
 
     # -- plumbing ------------------------------------------------------------
 
-    def _parse(self, frames: list[Line | Skipped]) -> list[Parsed]:
+    def _parse(self, frames: list[bytes | Line | Skipped], offset: int, ascii: bool) -> list[Parsed]:
+        """Events of ``frames`` (line bodies, an unterminated tail, skipped ranges) whose
+        first starts at ``offset``; ``ascii``: every body is known to be ASCII."""
         out: list[Parsed] = []
-        decode = decode_object if self.lines is None else self.lines.decode
+        typed = self.lines.decode if self.lines is not None else None
+        stamp, seconds, handle = self._stamp, self._seconds, self._events
+        blank = 0
         for frame in frames:
-            if isinstance(frame, Skipped):
-                self.records += 1
+            at = offset
+            if frame.__class__ is bytes:
+                length = len(frame) + 1
+                offset += length
+                record = typed(frame, True, ascii) if typed is not None else decode_record(frame)
+            elif isinstance(frame, Skipped):
                 out.append(self._quarantine(frame.offset, frame.length, frame.reason))
+                offset += frame.length
                 continue
-            record = decode(frame)
+            else:  # the unterminated tail
+                length = frame.length
+                offset += length
+                record = (typed(frame.data, False, False) if typed is not None
+                          else decode_record(frame.data, False))
             if record is None:
-                continue  # blank line: whitespace needs no account
-            self.records += 1
-            if isinstance(record, str):
-                out.append(self._quarantine(frame.offset, frame.length, record))
+                blank += 1  # whitespace needs no account
                 continue
-            self._line = frame
+            if record.__class__ is str:
+                out.append(self._quarantine(at, length, record))
+                continue
+            self._offset = at
             try:
-                at = source_time(self._time(record))
-                events = self._events(record)
+                # The time's type is checked before any state changes; the time itself
+                # is read only for a record with events (most records have none).
+                when = stamp(record)
+                events = handle(record)
+                if events:
+                    when = source_time(seconds(when))
+            except TooDeep:
+                out.append(self._quarantine(at, length, TOO_DEEP))
+                continue
             except (WrongType, TypeError, AttributeError, KeyError, ValueError):
                 # Wrong types deep inside a record: refuse the record, keep going.
-                out.append(self._quarantine(frame.offset, frame.length, WRONG_TYPE))
+                out.append(self._quarantine(at, length, WRONG_TYPE))
                 continue
-            if events:
-                out.extend(Parsed(event, frame.offset, frame.length, i, at) for i, event in enumerate(events))
+            if len(events) == 1:  # the common case, without a comprehension's frame
+                out.append(Parsed(events[0], at, length, 0, when))
+            elif events:
+                out.extend([Parsed(event, at, length, i, when) for i, event in enumerate(events)])
+        self.records += len(frames) - blank  # every frame is a record but blank lines
         return out
 
     def _quarantine(self, offset: int, length: int, reason: str) -> Parsed:
         event = Quarantined(source=self.source, offset=offset, length=length, reason=reason)
         return Parsed(event, offset, length, 0, None)
-
-    @property
-    def _offset(self) -> int:
-        """Byte offset of the record being read: a stable id where the format has none."""
-        assert self._line is not None
-        return self._line.offset
 
     # -- for subclasses --------------------------------------------------------
 
@@ -145,6 +177,15 @@ class Parser:
 
     def _time(self, record: dict) -> float | None:
         return None
+
+    def _stamp(self, record: Any) -> Any:
+        """The record's source time as read, its type checked (``WrongType``): read
+        before the record's events change any state. By default the time itself."""
+        return self._time(record)
+
+    def _seconds(self, stamp: Any) -> float | None:
+        """What ``_stamp`` read, as epoch seconds; asked only of records with events."""
+        return stamp
 
     def _user_message(self, text: str, **ids: Any) -> UserMessage:
         p = payload(text, retain=self.retain_payloads)
@@ -172,11 +213,11 @@ class Parser:
     ) -> ItemCompleted:
         # ``flags``: critical/external from the start, when the end lacks the command.
         critical, external = flags if flags is not None else self._classify(command)
+        output_digest, output_size = (None, None) if output is None else measure(output)
         return ItemCompleted(
             item_id=item_id, item_type=item_type, critical=critical, external=external,
             args_digest=None if args is None else digest(args),
-            output_digest=None if output is None else digest(output),
-            output_size=None if output is None else size(output), **fields,
+            output_digest=output_digest, output_size=output_size, **fields,
         )
 
 
@@ -207,7 +248,11 @@ def as_obj(value: Any, key: str) -> dict:
 
 
 def items(record: dict, key: str) -> list:
-    value = record.get(key)
+    return as_list(record.get(key), key)
+
+
+def as_list(value: Any, key: str) -> list:
+    """A list; a missing one reads as empty."""
     if value is None:
         return []
     if isinstance(value, list):
@@ -298,6 +343,13 @@ class OpenCalls:
         for call_id, _ in abandoned:
             self.finish(call_id, authoritative=True)
         return abandoned
+
+    def repeated(self, call_id: str, *, authoritative: bool) -> bool:
+        """Whether ``finish`` would call this report a repeat (asking changes nothing)."""
+        if call_id not in self._done:
+            return False
+        _, settled = self._done[call_id]
+        return settled or not authoritative
 
     def finish(self, call_id: str, *, authoritative: bool) -> Call | None | bool:
         """The call's start (None when unseen) when this report is news; False for a repeat."""

@@ -1,4 +1,5 @@
 import json
+import pytest
 
 from tests.monitor.support import events, jsonl, kinds, parse, reasons
 from tillerman.ledger.events import (
@@ -195,3 +196,47 @@ def test_tool_arguments_nested_too_deep_are_read_as_text():
     ))
     assert kinds(evs) == ["turn_started", "item_started", "item_completed"]
     assert evs[1].args_digest == digest(deep)
+
+
+# What a rollout refuses: fields no event reads are skipped, checked for JSON syntax and
+# UTF-8 only; numbers beyond a double and nesting past 128 levels count where read.
+START = b'{"timestamp":"2026-11-30T00:00:00Z","type":"event_msg","payload":{"type":"task_started","turn_id":"T"'
+DEEP = b"[" * 130 + b"]" * 130
+
+
+@pytest.mark.parametrize("skipped", [b"1e400", b"[0,-12.5E+309]", b"9" * 250 + b"e99", DEEP])
+@pytest.mark.parametrize("chunks", [None, [7] * 200])
+def test_out_of_range_or_deep_content_in_a_field_no_event_reads_is_skipped(skipped, chunks):
+    for where in (b',"zz":' + skipped + b"}}", b',"zz":' + skipped + b'},"zz":' + skipped + b"}"):
+        evs = events("codex-rollout", START + where + b"\n", chunks=chunks)
+        assert kinds(evs) == ["turn_started"], where
+
+
+@pytest.mark.parametrize("chunks", [None, [7] * 200])
+def test_invalid_utf8_in_a_field_no_event_reads_is_still_refused(chunks):
+    evs = events("codex-rollout", START + b',"zz":"caf\xe9"}}\n', chunks=chunks)
+    assert reasons(evs) == ["invalid_utf8"]
+
+
+@pytest.mark.parametrize(("record", "reason"), [
+    (b'{"timestamp":1e400,"type":"turn_context","payload":{}}', "number_out_of_range"),
+    (START + b"}," + b'"timestamp":[1e400]}', "number_out_of_range"),
+    (b'{"type":"response_item","payload":{"type":"function_call","name":"x","call_id":"c","arguments":'
+     + b"[" * 127 + b"]" * 127 + b"}}", "too_deep"),
+    (b'{"type":"event_msg","payload":{"type":"item_completed","item":{"type":"UserMessage","content":'
+     + b"[" * 126 + b"]" * 126 + b"}}}", "too_deep"),
+    (b'{"type":"event_msg","payload":{"type":"item_completed","item":' + DEEP + b"}}", "too_deep"),
+    (b'{"type":"session_meta","payload":{"id":"t","source":' + b"[" * 127 + b"]" * 127 + b"}}", "too_deep"),
+])
+def test_out_of_range_or_deep_content_in_a_field_an_event_reads_is_refused(record, reason):
+    assert reasons(events("codex-rollout", record + b"\n")) == [reason]
+
+
+@pytest.mark.parametrize("record", [
+    b'{"type":"response_item","payload":{"type":"function_call","name":"x","call_id":"c","arguments":'
+    + b"[" * 126 + b"]" * 126 + b"}}",  # 128 levels with the record's
+    b'{"type":"event_msg","payload":{"type":"item_completed","item":{"type":"UserMessage","content":'
+    + b"[" * 125 + b"]" * 125 + b"}}}",
+])
+def test_read_content_nested_to_the_limit_is_read(record):
+    assert reasons(events("codex-rollout", record + b"\n")) == []

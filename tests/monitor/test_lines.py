@@ -113,3 +113,25 @@ def test_decode_json_refuses_depth_as_a_decode_error_at_any_stack_depth():
             decode_json(deep.encode())
 
     nested(sys.getrecursionlimit() - 100)
+
+
+def test_split_gives_line_bodies_and_says_when_every_one_is_ascii():
+    framer = LineFramer()
+    assert framer.split(b'{"a":1}\n{"b"') == [b'{"a":1}'] and framer.ascii
+    assert framer.consumed == 8
+    # The pending start of a line was ASCII, its end is not: the line is not known ASCII.
+    assert framer.split(b':"\xc3\xa9"}\n\n') == [b'{"b":"\xc3\xa9"}', b""] and not framer.ascii
+    assert framer.split(b'{"c":2}\n') == [b'{"c":2}'] and framer.ascii
+    assert framer.consumed == len(b'{"a":1}\n{"b":"\xc3\xa9"}\n\n{"c":2}\n')
+
+
+def test_split_and_feed_frame_alike_across_chunks():
+    data = b'{"a":1}\n\n' + b"x" * 30 + b'\n{"b":"\xff"}\n{"c"'
+    for chunk in (1, 5, 64):
+        split, fed = LineFramer(max_line=20), LineFramer(max_line=20)
+        bodies, lines = [], []
+        for i in range(0, len(data), chunk):
+            bodies += split.split(data[i:i + chunk])
+            lines += fed.feed(data[i:i + chunk])
+        assert bodies == [line.data if isinstance(line, Line) else line for line in lines]
+        assert split.consumed == fed.consumed == len(data) - 4

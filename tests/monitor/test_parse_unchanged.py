@@ -6,9 +6,9 @@ dict-reading parsers produced it (all ``Parsed`` events in order, the record cou
 the unknown types). The inputs: every recorded session in ``fixtures/sessions``; a
 generated benchmark rollout; and each fixture rewritten record by record into
 valid-but-odd shapes (a body that is a list, a number where a string was, a key
-dropped, a type no format has) and into lines only a full decode refuses (a number out
-of range or invalid UTF-8 inside a field no event reads, nesting past the limit, a
-repeated key). Claude inputs are read twice: under the rollout name like every input,
+dropped, a type no format has) and into lines a typed decode could read differently from
+a full one (a number out of range, invalid UTF-8 or nesting past the limit inside a field
+no event reads, and inside one an event reads; a repeated key). Claude inputs are read twice: under the rollout name like every input,
 and at their own fixture path, where a subagent's file is its own thread. Regenerate
 the file only for a change that means to alter events:
 ``python -m tests.monitor.test_parse_unchanged > tests/monitor/parse_digests.json``.
@@ -117,11 +117,16 @@ def mutated(data: bytes, seed: int) -> bytes:
                                   separators=(",", ":")).encode())
         text = json.dumps(record, separators=(",", ":")).encode()
         body = text[1:]
-        out.append(b'{"zz_skipped":1e400,' + body)  # out of range where nothing reads it
+        # Where nothing reads them, a rollout skips these (every other format decodes
+        # the whole record and refuses them): only invalid UTF-8 is refused wherever it is.
+        out.append(b'{"zz_skipped":1e400,' + body)
         out.append(b'{"zz_skipped":[0,-12.5E+309],' + body)
         out.append(b'{"zz_skipped":' + b"9" * 250 + b"e99," + body)
-        out.append(b'{"zz_skipped":"\xff\xfe",' + body)  # invalid UTF-8 where nothing reads it
-        out.append(b'{"zz_skipped":' + b"[" * 130 + b"]" * 130 + b"," + body)  # too deep, unread
+        out.append(b'{"zz_skipped":"\xff\xfe",' + body)
+        out.append(b'{"zz_skipped":' + b"[" * 130 + b"]" * 130 + b"," + body)
+        # Where they are read (the last of repeated keys counts), every format refuses them.
+        out.append(text[:-1] + b',"timestamp":1e400}')
+        out.append(text[:-1] + b',"payload":' + b"[" * 130 + b"]" * 130 + b"}")
         out.append(b'{"zz_skipped":' + b"[" * 100 + b"]" * 100 + b"," + body)  # deep, within the limit
         out.append(b'{"zz_skipped":"caf\xc3\xa9 \xe2\x80\x94",' + body)  # valid UTF-8
         out.append(b'{"type":"zz_unknown",' + body)  # a repeated key: the last one counts

@@ -43,7 +43,12 @@ def _records(fmt: str) -> list:
 TEMPLATES = {fmt: _records(fmt) for fmt in PARSERS}
 HOLE = "\x01hole\x01"
 TIME_KEYS = frozenset({"timestamp", "ts", "emittedAtMs", "startedAtMs"})
-_json = msgspec.json.Decoder()
+class _AnyObject(msgspec.Struct):
+    """A JSON object, its fields skipped: checked for syntax only, as a Codex rollout
+    skips the fields of a record it ignores."""
+
+
+_object = msgspec.json.Decoder(_AnyObject)
 
 HOSTILE = st.sampled_from([
     b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 5_000 + b"1" + b"}" * 5_000, b"[" * 129 + b"]" * 129,
@@ -104,12 +109,14 @@ def test_hostile_values_in_every_format_are_read_or_quarantined(data, tmp_path_f
 
 
 def _accounted(blob: bytes, parsed) -> None:
-    """Every line is covered by what came out of it, or is a record the format ignores."""
+    """Every line is covered by what came out of it, or is a record the format ignores:
+    valid UTF-8 and a JSON object (numbers and depth inside unread fields unchecked)."""
     covered = {(p.offset, p.length) for p in parsed}
     offset = 0
     for line in blob.split(b"\n")[:-1]:
         if (offset, len(line) + 1) not in covered:
-            assert isinstance(_json.decode(line), dict), line[:200]
+            line.decode("utf-8")
+            _object.decode(line)
         offset += len(line) + 1
 
 
