@@ -42,6 +42,7 @@ from anyio.abc import TaskStatus
 
 from tillerman.controller.adapter import GuardedAdapter
 from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
+from tillerman.controller.collector import Collector
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
@@ -166,6 +167,7 @@ class Daemon:
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
+        self.collector = Collector(self.started_at)
         leases = getattr(recorder, "leases", None) if options.lease else None
         self.keeper = LeaseKeeper(leases(), options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
@@ -182,6 +184,7 @@ class Daemon:
             for entry in self.recorder.read(limit=self.projection.seq):
                 self.checkpoints.note(entry)
         self.notifier.load(self.recorder)  # what was notified: read back, never assumed
+        self.collector.start(self.clock())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
             self._refold(tg, self.clock())
@@ -443,6 +446,7 @@ class Daemon:
             projections.save(self.recorder, self.projection)
             self.notifier.save(self.recorder)
             self._saved_seq = self.projection.seq
+        self.collector.settle(now)
 
     def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
         """One round in one transaction (``Recorder.bulk``): the observations, and the
