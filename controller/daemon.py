@@ -25,6 +25,7 @@ reconciling its deliveries under way, and fences every dispatch with the lease.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -42,11 +43,13 @@ from anyio.abc import TaskStatus
 
 from tillerman.controller.adapter import GuardedAdapter
 from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
+from tillerman.controller.collector import Collector
 from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
 from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.leases_keeper import LeaseKeeper
+from tillerman.controller.ledger_gate import GatedRecorder
 from tillerman.controller.metrics import Metrics, TimedRecorder
 from tillerman.controller.notify import Notifier
 from tillerman.controller.notify_sinks import SinkRunner
@@ -134,7 +137,8 @@ class Daemon:
     def __init__(self, recorder: Recorder, ruleset: RuleSet, options: DaemonOptions,
                  *, clock: Callable[[], float] = time.time) -> None:
         self.metrics = options.metrics
-        self.recorder = recorder if self.metrics is None else TimedRecorder(recorder, self.metrics)
+        # Gated: a round's commit runs on a worker thread, and any other use waits for it.
+        self.recorder = GatedRecorder(recorder if self.metrics is None else TimedRecorder(recorder, self.metrics))
         self.options = options
         self.clock = clock
         self.step = Step(ruleset, replay=False)
@@ -166,6 +170,7 @@ class Daemon:
         self.connected = anyio.Event()
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
+        self.collector = Collector(self.started_at)
         leases = getattr(recorder, "leases", None) if options.lease else None
         self.keeper = LeaseKeeper(leases(), options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
@@ -182,6 +187,7 @@ class Daemon:
             for entry in self.recorder.read(limit=self.projection.seq):
                 self.checkpoints.note(entry)
         self.notifier.load(self.recorder)  # what was notified: read back, never assumed
+        self.collector.start(self.clock())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
             self._refold(tg, self.clock())
@@ -408,8 +414,7 @@ class Daemon:
                     break
             try:
                 if pending or offsets or self._unjudged or self._ledger_changed() or self._timer_due():
-                    with self.recorder.one_anchor():  # a round's commits move the head anchor once
-                        self._think(tg, pending, offsets)
+                    await self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
                 if self.recorder.anchor_error != anchor_error:  # said once, and once more when healed
@@ -443,11 +448,14 @@ class Daemon:
             projections.save(self.recorder, self.projection)
             self.notifier.save(self.recorder)
             self._saved_seq = self.projection.seq
+        self.collector.settle(now)
 
-    def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
+    async def _think(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None = None) -> None:
         """One round in one transaction (``Recorder.bulk``): the observations, and the
         decisions they cause, commit together, so a decision waits for no commit of its
-        observations, and the loop stops for one commit per round instead of up to three.
+        observations. The round runs on the loop; its commit (and the head anchor's one
+        move, ``one_anchor``) on a worker thread, while the loop reads on: the rest of the
+        daemon waits for it at the ledger's gate (``tillerman.controller.ledger_gate``).
         Nothing the round decided starts before that commit (``_drive`` holds it): never
         act without a record. A round that fails has folded rows that were not written:
         the fold is read again from the ledger before the next one."""
@@ -456,13 +464,21 @@ class Daemon:
             self._fold_ahead = False
         self._held = []
         try:
-            with self.recorder.bulk():
+            with contextlib.ExitStack() as transaction:
+                transaction.enter_context(self.recorder.one_anchor())  # a round's commits move it once
+                transaction.enter_context(self.recorder.bulk())
                 self._round(tg, batch, offsets)
+                ending = transaction.pop_all()
+            # What other tasks drive while the commit is out starts at once: their writes
+            # wait at the gate. What this round drives waits for its commit.
+            held, self._held = self._held, None
+            committed = asyncio.wrap_future(self.recorder.commit_off_loop(ending.close))
+            with anyio.CancelScope(shield=True):  # a stop waits for the commit: nothing half-written
+                await committed
         except BaseException:
             self._held, self._fold_ahead = None, True
             self._due = self.clock()  # every thread judged again once the ledger takes writes
             raise
-        held, self._held = self._held, None
         for intent_id, fact in held:
             tg.start_soon(self._carry_out, intent_id, fact)
 

@@ -44,7 +44,7 @@ def _round(recorder, batch, *, before=None) -> Daemon:
     async def run():
         async with anyio.create_task_group() as tg:
             daemon._due = daemon.clock()  # every thread and open intent is decided this round
-            daemon._think(tg, batch)
+            await daemon._think(tg, batch)
 
     anyio.run(run)
     return daemon

@@ -63,7 +63,7 @@ def _think(daemon: Daemon, batch) -> None:
     async def run():
         async with anyio.create_task_group() as daemon.tasks:
             daemon._due = daemon.clock()
-            daemon._think(daemon.tasks, batch)
+            await daemon._think(daemon.tasks, batch)
 
     anyio.run(run)
 

@@ -1,0 +1,71 @@
+"""A round's commit runs on a worker thread: the loop goes on meanwhile (reading the
+socket, in the daemon), and any other use of the ledger waits at the gate for that
+commit, so what it writes lands after the round's rows."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+
+from tests.controller.test_daemon_fold import _full_fold, _setup, seen
+from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.ledger import events as ev
+from tillerman.ledger import projections
+from tillerman.ledger.events import Envelope
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules.files import default_ruleset
+
+SLOW = 0.3  # seconds a round's insert takes (a busy disk)
+
+
+class SlowDisk(SQLiteRecorder):
+    """The round's rows take ``SLOW`` seconds to insert; says on which thread."""
+
+    inserted_on: threading.Thread | None = None
+
+    def _insert(self, db, rows):
+        if rows and self.inserted_on is None:
+            self.inserted_on = threading.current_thread()
+            time.sleep(SLOW)
+        return super()._insert(db, rows)
+
+
+def test_the_loop_runs_while_a_round_commits_and_other_writes_wait_for_it(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    _setup(path)
+    ticks: list[float] = []
+    with SlowDisk(path) as recorder:
+        daemon = Daemon(recorder, default_ruleset(), DaemonOptions(), clock=lambda: 1000.0)
+        daemon.projection = projections.load(recorder)
+
+        async def ticking():
+            while True:
+                ticks.append(time.monotonic())
+                await anyio.sleep(0.01)
+
+        async def another_writer():
+            await anyio.sleep(SLOW / 3)  # while the round commits
+            daemon.recorder.append([Envelope(event_id="later", event=ev.ThreadStarted(thread_id="T2"),
+                                             source="appserver:x", at=2.0)])
+
+        async def run():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticking)
+                await anyio.sleep(0.05)
+                tg.start_soon(another_writer)
+                started = time.monotonic()
+                daemon._due = daemon.clock()
+                await daemon._think(tg, [seen("T1", 1)])
+                during = [t for t in ticks if started < t < started + SLOW]
+                tg.cancel_scope.cancel()
+            return during
+
+        during = anyio.run(run)
+        assert recorder.inserted_on is not threading.main_thread()
+        assert len(during) >= 3  # the loop went on while the round committed
+        kinds = [type(e.envelope.event) for e in recorder.read(after_seq=2)]
+        assert kinds[0] is ev.TurnStarted and kinds[-1] is ev.ThreadStarted  # the other write waited
+    fold = daemon.projection
+    assert fold.intents == _full_fold(path).intents
