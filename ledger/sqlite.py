@@ -51,6 +51,10 @@ from tillerman.ledger.recorder import (
 BUSY_TIMEOUT_MS = 10_000
 #: The ``meta`` key that makes a file an archive segment (its value: the segment's header).
 SEGMENT_META = "archive_segment"
+#: A new ledger's page size. A row is about a kilobyte (its payload and three hex digests):
+#: with SQLite's default 4 KiB pages, a bulk load spent a fifth more CPU per row (more
+#: pages to fill, write to the WAL and check point). Existing files keep theirs.
+PAGE_SIZE = 16384
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
 ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
@@ -121,6 +125,8 @@ class SQLiteRecorder(Recorder):
                 _check_readable(self._db, version)
             else:
                 if not self.memory:
+                    if version == 0:  # a new file: the page size is set before its first page
+                        self._db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
                     self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
                 if version != SCHEMA_VERSION:

@@ -7,6 +7,7 @@ import pytest
 from tests.ledger.recorder_contract import RecorderContract, turn
 from tillerman.ledger.events import Envelope, TurnStarted, kind_of
 from tillerman.ledger.errors import OperationalError, SchemaError
+from tillerman.ledger import sqlite as sqlite_ledger
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 
@@ -177,3 +178,20 @@ def test_a_stored_id_among_new_ones_is_found_after_all(tmp_path):
         assert not [s for s in statements if "event_id IN" in s]
         assert rec.verify().ok
         assert [e.seq for e in rec.read()] == list(range(1, 9))
+
+
+def test_a_new_ledger_gets_large_pages_and_an_existing_one_keeps_its_own(tmp_path, monkeypatch):
+    new, old = tmp_path / "new.sqlite3", tmp_path / "old.sqlite3"
+    with monkeypatch.context() as patched:  # a ledger made before: SQLite's default pages
+        patched.setattr(sqlite_ledger, "PAGE_SIZE", 4096)
+        SQLiteRecorder(old).close()
+    for path in (new, old):
+        with SQLiteRecorder(path) as rec:
+            rec.append([turn(1)])
+    for path, size in ((new, sqlite_ledger.PAGE_SIZE), (old, 4096)):
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA page_size").fetchone()[0] == size, path
+        db.close()
+        with SQLiteRecorder(path) as rec:
+            assert rec.verify().ok
+    assert sqlite_ledger.PAGE_SIZE > 4096
