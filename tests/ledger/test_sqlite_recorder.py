@@ -195,3 +195,16 @@ def test_a_new_ledger_gets_large_pages_and_an_existing_one_keeps_its_own(tmp_pat
         with SQLiteRecorder(path) as rec:
             assert rec.verify().ok
     assert sqlite_ledger.PAGE_SIZE > 4096
+
+
+def test_a_connection_that_loads_many_rows_gets_a_larger_page_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_ledger, "LOAD_ROWS", 3)
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        default = rec._db.execute("PRAGMA cache_size").fetchone()[0]
+        with rec.bulk():  # a round of a daemon: fewer rows
+            rec.append([turn(1), turn(2)])
+        assert rec._db.execute("PRAGMA cache_size").fetchone()[0] == default
+        with rec.bulk():
+            rec.append([turn(3), turn(4)])
+            rec.append([turn(5)])
+        assert rec._db.execute("PRAGMA cache_size").fetchone()[0] == -sqlite_ledger.LOAD_CACHE_KIB != default
