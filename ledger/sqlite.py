@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tillerman.ledger import events
 from tillerman.ledger.batch import Prepared, Row, prepare, row_columns
-from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
+from tillerman.ledger.errors import AnchorMismatch, IllegalTransition, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
@@ -278,23 +278,29 @@ class SQLiteRecorder(Recorder):
         under a savepoint: the ``UNIQUE`` index on ``event_id`` refuses a stored one, and
         then the savepoint is rolled back and the batch prepared again on the stored
         digests (duplicates dropped, conflicts recorded), exactly as if looked up first.
-        Ids repeated within the batch are ``prepare``'s own to drop either way."""
+        So is a batch whose intent event was refused: it may be a stored one offered again
+        (a duplicate), which only the lookup tells from an illegal move. Ids repeated
+        within the batch are ``prepare``'s own to drop either way."""
         def stored_state(intent_id: str) -> State | None:
             return self._intent_state(db, intent_id)
 
         observed = time.time()
         if self._expect_new:
-            prepared = prepare(batch, head_seq, head_hash, observed, _none_stored, stored_state)
-            db.execute("SAVEPOINT expect_new")
             try:
-                self._insert(db, prepared.rows)
-            except sqlite3.IntegrityError:
-                db.execute("ROLLBACK TO expect_new")
+                prepared = prepare(batch, head_seq, head_hash, observed, _none_stored, stored_state)
+            except IllegalTransition:  # maybe an intent event offered again: stored, a duplicate
                 self._expect_new = False
             else:
-                return prepared
-            finally:
-                db.execute("RELEASE expect_new")
+                db.execute("SAVEPOINT expect_new")
+                try:
+                    self._insert(db, prepared.rows)
+                except sqlite3.IntegrityError:
+                    db.execute("ROLLBACK TO expect_new")
+                    self._expect_new = False
+                else:
+                    return prepared
+                finally:
+                    db.execute("RELEASE expect_new")
         prepared = prepare(batch, head_seq, head_hash, observed, lambda ids: self._known_digests(db, ids),
                            stored_state)
         self._insert(db, prepared.rows)
