@@ -19,7 +19,7 @@ from tillerman.ledger import events
 from tillerman.ledger.errors import IllegalTransition
 from tillerman.ledger.events import Entry, Envelope, IntentEvidence, IntentProposed, IntentTransition
 from tillerman.ledger.intent_states import State, check_transition, known_state
-from tillerman.ledger.recorder import content_digest, encode_payload, row_hash
+from tillerman.ledger.recorder import content_digest, row_hash
 
 # event ids -> stored content digests, or a prefix of each (all a backend keeps)
 DigestLookup = Callable[[Iterable[str]], dict[str, str]]
@@ -63,25 +63,22 @@ def prepare(
     seq, prev = head_seq, head_hash
     pending = list(batch)
     for env in pending:  # conflict records appended below are prepared in turn
-        if env.observed_at is None:
-            env = msgspec.structs.replace(env, observed_at=observed)
-        if env.at == 0.0 or env.observed_at == 0.0:
-            # SQLite stores -0.0 as 0: digest and hash must be of the times as they read back
-            env = msgspec.structs.replace(env, at=None if env.at is None else env.at + 0.0,
-                                          observed_at=env.observed_at + 0.0)
-        payload = encode_payload(env)
+        if env.observed_at is None or env.at == 0.0 or env.observed_at == 0.0:
+            env = _stored_times(env, observed)
+        payload = _encode_event(env.event)
         digest = content_digest(env, payload)
-        existing = known.get(env.event_id)
-        if existing is not None:
-            if digest.startswith(existing):  # a backend may keep only a prefix (chain_only)
-                duplicates += 1
-            else:
-                conflicts.append(env.event_id)
-                record = conflict_envelope(env, existing, digest, observed)
-                known.update(stored_digests([record.event_id]))
-                pending.append(record)
-            continue
-        if isinstance(env.event, _INTENT_EVENTS):
+        if known:
+            existing = known.get(env.event_id)
+            if existing is not None:
+                if digest.startswith(existing):  # a backend may keep only a prefix (chain_only)
+                    duplicates += 1
+                else:
+                    conflicts.append(env.event_id)
+                    record = conflict_envelope(env, existing, digest, observed)
+                    known.update(stored_digests([record.event_id]))
+                    pending.append(record)
+                continue
+        if type(env.event) in _INTENT_EVENTS:
             _check_intent(env.event, stored_state, states)
         seq += 1
         link = row_hash(prev, seq, env, payload, digest)
@@ -92,7 +89,19 @@ def prepare(
     return Prepared(rows, duplicates, tuple(conflicts), moved)
 
 
-_INTENT_EVENTS = (IntentProposed, IntentTransition, IntentEvidence)
+_INTENT_EVENTS = frozenset((IntentProposed, IntentTransition, IntentEvidence))  # final types: no subclasses
+_encode_event = events.encode
+
+
+def _stored_times(env: Envelope, observed: float) -> Envelope:
+    """``observed_at`` filled in, and a zero time as SQLite reads it back (it stores -0.0
+    as 0): digest and hash must be of the times as they read back."""
+    if env.observed_at is None:
+        env = msgspec.structs.replace(env, observed_at=observed)
+    if env.at == 0.0 or env.observed_at == 0.0:
+        env = msgspec.structs.replace(env, at=None if env.at is None else env.at + 0.0,
+                                      observed_at=env.observed_at + 0.0)
+    return env
 
 
 def _check_intent(event: events.Event, stored_state: StateLookup, states: dict[str, State | None]) -> None:
@@ -125,11 +134,16 @@ def _check_intent(event: events.Event, stored_state: StateLookup, states: dict[s
 
 def intent_id_of(event: events.Event) -> str | None:
     """The intent an event is about (for the backends' per-intent lookup)."""
-    if isinstance(event, IntentProposed):
-        return event.intent.id
-    if isinstance(event, IntentTransition | IntentEvidence | events.DecisionRecorded):
-        return event.intent_id
-    return None
+    about = _INTENT_OF.get(type(event))  # a lookup by type: most events are about none
+    return None if about is None else about(event)
+
+
+_INTENT_OF: dict[type, Callable[[events.Event], str]] = {
+    IntentProposed: lambda event: event.intent.id,
+    IntentTransition: lambda event: event.intent_id,
+    IntentEvidence: lambda event: event.intent_id,
+    events.DecisionRecorded: lambda event: event.intent_id,
+}
 
 
 def conflict_envelope(env: Envelope, existing: str, offered: str, observed: float) -> Envelope:
@@ -146,7 +160,8 @@ def conflict_envelope(env: Envelope, existing: str, offered: str, observed: floa
 
 def row_columns(row: Row) -> tuple:
     """A row in the stored column order (``tillerman.ledger.sqlite.COLUMNS``; ``verify_rows`` reads it)."""
-    env, ev = row.envelope, row.envelope.event
+    env = row.envelope
+    ev = env.event
     return (row.seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id, ev.turn_id,
-            events.kind_of(ev), row.intent_id, env.offset, env.length, row.payload, row.digest,
+            ev.__struct_config__.tag, intent_id_of(ev), env.offset, env.length, row.payload, row.digest,
             row.prev_hash, row.hash)

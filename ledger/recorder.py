@@ -53,16 +53,17 @@ def content_digest(env: Envelope, payload: bytes) -> str:
     ``observed_at`` is left out on purpose: re-reading a file later observes the same
     fact at another time, and that must stay a silent no-op.
     """
-    body = msgspec.json.encode([env.source, env.at, env.offset, env.length]) + payload
-    return hashlib.sha256(body).hexdigest()
+    return _sha256(_encode([env.source, env.at, env.offset, env.length]) + payload).hexdigest()
 
 
 def row_hash(prev_hash: str, seq: int, env: Envelope, payload: bytes, digest: str) -> str:
     """The chain link: every stored column of the row, bound to the previous hash."""
-    head = msgspec.json.encode(
-        [seq, env.event_id, env.at, env.observed_at, env.source, digest]
-    )
-    return hashlib.sha256(prev_hash.encode() + head + payload).hexdigest()
+    head = _encode([seq, env.event_id, env.at, env.observed_at, env.source, digest])
+    return _sha256(prev_hash.encode() + head + payload).hexdigest()
+
+
+_encode = msgspec.json.encode  # module globals: both run twice per appended row
+_sha256 = hashlib.sha256
 
 
 class Recorder(abc.ABC):

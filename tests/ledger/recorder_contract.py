@@ -96,6 +96,13 @@ class RecorderContract:
             recorder.append([turn(9), moved(intent, "proposed", "acknowledged", "echo")])
         assert recorder.max_seq() == before
 
+    def test_intent_events_offered_again_are_duplicates_not_refusals(self, recorder):
+        intent = make_intent()
+        batch = [proposed(intent), moved(intent, "proposed", "dispatch_unknown", "dispatching")]
+        recorder.append(batch)
+        result = recorder.append([*batch, turn(1)])
+        assert result.duplicates == 2 and result.seqs == (3,)
+
     def test_transition_must_start_from_the_current_state(self, recorder):
         intent = make_intent()
         recorder.append([proposed(intent), moved(intent, "proposed", "dispatch_unknown", "dispatching")])

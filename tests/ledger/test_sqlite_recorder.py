@@ -5,7 +5,9 @@ import stat
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, turn
+from tillerman.ledger.events import Envelope, TurnStarted, kind_of
 from tillerman.ledger.errors import OperationalError, SchemaError
+from tillerman.ledger import sqlite as sqlite_ledger
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 
@@ -137,3 +139,72 @@ def test_a_ledger_with_the_dropped_indexes_opens_and_loses_them(tmp_path):
         assert "events_thread" not in _event_indexes(rec._db) and "events_kind" not in _event_indexes(rec._db)
         rec.append([turn(3)])
         assert [e.seq for e in rec.read()] == [1, 2, 3] and rec.verify().ok
+
+
+def _id_lookups(rec: SQLiteRecorder) -> list[str]:
+    """The statements ``rec`` runs from now on (the list fills as it runs them)."""
+    statements: list[str] = []
+    rec._db.set_trace_callback(statements.append)
+    return statements
+
+
+def test_new_events_are_appended_without_looking_their_ids_up(tmp_path):
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        statements = _id_lookups(rec)
+        rec.append([turn(1), turn(2)])
+        with rec.bulk():
+            rec.append([turn(3)])
+            rec.append([turn(4), turn(5)])
+        assert not [s for s in statements if "event_id IN" in s]
+        assert [e.seq for e in rec.read()] == [1, 2, 3, 4, 5]
+
+
+def test_a_stored_id_among_new_ones_is_found_after_all(tmp_path):
+    """The insert that meets a stored id is undone and the batch prepared on the stored
+    digests: a duplicate dropped, a changed offer recorded as a conflict, the rest
+    chained on, in bulk and out of it, and lookups again only until a batch meets none."""
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        rec.append([turn(1), turn(2)])
+        with rec.bulk():
+            result = rec.append([turn(3), turn(1), turn(4)])
+            assert result.seqs == (3, 4) and result.duplicates == 1
+            changed = Envelope(event_id="e2", event=TurnStarted(thread_id="t1", turn_id="other"), source="test", at=2.0)
+            result = rec.append([changed, turn(5)])
+            assert result.conflicts == ("e2",)
+            assert [kind_of(e.envelope.event) for e in result.entries] == ["turn_started", "conflict"]
+        assert rec.append([turn(6)]).seqs == (7,)  # looked up: the batch before met stored ids
+        statements = _id_lookups(rec)
+        assert rec.append([turn(7)]).seqs == (8,)  # the one before met none: not looked up
+        assert not [s for s in statements if "event_id IN" in s]
+        assert rec.verify().ok
+        assert [e.seq for e in rec.read()] == list(range(1, 9))
+
+
+def test_a_new_ledger_gets_large_pages_and_an_existing_one_keeps_its_own(tmp_path, monkeypatch):
+    new, old = tmp_path / "new.sqlite3", tmp_path / "old.sqlite3"
+    with monkeypatch.context() as patched:  # a ledger made before: SQLite's default pages
+        patched.setattr(sqlite_ledger, "PAGE_SIZE", 4096)
+        SQLiteRecorder(old).close()
+    for path in (new, old):
+        with SQLiteRecorder(path) as rec:
+            rec.append([turn(1)])
+    for path, size in ((new, sqlite_ledger.PAGE_SIZE), (old, 4096)):
+        db = sqlite3.connect(path)
+        assert db.execute("PRAGMA page_size").fetchone()[0] == size, path
+        db.close()
+        with SQLiteRecorder(path) as rec:
+            assert rec.verify().ok
+    assert sqlite_ledger.PAGE_SIZE > 4096
+
+
+def test_a_connection_that_loads_many_rows_gets_a_larger_page_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(sqlite_ledger, "LOAD_ROWS", 3)
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        default = rec._db.execute("PRAGMA cache_size").fetchone()[0]
+        with rec.bulk():  # a round of a daemon: fewer rows
+            rec.append([turn(1), turn(2)])
+        assert rec._db.execute("PRAGMA cache_size").fetchone()[0] == default
+        with rec.bulk():
+            rec.append([turn(3), turn(4)])
+            rec.append([turn(5)])
+        assert rec._db.execute("PRAGMA cache_size").fetchone()[0] == -sqlite_ledger.LOAD_CACHE_KIB != default
