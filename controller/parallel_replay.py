@@ -132,8 +132,11 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
 
 
 def _append(ledger: Recorder, envelopes: list[Envelope]) -> None:
-    for start in range(0, len(envelopes), BATCH):  # a commit per batch, as a single replay makes
-        ledger.append(envelopes[start:start + BATCH])
+    # One transaction per group (a single replay commits every few thousand rows too):
+    # one commit and one anchor move, not one per batch.
+    with ledger.bulk():
+        for start in range(0, len(envelopes), BATCH):
+            ledger.append(envelopes[start:start + BATCH])
 
 
 def _replay_file(path: str, fmt: str) -> ReplayFile:
