@@ -41,7 +41,7 @@ from tillerman.ledger import segments
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.forgetting import ForgettingProjection
-from tillerman.ledger.projections import IntentView, Projection, is_open
+from tillerman.ledger.projections import IntentView, is_open
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import Call
@@ -52,7 +52,7 @@ from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
-from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.ledger.snapshot import Watched
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.detect import Triggers, triggers, triggers_may_find
 from tillerman.rules.review import Reviewer
@@ -65,6 +65,7 @@ BATCH = 512  # observations folded ahead of their append, appended together
 COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_NO_TRIGGERS = Triggers((), ())
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
 #: Formats whose file is one whole session: its threads end with it (a resumed Codex
 #: session appends to its rollout), so once idle they are forgotten at the file's end.
@@ -142,43 +143,6 @@ def _not_a_file(path: Path) -> str:
     return f"is {kind}, not a session file; replay reads regular files (*.jsonl, a ledger) and folders of them"
 
 
-class _CachingProjection(ForgettingProjection, dict=True):
-    """The fold, keeping each thread's snapshot (and its timer dues) until an entry
-    about that thread is folded. Every change to a thread's state goes through an
-    event carrying its ``thread_id`` (``tillerman.ledger.projections``), so a kept snapshot is
-    always the one ``Projection.snapshot`` would build now. Replay asks for the same
-    thread's snapshot several times per event (timers, detection, the policy)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._snapshots: dict[str, ThreadSnapshot] = {}
-        self._triggers: dict[str, Triggers] = {}
-
-    def apply(self, entry: Entry) -> None:
-        thread_id = entry.envelope.event.thread_id
-        if thread_id is not None:
-            self._snapshots.pop(thread_id, None)
-            self._triggers.pop(thread_id, None)
-        Projection.apply(self, entry)
-
-    def forget_thread(self, thread_id: str) -> None:
-        ForgettingProjection.forget_thread(self, thread_id)
-        self._snapshots.pop(thread_id, None)
-        self._triggers.pop(thread_id, None)
-
-    def snapshot(self, thread_id: str) -> ThreadSnapshot:
-        snap = self._snapshots.get(thread_id)
-        if snap is None:
-            snap = self._snapshots[thread_id] = Projection.snapshot(self, thread_id)
-        return snap
-
-    def triggers(self, thread_id: str, ruleset: RuleSet) -> Triggers:
-        w = self._triggers.get(thread_id)
-        if w is None:
-            w = self._triggers[thread_id] = triggers(self.snapshot(thread_id), ruleset)
-        return w
-
-
 class Replayer:
     def __init__(
         self,
@@ -211,12 +175,17 @@ class Replayer:
         self.review = review
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
-        self.projection = _CachingProjection()
+        self.projection = ForgettingProjection()
+        # Each thread's rule triggers, taken again after every entry about it is folded
+        # (``_watch``), only when what they read of it (``Watched``) changed: no snapshot
+        # is built unless a decision may be made.
+        self._watched: dict[str, Watched] = {}
+        self._triggers: dict[str, Triggers] = {}
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
         # When the next timer fires: kept up to date from what is folded, not rescanned.
-        self.timers = Timers(_CachingProjection.triggers)
+        self.timers = Timers(lambda _projection, thread_id, _ruleset: self._triggers.get(thread_id, _NO_TRIGGERS))
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
@@ -300,7 +269,8 @@ class Replayer:
             for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
                 records += 1
                 counter.add(env.event)
-                self._observe(env, env.at, ahead=False)
+                now = self._advance(env.at)
+                self._take(msgspec.structs.replace(env, observed_at=now), now, ahead=False)
             # A ledger holds the observations of the files it followed, under the ids a
             # replay of those files gives them: from here on, any row may be a duplicate.
             self._next_seq = None
@@ -317,20 +287,25 @@ class Replayer:
             if read_once != self._waiting_read_once:
                 self._flush()  # one kind per append: ids kept, or not
                 self._waiting_read_once = read_once
+            untimed = parser.untimed
             for parsed in self._parse(path, parser):
                 counter.add(parsed.event)
                 if parsed.event.thread_id is not None:
                     threads.add(parsed.event.thread_id)
                 at = parsed.at
-                if at is None and parser.untimed:
+                if at is None and untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
-                # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
-                self._observe(file_envelope(identity, source, parsed), at, ahead=ahead)
+                now = self._advance(at)
+                # The same envelope the live tailer (tillerman.monitor.tailer) builds for
+                # this record, observed on the virtual clock.
+                self._take(file_envelope(identity, source, parsed, observed_at=now), now, ahead=ahead)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
             if fmt in ONE_SESSION_PER_FILE:
                 self._forget_idle(threads)
+        counts = counter.counts()
+        self.events += counts.events
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
-                           **msgspec.structs.asdict(counter.counts()))
+                           **msgspec.structs.asdict(counts))
 
     def _parse(self, path: Path, parser) -> Iterator[Parsed]:
         total, done = path.stat().st_size, 0
@@ -350,27 +325,37 @@ class Replayer:
         once nothing can happen on it (``tillerman.ledger.forgetting``)."""
         busy = {view.intent.thread_id for view in self._open.values()}
         for thread_id in sorted(thread_ids - busy):
-            found = self.projection.triggers(thread_id, self.ruleset)
+            found = self._triggers.get(thread_id, _NO_TRIGGERS)
             if not found.timers and not found.failures:
                 self.projection.forget_thread(thread_id)
+                self._watched.pop(thread_id, None)
+                self._triggers.pop(thread_id, None)
 
     # -- one event on the virtual clock --------------------------------------------
 
-    def _observe(self, env: Envelope, at: float | None, *, ahead: bool) -> None:
+    def _advance(self, at: float | None) -> float:
+        """Move the virtual clock to an event's time, firing every timer due up to it
+        first; the time the event is observed at."""
         if at is not None:
-            self._fire_timers(until=at)
-            self.now = at if self.now is None else max(self.now, at)
-        now = self.now if self.now is not None else 0.0
-        env = msgspec.structs.replace(env, observed_at=now)
-        self.events += not isinstance(env.event, ev.Quarantined)
+            if self.now is not None:
+                due = self.timers.next_due(self.projection, self.ruleset, self.now)
+                if due is not None and due <= at:
+                    self._fire_timers(until=at)
+            self.now = at if self.now is None or at > self.now else self.now
+        return self.now if self.now is not None else 0.0
+
+    def _take(self, env: Envelope, now: float, *, ahead: bool) -> None:
+        """Fold (and append) one observation, and decide what it can make decided."""
         if ahead:
             self._fold_ahead(env)
         else:
             self._record([env])
         thread = env.event.thread_id
-        if thread is not None:
+        if thread is not None and (self._open or self.checkpoints is not None or (
+                (found := self._triggers.get(thread)) is not None and triggers_may_find(found, now))):
             self._evaluate([thread], now)
-        self.end = now if self.end is None else max(self.end, now)
+        if self.end is None or now > self.end:
+            self.end = now
 
     def _fire_timers(self, until: float) -> None:
         while self.now is not None:
@@ -386,11 +371,10 @@ class Replayer:
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
         # (``triggers_may_find``); elsewhere ``detect`` would return nothing.
-        projection, ruleset = self.projection, self.ruleset
-        finding = [t for t in thread_ids
-                   if triggers_may_find(projection.triggers(t, ruleset), projection.snapshot(t), now)]
+        found = self._triggers
+        finding = [t for t in thread_ids if (w := found.get(t)) is not None and triggers_may_find(w, now)]
         if finding:
-            self._record(self.step.step(projection, finding, now))
+            self._record(self.step.step(self.projection, finding, now))
         views = []
         if self._open:  # most events come with no intent open
             wanted = set(thread_ids)
@@ -469,11 +453,13 @@ class Replayer:
     def _fold(self, entry: Entry) -> None:
         self._account(entry)
         self.projection.apply(entry)
-        self.timers.note(entry)
+        event = entry.envelope.event
+        if event.thread_id is not None:
+            self._watch(event.thread_id)
         if self.checkpoints is not None:
             self.checkpoints.note(entry)
-        event = entry.envelope.event
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
+            self.timers.note(entry)
             intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
             view = self.projection.intents.get(intent_id)
             if view is not None and is_open(view):
@@ -481,6 +467,16 @@ class Replayer:
             else:  # settled: no later step reads it (tillerman.ledger.forgetting)
                 self._open.pop(intent_id, None)
                 self.projection.forget_intent(intent_id)
+
+    def _watch(self, thread_id: str) -> None:
+        """Take the thread's triggers again when what they read of it changed; its timer
+        due is computed again then (``Timers.changed``), and only then: equal triggers
+        give the same due."""
+        watched = self.projection.watched(thread_id)
+        if watched is not None and watched != self._watched.get(thread_id):
+            self._watched[thread_id] = watched
+            self._triggers[thread_id] = triggers(watched, self.ruleset)
+            self.timers.changed(thread_id)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

@@ -33,13 +33,14 @@ from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.rules.detect import Triggers, triggers, triggers_next_due
 from tillerman.rules.ruleset import RuleSet
 
-#: A thread's triggers under a rule set: built from a fresh snapshot by default;
-#: replay passes its cached ones.
+#: A thread's triggers under a rule set: taken from the fold by default; replay
+#: passes the ones it keeps up to date as it folds.
 TriggersOf = Callable[[Projection, str, RuleSet], Triggers]
 
 
 def fresh_triggers(projection: Projection, thread_id: str, ruleset: RuleSet) -> Triggers:
-    return triggers(projection.snapshot(thread_id), ruleset)
+    watched = projection.watched(thread_id)
+    return triggers(watched, ruleset) if watched is not None else Triggers((), ())
 
 
 def deadlines(view: IntentView) -> tuple[float, ...]:
@@ -65,6 +66,7 @@ class Timers:
 
     def _reset(self, projection: Projection | None, ruleset: RuleSet | None) -> None:
         self._projection, self._ruleset = projection, ruleset
+        self._expiring = ruleset is not None and any(rule.expires is not None for rule in ruleset.rules)
         self._now: float | None = None
         self._current: dict[str, int] = {}  # thread -> token of its live heap entries
         self._dues: list[tuple[float, int, str]] = []  # (due, token, thread)
@@ -73,6 +75,11 @@ class Timers:
         self._open: set[str] = set()
         self._threads: set[str] = set(projection.threads) if projection is not None else set()
         self._intents: set[str] = set(projection.intents) if projection is not None else set()
+
+    def changed(self, thread_id: str) -> None:
+        """The thread's triggers changed: its due is computed again at the next ``next_due``
+        (what ``note`` does for an entry about it; replay tells only real changes)."""
+        self._threads.add(thread_id)
 
     def reset(self) -> None:
         """Compute everything again at the next ``next_due``."""
@@ -131,6 +138,8 @@ class Timers:
         if due is None:  # nothing lasting: time alone never changes that
             return
         heapq.heappush(self._dues, (due, token, thread_id))
+        if not self._expiring:
+            return
         # A rule leaving force before ``due`` may take the earliest timer with it.
         leaves = [t for _, _, rule in trig.timers
                   if rule.expires is not None and now < (t := rule.out_of_force_at() or 0.0) < due]
