@@ -54,7 +54,7 @@ from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.ledger.snapshot import Watched
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.rules.detect import Triggers, triggers, triggers_may_find
+from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
 from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
@@ -337,10 +337,8 @@ class Replayer:
         """Move the virtual clock to an event's time, firing every timer due up to it
         first; the time the event is observed at."""
         if at is not None:
-            if self.now is not None:
-                due = self.timers.next_due(self.projection, self.ruleset, self.now)
-                if due is not None and due <= at:
-                    self._fire_timers(until=at)
+            if self.now is not None and at >= self.timers.horizon(self.now):
+                self._fire_timers(until=at)
             self.now = at if self.now is None or at > self.now else self.now
         return self.now if self.now is not None else 0.0
 
@@ -469,14 +467,17 @@ class Replayer:
                 self.projection.forget_intent(intent_id)
 
     def _watch(self, thread_id: str) -> None:
-        """Take the thread's triggers again when what they read of it changed; its timer
-        due is computed again then (``Timers.changed``), and only then: equal triggers
-        give the same due."""
+        """Take the thread's triggers again when what they read of it changed, and tell the
+        timers its due now (``Timers.lower``: a later one is not even pushed); equal
+        triggers give the same due."""
         watched = self.projection.watched(thread_id)
         if watched is not None and watched != self._watched.get(thread_id):
             self._watched[thread_id] = watched
-            self._triggers[thread_id] = triggers(watched, self.ruleset)
-            self.timers.changed(thread_id)
+            found = self._triggers[thread_id] = triggers(watched, self.ruleset)
+            if self.now is None:
+                self.timers.changed(thread_id)
+            else:
+                self.timers.lower(thread_id, triggers_next_due(found, self.now))
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event
