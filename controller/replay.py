@@ -403,11 +403,17 @@ class Replayer:
         be a duplicate: ``_run``), and append it later with others: one append per
         BATCH observations instead of one per event. Anything of replay's own is
         appended after the observations before it (``_record`` flushes first), so the
-        rows and their order are those of an append per event."""
-        assert self._next_seq is not None
-        self._fold(Entry(seq=self._next_seq + len(self._waiting), envelope=env, prev_hash="", hash=""))
-        self._waiting.append(env)
-        if len(self._waiting) >= BATCH:
+        rows and their order are those of an append per event. (``_fold`` for a parsed
+        observation: it is never a decision, a report or an intent.)"""
+        waiting = self._waiting
+        entry = Entry(seq=self._next_seq + len(waiting), envelope=env, prev_hash="", hash="")
+        self.projection.apply(entry)
+        if env.event.thread_id is not None:
+            self._watch(env.event.thread_id)
+        if self.checkpoints is not None:
+            self.checkpoints.note(entry)
+        waiting.append(env)
+        if len(waiting) >= BATCH:
             self._flush()
 
     def _flush(self) -> None:
