@@ -10,13 +10,15 @@ never lets one reach a transport. The ordered decision stream is digested, so tw
 replays of the same input print the same ``decisions_digest``.
 
 The pipeline, per event, does only what the event can change: it is folded (ahead of
-its append, which waits for BATCH others: ``_fold_ahead``), its thread's snapshot and
-rule triggers are built again (kept per thread until an entry about it is folded:
-``_CachingProjection``), detection runs only where a rule can fire, the policy only
-for that thread's open intents, and the next timer comes from heaps
-(``tillerman.controller.timers``) where only that thread's due is computed again.
-What it records is row for row what an append and a rescan per event recorded
-(tests/controller/test_replay_unchanged.py).
+its append, which waits for BATCH others: ``_fold_ahead``); its thread's rule
+triggers are taken again from the small part of its state they read (``Watched``,
+``_watch``), with no snapshot; a full snapshot is built only where a decision may be
+made: detection runs only where a rule can fire (``triggers_may_find``), the policy
+only for that thread's open intents. The clock asks the timers
+(``tillerman.controller.timers``) for the next due only when an event reaches their
+horizon: a thread's due moving later, as its quiet timer does at nearly every event,
+is not even pushed. What it records is row for row what an append and a rescan per
+event recorded (tests/controller/test_replay_unchanged.py).
 """
 
 from __future__ import annotations
