@@ -183,11 +183,16 @@ class Replayer:
         # is built unless a decision may be made.
         self._watched: dict[str, Watched] = {}
         self._triggers: dict[str, Triggers] = {}
+        # Threads whose kept triggers predate a later progress of theirs (``_watch``),
+        # taken again only where they are asked (``_fresh``), and the shortest limit of
+        # each thread's timers: how soon after a progress its next timer may fall due.
+        self._stale: set[str] = set()
+        self._soonest: dict[str, float | None] = {}
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
         # When the next timer fires: kept up to date from what is folded, not rescanned.
-        self.timers = Timers(lambda _projection, thread_id, _ruleset: self._triggers.get(thread_id, _NO_TRIGGERS))
+        self.timers = Timers(lambda _projection, thread_id, _ruleset: self._fresh(thread_id))
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
@@ -289,18 +294,19 @@ class Replayer:
             if read_once != self._waiting_read_once:
                 self._flush()  # one kind per append: ids kept, or not
                 self._waiting_read_once = read_once
-            untimed = parser.untimed
+            untimed, count, advance, take = parser.untimed, counter.add, self._advance, self._take
             for parsed in self._parse(path, parser):
-                counter.add(parsed.event)
-                if parsed.event.thread_id is not None:
-                    threads.add(parsed.event.thread_id)
+                event = parsed.event
+                count(event)
+                if event.thread_id is not None:
+                    threads.add(event.thread_id)
                 at = parsed.at
                 if at is None and untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
-                now = self._advance(at)
+                now = advance(at)
                 # The same envelope the live tailer (tillerman.monitor.tailer) builds for
                 # this record, observed on the virtual clock.
-                self._take(file_envelope(identity, source, parsed, observed_at=now), now, ahead=ahead)
+                take(file_envelope(identity, source, parsed, observed_at=now), now, ahead=ahead)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
             if fmt in ONE_SESSION_PER_FILE:
                 self._forget_idle(threads)
@@ -327,11 +333,12 @@ class Replayer:
         once nothing can happen on it (``tillerman.ledger.forgetting``)."""
         busy = {view.intent.thread_id for view in self._open.values()}
         for thread_id in sorted(thread_ids - busy):
-            found = self._triggers.get(thread_id, _NO_TRIGGERS)
+            found = self._fresh(thread_id)
             if not found.timers and not found.failures:
                 self.projection.forget_thread(thread_id)
                 self._watched.pop(thread_id, None)
                 self._triggers.pop(thread_id, None)
+                self._soonest.pop(thread_id, None)
 
     # -- one event on the virtual clock --------------------------------------------
 
@@ -372,7 +379,7 @@ class Replayer:
         # Detection runs only for threads where it can find something at ``now``
         # (``triggers_may_find``); elsewhere ``detect`` would return nothing.
         found = self._triggers
-        finding = [t for t in thread_ids if (w := found.get(t)) is not None and triggers_may_find(w, now)]
+        finding = [t for t in thread_ids if t in found and triggers_may_find(self._fresh(t), now)]
         if finding:
             self._record(self.step.step(self.projection, finding, now))
         views = []
@@ -479,13 +486,35 @@ class Replayer:
         timers its due now (``Timers.lower``: a later one is not even pushed); equal
         triggers give the same due."""
         watched = self.projection.watched(thread_id)
-        if watched is not None and watched != self._watched.get(thread_id):
-            self._watched[thread_id] = watched
-            found = self._triggers[thread_id] = triggers(watched, self.ruleset)
-            if self.now is None:
-                self.timers.changed(thread_id)
-            else:
-                self.timers.lower(thread_id, triggers_next_due(found, self.now))
+        old = self._watched.get(thread_id)
+        if watched is None or watched == old:
+            return
+        self._watched[thread_id] = watched
+        if (old is not None and old.last_progress_at is not None and watched.last_progress_at is not None
+                and watched.last_progress_at > old.last_progress_at and self.now is not None
+                and msgspec.structs.replace(old, last_progress_at=watched.last_progress_at) == watched):
+            # Only its progress moved, later: the timers that run from it moved later with
+            # it, the others stayed. The kept triggers find at least what new ones would
+            # (each of their moments is no later), so they stay until a decision asks.
+            self._stale.add(thread_id)
+            soonest = self._soonest[thread_id]
+            if soonest is not None:
+                self.timers.later(thread_id, watched.last_progress_at + soonest)
+            return
+        self._stale.discard(thread_id)
+        found = self._triggers[thread_id] = triggers(watched, self.ruleset)
+        self._soonest[thread_id] = min([limit for _, limit, _ in found.timers], default=None)
+        if self.now is None:
+            self.timers.changed(thread_id)
+        else:
+            self.timers.lower(thread_id, triggers_next_due(found, self.now))
+
+    def _fresh(self, thread_id: str) -> Triggers:
+        """The thread's triggers as of its last fold."""
+        if thread_id in self._stale:
+            self._stale.discard(thread_id)
+            self._triggers[thread_id] = triggers(self._watched[thread_id], self.ruleset)
+        return self._triggers.get(thread_id, _NO_TRIGGERS)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

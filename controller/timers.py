@@ -103,6 +103,20 @@ class Timers:
         self._due_of[thread_id] = due
         self._loose.discard(thread_id)
 
+    def later(self, thread_id: str, bound: float) -> None:
+        """The thread's triggers changed, and none of its timers falls due before ``bound``
+        unless it did before the change: its entry becomes (or stays) a lower bound,
+        computed again only once it is the earliest (``next_due``)."""
+        if self._expiring or thread_id in self._threads or thread_id not in self._current:
+            self._threads.add(thread_id)
+            return
+        held = self._due_of.get(thread_id)
+        if held is None or bound < held:
+            token = self._current[thread_id] = next(self._tokens)
+            heapq.heappush(self._dues, (bound, token, thread_id))
+            self._due_of[thread_id] = bound
+        self._loose.add(thread_id)
+
     def horizon(self, now: float) -> float:
         """A moment before which ``next_due`` asked at ``now`` (of the same projection and
         rule set) certainly answers nothing: replay asks only when an event reaches it."""

@@ -206,7 +206,7 @@ def _lasting(t: ThreadState) -> tuple[float | None, bool, float | None]:
 def _touch(p: Projection, e: ev.Event, at: float | None, source: str) -> ThreadState | None:
     if e.thread_id is None:
         return None
-    t = p.thread(e.thread_id)
+    t = p.threads.get(e.thread_id) or p.thread(e.thread_id)
     if at is not None and (t.last_event_at is None or at > t.last_event_at):
         t.last_event_at = at
     if source.startswith("appserver"):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import msgspec
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +42,8 @@ THREADS = ("t1", "t2", "t3")
 class Ledger:
     """A fold fed by hand: entries numbered in order, each noted by the timers. With
     ``lower``, a thread's change is told as replay tells it: its due at once
-    (``Timers.lower``), kept as a lower bound when it is no earlier."""
+    (``Timers.lower``), kept as a lower bound when it is no earlier; a progress alone
+    as the bound it sets (``Timers.later``)."""
 
     def __init__(self, *, lower: bool = False, rules=RULES) -> None:
         self.rules = rules
@@ -53,11 +56,19 @@ class Ledger:
     def fold(self, event: ev.Event, at: float) -> None:
         entry = Entry(seq=next(self.seq), envelope=Envelope(event_id=f"e{len(self.intents)}-{at}", event=event,
                                                              source="test", at=at), prev_hash="", hash="")
+        before = self.projection.watched(event.thread_id) if event.thread_id is not None else None
         self.projection.apply(entry)
         if self.lower and event.thread_id in self.projection.threads and not isinstance(
                 event, ev.IntentProposed | ev.IntentTransition):
-            due = triggers_next_due(fresh_triggers(self.projection, event.thread_id, self.rules), at)
-            self.timers.lower(event.thread_id, due)
+            found = fresh_triggers(self.projection, event.thread_id, self.rules)
+            after = self.projection.watched(event.thread_id)
+            soonest = min([limit for _, limit, _ in found.timers], default=None)
+            if (before is not None and soonest is not None and before.last_progress_at is not None
+                    and after.last_progress_at > before.last_progress_at
+                    and msgspec.structs.replace(before, last_progress_at=after.last_progress_at) == after):
+                self.timers.later(event.thread_id, after.last_progress_at + soonest)  # replay's progress case
+            else:
+                self.timers.lower(event.thread_id, triggers_next_due(found, at))
         else:
             self.timers.note(entry)
 
@@ -175,3 +186,12 @@ def test_a_later_due_told_by_lower_is_computed_again_once_it_is_the_earliest():
     assert ledger.agree(T0 + 100) == T0 + 700
     ledger.fold(ev.ApprovalRequested(thread_id="t1", turn_id="u", item_id="i"), T0 + 200)  # earlier: 5m
     assert ledger.agree(T0 + 200) == T0 + 500
+
+
+def test_a_progress_after_its_quiet_timer_fell_due_brings_that_timer_back_before_the_others():
+    ledger = Ledger(lower=True, rules=LASTING)
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.agree(T0) == T0 + 600  # quiet, 10m
+    assert ledger.agree(T0 + 700) == T0 + 3600  # quiet fell due: the long turn's is next
+    ledger.fold(ev.AgentMessage(thread_id="t1", turn_id="u", digest="d", size=1), T0 + 800)
+    assert ledger.agree(T0 + 800) == T0 + 1400  # quiet again, from the progress
