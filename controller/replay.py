@@ -10,13 +10,15 @@ never lets one reach a transport. The ordered decision stream is digested, so tw
 replays of the same input print the same ``decisions_digest``.
 
 The pipeline, per event, does only what the event can change: it is folded (ahead of
-its append, which waits for BATCH others: ``_fold_ahead``), its thread's snapshot and
-rule triggers are built again (kept per thread until an entry about it is folded:
-``_CachingProjection``), detection runs only where a rule can fire, the policy only
-for that thread's open intents, and the next timer comes from heaps
-(``tillerman.controller.timers``) where only that thread's due is computed again.
-What it records is row for row what an append and a rescan per event recorded
-(tests/controller/test_replay_unchanged.py).
+its append, which waits for BATCH others: ``_fold_ahead``); its thread's rule
+triggers are taken again from the small part of its state they read (``Watched``,
+``_watch``), with no snapshot; a full snapshot is built only where a decision may be
+made: detection runs only where a rule can fire (``triggers_may_find``), the policy
+only for that thread's open intents. The clock asks the timers
+(``tillerman.controller.timers``) for the next due only when an event reaches their
+horizon: a thread's due moving later, as its quiet timer does at nearly every event,
+is not even pushed. What it records is row for row what an append and a rescan per
+event recorded (tests/controller/test_replay_unchanged.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.forgetting import ForgettingProjection
-from tillerman.ledger.projections import IntentView, Projection, is_open
+from tillerman.ledger.projections import IntentView, is_open
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import Call
@@ -51,8 +53,8 @@ from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
-from tillerman.ledger.snapshot import ThreadSnapshot
-from tillerman.rules.detect import Triggers, triggers, triggers_may_find
+from tillerman.ledger.snapshot import Watched
+from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
 from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
@@ -66,6 +68,7 @@ BATCH = 512  # observations folded ahead of their append, appended together
 COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_NO_TRIGGERS = Triggers((), ())
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
 #: Formats whose file is one whole session: its threads end with it (a resumed Codex
 #: session appends to its rollout), so once idle they are forgotten at the file's end.
@@ -143,43 +146,6 @@ def _not_a_file(path: Path) -> str:
     return f"is {kind}, not a session file; replay reads regular files (*.jsonl, a ledger) and folders of them"
 
 
-class _CachingProjection(ForgettingProjection, dict=True):
-    """The fold, keeping each thread's snapshot (and its timer dues) until an entry
-    about that thread is folded. Every change to a thread's state goes through an
-    event carrying its ``thread_id`` (``tillerman.ledger.projections``), so a kept snapshot is
-    always the one ``Projection.snapshot`` would build now. Replay asks for the same
-    thread's snapshot several times per event (timers, detection, the policy)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._snapshots: dict[str, ThreadSnapshot] = {}
-        self._triggers: dict[str, Triggers] = {}
-
-    def apply(self, entry: Entry) -> None:
-        thread_id = entry.envelope.event.thread_id
-        if thread_id is not None:
-            self._snapshots.pop(thread_id, None)
-            self._triggers.pop(thread_id, None)
-        Projection.apply(self, entry)
-
-    def forget_thread(self, thread_id: str) -> None:
-        ForgettingProjection.forget_thread(self, thread_id)
-        self._snapshots.pop(thread_id, None)
-        self._triggers.pop(thread_id, None)
-
-    def snapshot(self, thread_id: str) -> ThreadSnapshot:
-        snap = self._snapshots.get(thread_id)
-        if snap is None:
-            snap = self._snapshots[thread_id] = Projection.snapshot(self, thread_id)
-        return snap
-
-    def triggers(self, thread_id: str, ruleset: RuleSet) -> Triggers:
-        w = self._triggers.get(thread_id)
-        if w is None:
-            w = self._triggers[thread_id] = triggers(self.snapshot(thread_id), ruleset)
-        return w
-
-
 class Replayer:
     def __init__(
         self,
@@ -212,12 +178,22 @@ class Replayer:
         self.review = review
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
-        self.projection = _CachingProjection()
+        self.projection = ForgettingProjection()
+        # Each thread's rule triggers, taken again after every entry about it is folded
+        # (``_watch``), only when what they read of it (``Watched``) changed: no snapshot
+        # is built unless a decision may be made.
+        self._watched: dict[str, Watched] = {}
+        self._triggers: dict[str, Triggers] = {}
+        # Threads whose kept triggers predate a later progress of theirs (``_watch``),
+        # taken again only where they are asked (``_fresh``), and the shortest limit of
+        # each thread's timers: how soon after a progress its next timer may fall due.
+        self._stale: set[str] = set()
+        self._soonest: dict[str, float | None] = {}
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
         # When the next timer fires: kept up to date from what is folded, not rescanned.
-        self.timers = Timers(_CachingProjection.triggers)
+        self.timers = Timers(lambda _projection, thread_id, _ruleset: self._fresh(thread_id))
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
@@ -301,7 +277,8 @@ class Replayer:
             for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
                 records += 1
                 counter.add(env.event)
-                self._observe(env, env.at, ahead=False)
+                now = self._advance(env.at)
+                self._take(msgspec.structs.replace(env, observed_at=now), now, ahead=False)
             # A ledger holds the observations of the files it followed, under the ids a
             # replay of those files gives them: from here on, any row may be a duplicate.
             self._next_seq = None
@@ -318,20 +295,26 @@ class Replayer:
             if read_once != self._waiting_read_once:
                 self._flush()  # one kind per append: ids kept, or not
                 self._waiting_read_once = read_once
+            untimed, count, advance, take = parser.untimed, counter.add, self._advance, self._take
             for parsed in self._parse(path, parser):
-                counter.add(parsed.event)
-                if parsed.event.thread_id is not None:
-                    threads.add(parsed.event.thread_id)
+                event = parsed.event
+                count(event)
+                if event.thread_id is not None:
+                    threads.add(event.thread_id)
                 at = parsed.at
-                if at is None and parser.untimed:
+                if at is None and untimed:
                     at = (self.now or 0.0) + UNTIMED_STEP
-                # The same envelope the live tailer (tillerman.monitor.tailer) builds for this record.
-                self._observe(file_envelope(identity, source, parsed), at, ahead=ahead)
+                now = advance(at)
+                # The same envelope the live tailer (tillerman.monitor.tailer) builds for
+                # this record, observed on the virtual clock.
+                take(file_envelope(identity, source, parsed, observed_at=now), now, ahead=ahead)
             records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
             if fmt in ONE_SESSION_PER_FILE:
                 self._forget_idle(threads)
+        counts = counter.counts()
+        self.events += counts.events
         return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
-                           **msgspec.structs.asdict(counter.counts()))
+                           **msgspec.structs.asdict(counts))
 
     def _parse(self, path: Path, parser) -> Iterator[Parsed]:
         total, done = path.stat().st_size, 0
@@ -351,27 +334,36 @@ class Replayer:
         once nothing can happen on it (``tillerman.ledger.forgetting``)."""
         busy = {view.intent.thread_id for view in self._open.values()}
         for thread_id in sorted(thread_ids - busy):
-            found = self.projection.triggers(thread_id, self.ruleset)
+            found = self._fresh(thread_id)
             if not found.timers and not found.failures:
                 self.projection.forget_thread(thread_id)
+                self._watched.pop(thread_id, None)
+                self._triggers.pop(thread_id, None)
+                self._soonest.pop(thread_id, None)
 
     # -- one event on the virtual clock --------------------------------------------
 
-    def _observe(self, env: Envelope, at: float | None, *, ahead: bool) -> None:
+    def _advance(self, at: float | None) -> float:
+        """Move the virtual clock to an event's time, firing every timer due up to it
+        first; the time the event is observed at."""
         if at is not None:
-            self._fire_timers(until=at)
-            self.now = at if self.now is None else max(self.now, at)
-        now = self.now if self.now is not None else 0.0
-        env = msgspec.structs.replace(env, observed_at=now)
-        self.events += not isinstance(env.event, ev.Quarantined)
+            if self.now is not None and at >= self.timers.horizon(self.now):
+                self._fire_timers(until=at)
+            self.now = at if self.now is None or at > self.now else self.now
+        return self.now if self.now is not None else 0.0
+
+    def _take(self, env: Envelope, now: float, *, ahead: bool) -> None:
+        """Fold (and append) one observation, and decide what it can make decided."""
         if ahead:
             self._fold_ahead(env)
         else:
             self._record([env])
         thread = env.event.thread_id
-        if thread is not None:
+        if thread is not None and (self._open or self.checkpoints is not None or (
+                (found := self._triggers.get(thread)) is not None and triggers_may_find(found, now))):
             self._evaluate([thread], now)
-        self.end = now if self.end is None else max(self.end, now)
+        if self.end is None or now > self.end:
+            self.end = now
 
     def _fire_timers(self, until: float) -> None:
         while self.now is not None:
@@ -387,11 +379,10 @@ class Replayer:
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
         # Detection runs only for threads where it can find something at ``now``
         # (``triggers_may_find``); elsewhere ``detect`` would return nothing.
-        projection, ruleset = self.projection, self.ruleset
-        finding = [t for t in thread_ids
-                   if triggers_may_find(projection.triggers(t, ruleset), projection.snapshot(t), now)]
+        found = self._triggers
+        finding = [t for t in thread_ids if t in found and triggers_may_find(self._fresh(t), now)]
         if finding:
-            self._record(self.step.step(projection, finding, now))
+            self._record(self.step.step(self.projection, finding, now))
         views = []
         if self._open:  # most events come with no intent open
             wanted = set(thread_ids)
@@ -424,11 +415,17 @@ class Replayer:
         be a duplicate: ``_run``), and append it later with others: one append per
         BATCH observations instead of one per event. Anything of replay's own is
         appended after the observations before it (``_record`` flushes first), so the
-        rows and their order are those of an append per event."""
-        assert self._next_seq is not None
-        self._fold(Entry(seq=self._next_seq + len(self._waiting), envelope=env, prev_hash="", hash=""))
-        self._waiting.append(env)
-        if len(self._waiting) >= BATCH:
+        rows and their order are those of an append per event. (``_fold`` for a parsed
+        observation: it is never a decision, a report or an intent.)"""
+        waiting = self._waiting
+        entry = Entry(seq=self._next_seq + len(waiting), envelope=env, prev_hash="", hash="")
+        self.projection.apply(entry)
+        if env.event.thread_id is not None:
+            self._watch(env.event.thread_id)
+        if self.checkpoints is not None:
+            self.checkpoints.note(entry)
+        waiting.append(env)
+        if len(waiting) >= BATCH:
             self._flush()
 
     def _flush(self) -> None:
@@ -472,11 +469,13 @@ class Replayer:
     def _fold(self, entry: Entry) -> None:
         self._account(entry)
         self.projection.apply(entry)
-        self.timers.note(entry)
+        event = entry.envelope.event
+        if event.thread_id is not None:
+            self._watch(event.thread_id)
         if self.checkpoints is not None:
             self.checkpoints.note(entry)
-        event = entry.envelope.event
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
+            self.timers.note(entry)
             intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
             view = self.projection.intents.get(intent_id)
             if view is not None and is_open(view):
@@ -484,6 +483,41 @@ class Replayer:
             else:  # settled: no later step reads it (tillerman.ledger.forgetting)
                 self._open.pop(intent_id, None)
                 self.projection.forget_intent(intent_id)
+
+    def _watch(self, thread_id: str) -> None:
+        """Take the thread's triggers again when what they read of it changed, and tell the
+        timers its due now (``Timers.lower``: a later one is not even pushed); equal
+        triggers give the same due."""
+        watched = self.projection.watched(thread_id)
+        old = self._watched.get(thread_id)
+        if watched is None or watched == old:
+            return
+        self._watched[thread_id] = watched
+        if (old is not None and old.last_progress_at is not None and watched.last_progress_at is not None
+                and watched.last_progress_at > old.last_progress_at and self.now is not None
+                and msgspec.structs.replace(old, last_progress_at=watched.last_progress_at) == watched):
+            # Only its progress moved, later: the timers that run from it moved later with
+            # it, the others stayed. The kept triggers find at least what new ones would
+            # (each of their moments is no later), so they stay until a decision asks.
+            self._stale.add(thread_id)
+            soonest = self._soonest[thread_id]
+            if soonest is not None:
+                self.timers.later(thread_id, watched.last_progress_at + soonest)
+            return
+        self._stale.discard(thread_id)
+        found = self._triggers[thread_id] = triggers(watched, self.ruleset)
+        self._soonest[thread_id] = min([limit for _, limit, _ in found.timers], default=None)
+        if self.now is None:
+            self.timers.changed(thread_id)
+        else:
+            self.timers.lower(thread_id, triggers_next_due(found, self.now))
+
+    def _fresh(self, thread_id: str) -> Triggers:
+        """The thread's triggers as of its last fold."""
+        if thread_id in self._stale:
+            self._stale.discard(thread_id)
+            self._triggers[thread_id] = triggers(self._watched[thread_id], self.ruleset)
+        return self._triggers.get(thread_id, _NO_TRIGGERS)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable
 
 from tillerman.ledger import events as ev
@@ -33,13 +34,14 @@ from tillerman.ledger.projections import IntentView, Projection, is_open
 from tillerman.rules.detect import Triggers, triggers, triggers_next_due
 from tillerman.rules.ruleset import RuleSet
 
-#: A thread's triggers under a rule set: built from a fresh snapshot by default;
-#: replay passes its cached ones.
+#: A thread's triggers under a rule set: taken from the fold by default; replay
+#: passes the ones it keeps up to date as it folds.
 TriggersOf = Callable[[Projection, str, RuleSet], Triggers]
 
 
 def fresh_triggers(projection: Projection, thread_id: str, ruleset: RuleSet) -> Triggers:
-    return triggers(projection.snapshot(thread_id), ruleset)
+    watched = projection.watched(thread_id)
+    return triggers(watched, ruleset) if watched is not None else Triggers((), ())
 
 
 def deadlines(view: IntentView) -> tuple[float, ...]:
@@ -65,14 +67,63 @@ class Timers:
 
     def _reset(self, projection: Projection | None, ruleset: RuleSet | None) -> None:
         self._projection, self._ruleset = projection, ruleset
+        self._expiring = ruleset is not None and any(rule.expires is not None for rule in ruleset.rules)
         self._now: float | None = None
         self._current: dict[str, int] = {}  # thread -> token of its live heap entries
+        self._due_of: dict[str, float] = {}  # thread -> the due of its live entry, when it has one
+        self._loose: set[str] = set()  # threads whose live entry is only a lower bound (``lower``)
         self._dues: list[tuple[float, int, str]] = []  # (due, token, thread)
         self._checks: list[tuple[float, int, str]] = []  # (a rule of the thread leaves force, token, thread)
         self._deadlines: list[tuple[float, str]] = []  # (deadline, intent id)
         self._open: set[str] = set()
         self._threads: set[str] = set(projection.threads) if projection is not None else set()
         self._intents: set[str] = set(projection.intents) if projection is not None else set()
+
+    def changed(self, thread_id: str) -> None:
+        """The thread's triggers changed: its due is computed again at the next ``next_due``
+        (what ``note`` does for an entry about it; replay tells only real changes)."""
+        self._threads.add(thread_id)
+
+    def lower(self, thread_id: str, due: float | None) -> None:
+        """The thread's triggers changed and ``due`` is their ``triggers_next_due`` now (at
+        or after the last ``next_due``). A due no earlier than the one its entry holds
+        leaves the entry where it is, as a lower bound, computed again only once it is
+        the earliest (``next_due``): replay moves a thread's quiet timer at nearly every
+        event, and it is rarely the earliest."""
+        if self._expiring or thread_id in self._threads or thread_id not in self._current:
+            self._threads.add(thread_id)  # computed exactly, with its rules' leaving force
+            return
+        held = self._due_of.get(thread_id)
+        if due is None or (held is not None and due >= held):
+            if held is not None:
+                self._loose.add(thread_id)
+            return
+        token = self._current[thread_id] = next(self._tokens)
+        heapq.heappush(self._dues, (due, token, thread_id))
+        self._due_of[thread_id] = due
+        self._loose.discard(thread_id)
+
+    def later(self, thread_id: str, bound: float) -> None:
+        """The thread's triggers changed, and none of its timers falls due before ``bound``
+        unless it did before the change: its entry becomes (or stays) a lower bound,
+        computed again only once it is the earliest (``next_due``)."""
+        if self._expiring or thread_id in self._threads or thread_id not in self._current:
+            self._threads.add(thread_id)
+            return
+        held = self._due_of.get(thread_id)
+        if held is None or bound < held:
+            token = self._current[thread_id] = next(self._tokens)
+            heapq.heappush(self._dues, (bound, token, thread_id))
+            self._due_of[thread_id] = bound
+        self._loose.add(thread_id)
+
+    def horizon(self, now: float) -> float:
+        """A moment before which ``next_due`` asked at ``now`` (of the same projection and
+        rule set) certainly answers nothing: replay asks only when an event reaches it."""
+        if self._threads or self._intents or self._now is None or now < self._now:
+            return -math.inf
+        return min(self._dues[0][0] if self._dues else math.inf, self._checks[0][0] if self._checks else math.inf,
+                   self._deadlines[0][0] if self._deadlines else math.inf)
 
     def reset(self) -> None:
         """Compute everything again at the next ``next_due``."""
@@ -101,12 +152,17 @@ class Timers:
             for intent_id in self._intents:
                 self._intent(intent_id, now)
             self._intents.clear()
-        current = self._current
-        for heap in (self._checks, self._dues):  # a thread whose moment has come: again
-            while heap and (heap[0][0] <= now or heap[0][1] != current[heap[0][2]]):
-                _, token, thread_id = heapq.heappop(heap)
-                if token == current[thread_id]:
-                    self._compute(thread_id, now)
+        current, loose = self._current, self._loose
+        checks, dues = self._checks, self._dues
+        while checks and (checks[0][0] <= now or checks[0][1] != current[checks[0][2]]):
+            _, token, thread_id = heapq.heappop(checks)
+            if token == current[thread_id]:
+                self._compute(thread_id, now)
+        # A thread whose moment has come, or whose entry is a lower bound, first: again.
+        while dues and (dues[0][0] <= now or dues[0][1] != current[dues[0][2]] or dues[0][2] in loose):
+            _, token, thread_id = heapq.heappop(dues)
+            if token == current[thread_id]:
+                self._compute(thread_id, now)
         if len(self._dues) > 2 * len(current) + 64:  # superseded entries that time has not reached yet
             self._dues = [e for e in self._dues if e[1] == current[e[2]]]
             self._checks = [e for e in self._checks if e[1] == current[e[2]]]
@@ -124,6 +180,8 @@ class Timers:
 
     def _compute(self, thread_id: str, now: float) -> None:
         token = self._current[thread_id] = next(self._tokens)
+        self._loose.discard(thread_id)
+        self._due_of.pop(thread_id, None)
         if thread_id not in self._projection.threads:  # an intent's thread the fold never saw
             return
         trig = self._triggers_of(self._projection, thread_id, self._ruleset)
@@ -131,6 +189,9 @@ class Timers:
         if due is None:  # nothing lasting: time alone never changes that
             return
         heapq.heappush(self._dues, (due, token, thread_id))
+        self._due_of[thread_id] = due
+        if not self._expiring:
+            return
         # A rule leaving force before ``due`` may take the earliest timer with it.
         leaves = [t for _, _, rule in trig.timers
                   if rule.expires is not None and now < (t := rule.out_of_force_at() or 0.0) < due]

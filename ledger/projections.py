@@ -21,7 +21,7 @@ from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.id_table import IdTable
-from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, turn_state
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
 SNAPSHOT_NAME = "projection-v4"  # bump when Projection changes shape
@@ -145,9 +145,7 @@ class Projection(msgspec.Struct):
         t = self.threads.get(thread_id)
         if t is None:
             return ThreadSnapshot(thread_id=thread_id, known=False)
-        # Built for every event replay folds: nothing running and no approval pending (the
-        # common case) skips the scans.
-        critical = [i.started_at for i in t.running.values() if i.critical] if t.running else ()
+        approval_since, critical, critical_since = _lasting(t)
         return ThreadSnapshot(
             thread_id=thread_id,
             steerable=t.steerable,
@@ -160,15 +158,30 @@ class Projection(msgspec.Struct):
             last_event_at=t.last_event_at,
             last_progress_at=t.last_progress_at,
             approval_pending=bool(t.approvals),
-            approval_pending_since=min([s for s in t.approvals.values() if s is not None], default=None)
-            if t.approvals else None,
-            critical_tool=bool(critical),
-            critical_tool_since=min([s for s in critical if s is not None], default=None) if critical else None,
+            approval_pending_since=approval_since,
+            critical_tool=critical,
+            critical_tool_since=critical_since,
             external_effect_unknown=any(i.external for i in t.running.values()) if t.running else False,
             queue=t.queue,
             queue_paused=t.queue_paused,
             failures=dict(t.failures) if t.failures else {},
         )
+
+    def watched(self, thread_id: str) -> Watched | None:
+        """What the thread's rule triggers read (``Watched``), as its snapshot would say
+        it; None for a thread never seen. Cheap enough to take after every event."""
+        t = self.threads.get(thread_id)
+        if t is None:
+            return None
+        if not (t.approvals or t.running or t.failures):  # the common case: nothing pending
+            return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
+                           active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at)
+        approval_since, critical, critical_since = _lasting(t)
+        return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
+                       active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at,
+                       approval_pending=bool(t.approvals), approval_pending_since=approval_since,
+                       critical_tool=critical, critical_tool_since=critical_since,
+                       most_failures=max([c for c, _, _ in t.failures.values()], default=0))
 
     def open_intents(self) -> list[IntentView]:
         return [v for v in self.intents.values() if is_open(v)]
@@ -178,13 +191,22 @@ def is_open(view: IntentView) -> bool:
     return not is_terminal(view.state, view.intent)
 
 
+def _lasting(t: ThreadState) -> tuple[float | None, bool, float | None]:
+    """Since when an approval is pending, whether a critical item runs and since when:
+    scans that nothing running and no approval pending (the common case) skips."""
+    approval_since = min([s for s in t.approvals.values() if s is not None], default=None) if t.approvals else None
+    critical = [i.started_at for i in t.running.values() if i.critical] if t.running else ()
+    return (approval_since, bool(critical),
+            min([s for s in critical if s is not None], default=None) if critical else None)
+
+
 # -- per-kind steps --------------------------------------------------------------
 
 
 def _touch(p: Projection, e: ev.Event, at: float | None, source: str) -> ThreadState | None:
     if e.thread_id is None:
         return None
-    t = p.thread(e.thread_id)
+    t = p.threads.get(e.thread_id) or p.thread(e.thread_id)
     if at is not None and (t.last_event_at is None or at > t.last_event_at):
         t.last_event_at = at
     if source.startswith("appserver"):

@@ -46,6 +46,25 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
         return turn_state(self.turn_states, self.earlier_turns, turn_id)
 
 
+class Watched(msgspec.Struct, frozen=True, kw_only=True):
+    """What a thread's rule triggers read of it (``tillerman.rules.detect.triggers``):
+    the fields of its ``ThreadSnapshot`` that say what is lasting since when, and how
+    often a command failed. Built after every event replay folds, so it is the small
+    part of a snapshot, without the turn table, the queue or the failures themselves:
+    two equal ones have equal triggers."""
+
+    thread_id: str
+    supervised: bool = True
+    active_turn_id: str | None = None
+    active_turn_started_at: float | None = None
+    last_progress_at: float | None = None
+    approval_pending: bool = False
+    approval_pending_since: float | None = None
+    critical_tool: bool = False
+    critical_tool_since: float | None = None
+    most_failures: int = 0  # the count of the command that failed most often in the active turn
+
+
 def turn_state(recent: dict[str, str], earlier: IdTable | None, turn_id: str | None) -> str | None:
     """The state of ``turn_id`` in a thread's turn table: its recent turns by id, then
     its earlier ones by digest; None when it was never seen."""

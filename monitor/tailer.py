@@ -73,11 +73,12 @@ def file_source(path: str | os.PathLike) -> str:
     return f"file:{path}"
 
 
-def file_envelope(identity: str, source: str, parsed: Parsed) -> Envelope:
-    """The envelope of one parsed record: shared by replay and the live tailer."""
+def file_envelope(identity: str, source: str, parsed: Parsed, *, observed_at: float | None = None) -> Envelope:
+    """The envelope of one parsed record: shared by replay (observed on its virtual
+    clock: ``observed_at``) and the live tailer (unset: the ledger's clock)."""
     return Envelope(
         event_id=file_event_id(identity, parsed.offset, parsed.index), event=parsed.event,
-        source=source, at=parsed.at, offset=parsed.offset, length=parsed.length,
+        source=source, at=parsed.at, observed_at=observed_at, offset=parsed.offset, length=parsed.length,
     )
 
 

@@ -24,10 +24,11 @@ from typing import Any
 
 import msgspec
 
-from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.ledger.snapshot import ThreadSnapshot, Watched
 from tillerman.rules.decision import Action
 from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import (
+    ANY,
     AnyCondition,
     ApprovalWaiting,
     CriticalToolRunning,
@@ -107,26 +108,35 @@ def next_due(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> float | 
 class Triggers(msgspec.Struct, frozen=True):
     """What ``detect`` looks at in one snapshot, whatever the time: the lasting
     conditions (since, limit, rule) and the repeated-failure thresholds (count, rule)
-    of every rule evaluated for the thread. A function of the snapshot alone, so a
-    caller that keeps a snapshot can keep its triggers and ask them at every new ``now``
-    (replay does, at every event, on its virtual clock)."""
+    of every rule evaluated for the thread, and the count of its most repeated
+    failure. A function of the snapshot alone (of its ``Watched`` part), so a caller
+    that keeps it can ask it at every new ``now`` (replay does, at every event, on its
+    virtual clock)."""
 
     timers: tuple[tuple[float, float, Rule], ...]
     failures: tuple[tuple[int, Rule], ...]
+    most_failures: int = 0
 
 
-def triggers(snapshot: ThreadSnapshot, ruleset: RuleSet) -> Triggers:
-    timers, failures = [], []
-    for rule in ruleset.rules:
-        if _applies(rule, snapshot):
-            if isinstance(rule.condition, RepeatedFailure):
-                if snapshot.failures:
-                    failures.append((rule.condition.count, rule))
-                continue
-            timer = _timer(rule.condition, snapshot)
-            if timer is not None:
-                timers.append((timer.since, timer.limit, rule))
-    return Triggers(tuple(timers), tuple(failures))
+def triggers(watched: Watched, ruleset: RuleSet) -> Triggers:
+    """The triggers of a thread, from its ``Watched`` part. Which rules apply and which
+    moment each one's timer runs from depend only on the thread and on which of those
+    moments are set (``_timer``'s own decisions): that plan is made once per such
+    shape and rule set (``_plan``), and a thread's triggers are its moments put into
+    it. Replay takes them after every event it folds."""
+    sinces = (watched.active_turn_started_at, watched.last_progress_at,
+              watched.approval_pending_since, watched.critical_tool_since)
+    shape = (watched.supervised, watched.active_turn_id is None, watched.approval_pending, watched.critical_tool,
+             sinces[0] is None, sinces[1] is None, sinces[2] is None, sinces[3] is None)
+    plans = _plans(ruleset)
+    key = (watched.thread_id, shape) if plans.by_thread else shape
+    plan = plans.shapes.get(key)
+    if plan is None:
+        plan = plans.shapes[key] = _plan(ruleset, watched.thread_id, shape)
+    timers = tuple([(sinces[index], limit, rule) for index, limit, rule in plan.timers])
+    if watched.most_failures and plan.failures:
+        return Triggers(timers, plan.failures, watched.most_failures)
+    return Triggers(timers, ())
 
 
 def triggers_next_due(w: Triggers, now: float) -> float | None:
@@ -135,17 +145,60 @@ def triggers_next_due(w: Triggers, now: float) -> float | None:
                default=None)
 
 
-def triggers_may_find(w: Triggers, snapshot: ThreadSnapshot, now: float) -> bool:
-    """False only when ``detect(snapshot, now, ...)`` is certainly empty: no lasting
-    condition has lasted its limit (the very comparison ``_observe`` makes) and no
-    command failed as often as a repeated-failure rule counts."""
+def triggers_may_find(w: Triggers, now: float) -> bool:
+    """False only when ``detect`` of the snapshot these triggers were taken from is
+    certainly empty at ``now``: no lasting condition has lasted its limit (the very
+    comparison ``_observe`` makes) and no command failed as often as a
+    repeated-failure rule counts."""
     for since, limit, rule in w.timers:
         if now - since >= limit and rule.in_force(now):
             return True
-    if w.failures:
-        most = max(count for count, _, _ in snapshot.failures.values())
-        return any(most >= limit for limit, _ in w.failures)
-    return False
+    return any(w.most_failures >= limit for limit, _ in w.failures)
+
+
+class _Plan(msgspec.Struct, frozen=True):
+    timers: tuple[tuple[int, float, Rule], ...]  # (index of the moment in ``_SINCES``, limit, rule)
+    failures: tuple[tuple[int, Rule], ...]
+
+
+class _Plans(msgspec.Struct):
+    ruleset: RuleSet  # held: its id keys ``_PLANS``
+    by_thread: bool  # a rule names threads: which rules apply depends on the thread
+    shapes: dict[tuple, _Plan]
+
+
+#: The moments a lasting condition can run from, as ``Watched`` names them.
+_SINCES = ("active_turn_started_at", "last_progress_at", "approval_pending_since", "critical_tool_since")
+_PLANS: dict[int, _Plans] = {}  # id(rule set) -> its plans; a few rule sets at most (the daemon reloads)
+
+
+def _plans(ruleset: RuleSet) -> _Plans:
+    plans = _PLANS.get(id(ruleset))
+    if plans is None or plans.ruleset is not ruleset:
+        if len(_PLANS) >= 8:
+            _PLANS.clear()
+        plans = _PLANS[id(ruleset)] = _Plans(ruleset, any(r.threads != ANY for r in ruleset.rules), {})
+    return plans
+
+
+def _plan(ruleset: RuleSet, thread_id: str, shape: tuple) -> _Plan:
+    """Ask ``_timer`` and ``_applies`` themselves, on a snapshot of this shape whose
+    moments are stand-ins (-1 to -4, in ``_SINCES`` order): the stand-in a timer
+    comes back with names the moment it runs from."""
+    supervised, no_turn, approval, critical, *unset = shape
+    moments = {name: None if missing else -1.0 - index for index, (name, missing) in enumerate(zip(_SINCES, unset, strict=True))}
+    probe = ThreadSnapshot(thread_id=thread_id, supervised=supervised, active_turn_id=None if no_turn else "",
+                           approval_pending=approval, critical_tool=critical, **moments)
+    timers, failures = [], []
+    for rule in ruleset.rules:
+        if _applies(rule, probe):
+            if isinstance(rule.condition, RepeatedFailure):
+                failures.append((rule.condition.count, rule))
+                continue
+            timer = _timer(rule.condition, probe)
+            if timer is not None:
+                timers.append((int(-timer.since) - 1, timer.limit, rule))
+    return _Plan(tuple(timers), tuple(failures))
 
 
 def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:

@@ -5,17 +5,20 @@ at any time, forward or back."""
 from __future__ import annotations
 
 import itertools
+import math
+
+import msgspec
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.rule_texts import rule
 from tillerman.controller.intent_requests import build_intent
-from tillerman.controller.timers import Timers, brute_force_due, deadlines
+from tillerman.controller.timers import Timers, brute_force_due, deadlines, fresh_triggers
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import Projection
-from tillerman.rules.detect import next_due
+from tillerman.rules.detect import next_due, triggers_next_due
 from tillerman.rules.files import load_rules
 from tillerman.rules.ruleset import build_ruleset
 
@@ -31,29 +34,51 @@ RULES = build_ruleset(load_rules("\n".join((
     rule("expired-long-ago", condition={"kind": "turn_quiet", "for": "1m"}, action="observe", text="x",
          expires="2027-01-01"),
 )), "rules.toml"), ())
+#: Without a rule leaving force: ``Timers.lower`` keeps lower bounds only then.
+LASTING = build_ruleset(tuple(r for r in RULES.rules if r.expires is None), ())
 THREADS = ("t1", "t2", "t3")
 
 
 class Ledger:
-    """A fold fed by hand: entries numbered in order, each noted by the timers."""
+    """A fold fed by hand: entries numbered in order, each noted by the timers. With
+    ``lower``, a thread's change is told as replay tells it: its due at once
+    (``Timers.lower``), kept as a lower bound when it is no earlier; a progress alone
+    as the bound it sets (``Timers.later``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lower: bool = False, rules=RULES) -> None:
+        self.rules = rules
         self.projection = Projection()
         self.timers = Timers()
         self.seq = itertools.count(1)
         self.intents: list = []
+        self.lower = lower
 
     def fold(self, event: ev.Event, at: float) -> None:
         entry = Entry(seq=next(self.seq), envelope=Envelope(event_id=f"e{len(self.intents)}-{at}", event=event,
                                                              source="test", at=at), prev_hash="", hash="")
+        before = self.projection.watched(event.thread_id) if event.thread_id is not None else None
         self.projection.apply(entry)
-        self.timers.note(entry)
+        if self.lower and event.thread_id in self.projection.threads and not isinstance(
+                event, ev.IntentProposed | ev.IntentTransition):
+            found = fresh_triggers(self.projection, event.thread_id, self.rules)
+            after = self.projection.watched(event.thread_id)
+            soonest = min([limit for _, limit, _ in found.timers], default=None)
+            if (before is not None and soonest is not None and before.last_progress_at is not None
+                    and after.last_progress_at > before.last_progress_at
+                    and msgspec.structs.replace(before, last_progress_at=after.last_progress_at) == after):
+                self.timers.later(event.thread_id, after.last_progress_at + soonest)  # replay's progress case
+            else:
+                self.timers.lower(event.thread_id, triggers_next_due(found, at))
+        else:
+            self.timers.note(entry)
 
     def agree(self, now: float) -> float | None:
-        due = self.timers.next_due(self.projection, RULES, now)
-        assert due == brute_force_due(self.projection, RULES, now)
+        horizon = self.timers.horizon(now)
+        due = self.timers.next_due(self.projection, self.rules, now)
+        assert due == brute_force_due(self.projection, self.rules, now)
+        assert (due if due is not None else math.inf) >= horizon  # nothing due before it
         # the daemon's former scan: a full snapshot and ``next_due`` for every thread
-        dues = [next_due(self.projection.snapshot(t), now, RULES) for t in self.projection.threads]
+        dues = [next_due(self.projection.snapshot(t), now, self.rules) for t in self.projection.threads]
         dues += [t for v in self.projection.open_intents() for t in deadlines(v) if t > now]
         assert due == min((d for d in dues if d is not None), default=None)
         return due
@@ -104,9 +129,9 @@ STEPS = st.one_of(st.floats(0, 3 * 3600), st.sampled_from((0.0, 59.9, 60.0, 300.
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(STEPS, OPS, st.booleans()), max_size=60))
-def test_next_due_is_the_scan_of_every_thread_and_intent(script):
-    ledger, now = Ledger(), T0
+@given(st.lists(st.tuples(STEPS, OPS, st.booleans()), max_size=60), st.booleans(), st.sampled_from((RULES, LASTING)))
+def test_next_due_is_the_scan_of_every_thread_and_intent(script, lower, rules):
+    ledger, now = Ledger(lower=lower, rules=rules), T0
     for dt, op, query_first in script:
         now += dt
         if query_first:  # a round with nothing folded: time alone moved
@@ -149,3 +174,24 @@ def test_a_new_rule_set_or_projection_is_computed_afresh():
     quiet_only = build_ruleset(RULES.rules[1:2], ())
     assert ledger.timers.next_due(ledger.projection, quiet_only, T0) == T0 + 3600
     assert ledger.timers.next_due(Projection(), quiet_only, T0) is None
+
+
+def test_a_later_due_told_by_lower_is_computed_again_once_it_is_the_earliest():
+    ledger = Ledger(lower=True, rules=LASTING)
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.agree(T0) == T0 + 600  # quiet, 10m
+    # progress moves the quiet timer later: the held entry stays, a lower bound
+    ledger.fold(ev.AgentMessage(thread_id="t1", turn_id="u", digest="d", size=1), T0 + 100)
+    assert ledger.timers.horizon(T0 + 100) == T0 + 600
+    assert ledger.agree(T0 + 100) == T0 + 700
+    ledger.fold(ev.ApprovalRequested(thread_id="t1", turn_id="u", item_id="i"), T0 + 200)  # earlier: 5m
+    assert ledger.agree(T0 + 200) == T0 + 500
+
+
+def test_a_progress_after_its_quiet_timer_fell_due_brings_that_timer_back_before_the_others():
+    ledger = Ledger(lower=True, rules=LASTING)
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.agree(T0) == T0 + 600  # quiet, 10m
+    assert ledger.agree(T0 + 700) == T0 + 3600  # quiet fell due: the long turn's is next
+    ledger.fold(ev.AgentMessage(thread_id="t1", turn_id="u", digest="d", size=1), T0 + 800)
+    assert ledger.agree(T0 + 800) == T0 + 1400  # quiet again, from the progress
