@@ -30,6 +30,7 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.protocol import State
 
+from tillerman.monitor.lines import valid_utf8
 from tillerman.monitor.jsonrpc import (
     BadMessage,
     ErrorResponse,
@@ -181,7 +182,7 @@ class TextFrames(ClientConnection):
                 if end > size:
                     break
                 payload = buffer[start:end]
-                if payload.isascii() or _utf8(payload):
+                if payload.isascii() or valid_utf8(payload):
                     at = end
                     on_text(payload)
                     continue
@@ -195,14 +196,6 @@ class TextFrames(ClientConnection):
             super().data_received(buffer[at:])
             return
         self._rest = buffer[at:]
-
-
-def _utf8(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 async def open_websocket(url: str) -> ClientConnection:

@@ -37,7 +37,7 @@ from tillerman.ledger.events import (
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.codex_wire import parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
-from tillerman.monitor.lines import skips_safely
+from tillerman.monitor.lines import TooDeep, nested, valid_utf8
 from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
 
 # Server→client requests that make the turn wait for a person, and what they wait for.
@@ -305,16 +305,34 @@ _HOT = msgspec.json.Decoder(Union[tuple(_notification(method, params) for method
 
 def decode_hot(frame: str | bytes) -> HotNotification | None:
     """The frame as a typed notification, or None: decode it as a dict (``RpcSession``).
-    Skipped fields are not checked by msgspec, so a frame whose skipping could pass
-    over what a plain decode refuses (``skips_safely``) is not taken either."""
-    data = frame.encode() if isinstance(frame, str) else frame
-    if not skips_safely(data):
+
+    Fields no handler reads are skipped, as a Codex rollout's are (``TypedLines``): they
+    must be valid JSON (msgspec checks the syntax while skipping) in valid UTF-8 (a text
+    frame is, the WebSocket layer checked it; a binary one is checked here), but their
+    numbers' range and their depth are not checked, since they never become values. The
+    values that are read are refused as a plain decode refuses them: a number beyond a
+    double fails the typed decode, and an object or array read whole is checked for
+    depth (``nested``). Skipping nesting so deep that it passes Python's recursion limit
+    fails too, and is left to the dict path (which refuses it as too deep)."""
+    if frame.__class__ is bytes and not (frame.isascii() or valid_utf8(frame)):  # type: ignore[union-attr]
         return None
     try:
-        message = _HOT.decode(data)
+        message = _HOT.decode(frame)
     except (msgspec.DecodeError, RecursionError):
         return None
-    return message if message.id is msgspec.UNSET else None
+    if message.id is not msgspec.UNSET:
+        return None
+    params = message.params
+    try:
+        nested(message.emittedAtMs, 2)
+        nested(params.startedAtMs, 3)
+        if params.__class__ is _ItemParams:
+            nested(params.item.content, 4)
+        elif params.__class__ is _StatusParams:
+            nested(params.status.activeFlags, 4)
+    except TooDeep:
+        return None
+    return message
 
 
 def _input_text(content: list) -> str:

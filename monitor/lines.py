@@ -285,7 +285,7 @@ class TypedLines:
 
     def decode(self, data: bytes, terminated: bool = True, utf8: bool = False) -> Any:
         """The record in a line's body; ``utf8``: the body is known to be valid UTF-8."""
-        if utf8 or data.isascii() or _utf8(data):
+        if utf8 or data.isascii() or valid_utf8(data):
             try:
                 return self._decode(data)
             except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
@@ -299,43 +299,10 @@ class TypedLines:
             return record
 
 
-def skips_safely(data: bytes) -> bool:
-    """Whether a typed decode of ``data`` (which skips the fields its Structs do not
-    declare) refuses whatever a plain decode refuses: valid UTF-8, no nesting past
-    ``MAX_DEPTH`` (nor can skipping recurse past it), no number beyond a double."""
-    return (data.isascii() or _utf8(data)) and _safe_to_skip(data)
-
-
-def _utf8(data: bytes) -> bool:
+def valid_utf8(data: bytes) -> bool:
+    """Whether ``data`` is valid UTF-8."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return True
-
-
-# Numbers in canonical form: digits (and the point) as 0, exponents as e, a value's
-# opening (after ``:`` or ``,``) as ``:``, either bracket as ``[`` (which may open a
-# value too); signs and whitespace dropped.
-_CANONICAL = bytes.maketrans(b"0123456789.E,{", b"00000000000e:[")
-_DROPPED = b"+- \t\r\n"
-_LONG_MANTISSA = b"0" * 200
-
-
-def _safe_to_skip(data: bytes) -> bool:
-    """Whether skipping may pass over nothing a plain decode refuses: no value nests
-    past ``MAX_DEPTH`` (at most that many brackets open) and no number may be beyond a
-    double's range (an exponent of three digits, or a mantissa of 200 digits or more,
-    with an exponent of two). One translation serves both. Cheap (byte operations, no
-    regular expression) and never wrong the unsafe way: a hex string such as ``7e123``
-    inside text is no number, but may be taken for one."""
-    canonical = data.translate(_CANONICAL, _DROPPED)
-    if canonical.count(b"[") > MAX_DEPTH or _LONG_MANTISSA in canonical:
-        return False
-    at = canonical.find(b"0e000")
-    while at >= 0:
-        # A mantissa under 200 digits: its opening is within 200 bytes before ``e``.
-        if canonical[max(0, at - 200):at + 1].rstrip(b"0").endswith((b":", b"[")):
-            return False
-        at = canonical.find(b"0e000", at + 5)
     return True
