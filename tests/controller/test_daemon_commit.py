@@ -17,19 +17,35 @@ from tillerman.ledger.events import Envelope
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.files import default_ruleset
 
-SLOW = 0.3  # seconds a round's insert takes (a busy disk)
+SLOW = 0.3  # seconds a round's commit takes (a busy disk)
+
+
+class _SlowCommits:
+    """A connection whose first ``COMMIT`` after the round's rows takes ``SLOW`` seconds;
+    says on which thread it ran."""
+
+    def __init__(self, db, recorder: "SlowDisk") -> None:
+        self._db, self._recorder = db, recorder
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT" and self._recorder.armed and self._recorder.committed_on is None:
+            self._recorder.committed_on = threading.current_thread()
+            time.sleep(SLOW)
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
 
 
 class SlowDisk(SQLiteRecorder):
-    """The round's rows take ``SLOW`` seconds to insert; says on which thread."""
+    """Once ``armed``, a commit takes ``SLOW`` seconds; says on which thread it ran."""
 
-    inserted_on: threading.Thread | None = None
+    armed = False
+    committed_on: threading.Thread | None = None
 
-    def _insert(self, db, rows):
-        if rows and self.inserted_on is None:
-            self.inserted_on = threading.current_thread()
-            time.sleep(SLOW)
-        return super()._insert(db, rows)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._db = _SlowCommits(self._db, self)
 
 
 def test_the_loop_runs_while_a_round_commits_and_other_writes_wait_for_it(tmp_path):
@@ -57,13 +73,14 @@ def test_the_loop_runs_while_a_round_commits_and_other_writes_wait_for_it(tmp_pa
                 tg.start_soon(another_writer)
                 started = time.monotonic()
                 daemon._due = daemon.clock()
+                recorder.armed = True
                 await daemon._think(tg, [seen("T1", 1)])
                 during = [t for t in ticks if started < t < started + SLOW]
                 tg.cancel_scope.cancel()
             return during
 
         during = anyio.run(run)
-        assert recorder.inserted_on is not threading.main_thread()
+        assert recorder.committed_on is not None and recorder.committed_on is not threading.main_thread()
         assert len(during) >= 3  # the loop went on while the round committed
         kinds = [type(e.envelope.event) for e in recorder.read(after_seq=2)]
         assert kinds[0] is ev.TurnStarted and kinds[-1] is ev.ThreadStarted  # the other write waited
