@@ -152,6 +152,15 @@ class TextFrames(ClientConnection):
         self._on_text = on_text
         return True
 
+    def stop_reading_text(self) -> None:
+        """Leave every frame to websockets again (the reader that took them ended): what
+        arrives from now on waits in websockets' buffer, unread, as it did before."""
+        if self._on_text is None:
+            return
+        self._on_text, rest, self._rest = None, self._rest, b""
+        if rest:
+            super().data_received(rest)
+
     def hold_reading(self, held: bool) -> None:
         """Stop (or go on) taking bytes off the socket: the reader's consumer is behind."""
         if self.transport.is_closing():
@@ -378,6 +387,8 @@ class AppServerClient:
         except ConnectionClosed:
             pass
         finally:
+            if isinstance(self._websocket, TextFrames):
+                self._websocket.stop_reading_text()
             self.incoming.close()
             for answered in self._answered.values():
                 answered.set()  # with no answer stored: the request raises AppServerDisconnected

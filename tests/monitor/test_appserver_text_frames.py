@@ -110,3 +110,32 @@ async def test_a_consumer_that_falls_behind_holds_the_socket_back_and_loses_noth
             assert await _ids(client, 400) == [f"u{n}" for n in range(400)]
             tg.cancel_scope.cancel()
         await client._websocket.close()
+
+
+@pytest.mark.anyio
+async def test_frames_that_arrive_after_the_reader_ended_are_not_taken(tmp_path):
+    """The server may go on sending after the client stopped reading (the daemon ending a
+    connection): those frames are not handed to the closed message stream, and nothing
+    is raised in the event loop's callback."""
+    failures = []
+    anyio_loop = __import__("asyncio").get_running_loop()
+    anyio_loop.set_exception_handler(lambda loop, context: failures.append(context))
+    go_on = anyio.Event()
+
+    async def script(ws):
+        await ws.send(_note(0))
+        await go_on.wait()
+        for n in range(1, 20):
+            await ws.send(_note(n))
+        await ws.wait_closed()
+
+    async with await _serving(tmp_path, script):
+        client = await _client(tmp_path)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client._read_frames)
+            assert await _ids(client, 1) == ["u0"]
+            tg.cancel_scope.cancel()
+        go_on.set()
+        await anyio.sleep(0.2)  # the frames arrive at a client whose reader is gone
+        await client._websocket.close()
+    assert failures == []
