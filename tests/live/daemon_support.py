@@ -66,16 +66,22 @@ class Session:
         self.harness = harness
         self.log = log
         self.tmp_path = tmp_path
-        self.recorder = recorder or SQLiteRecorder(tmp_path / "ledger.sqlite3")
+        self.ledger = recorder or SQLiteRecorder(tmp_path / "ledger.sqlite3")
         self.trace_path = tmp_path / "daemon-trace.jsonl"
         self.daemon: Daemon | None = None
         self._tg: Any = None
+
+    @property
+    def recorder(self) -> Recorder:
+        """The ledger as this process's writers reach it: through the running daemon's gate
+        (a round's commit may be out on its thread), or directly when none runs."""
+        return self.daemon.recorder if self.daemon is not None else self.ledger
 
     # -- the daemon -------------------------------------------------------------------
 
     async def start_daemon(self, ruleset: RuleSet, **options: Any) -> Daemon:
         options = {"url": self.server.url, "trace": str(self.trace_path), "request_timeout": 5.0, **options}
-        self.daemon = Daemon(self.recorder, ruleset, DaemonOptions(**options))
+        self.daemon = Daemon(self.ledger, ruleset, DaemonOptions(**options))
         await self._tg.start(self.daemon.run)
         await self.daemon.connected.wait()  # attached and read back: deliveries may go
         return self.daemon
@@ -159,7 +165,7 @@ async def daemon_first(server: AppServer, tmp_path: Path, ruleset: RuleSet, **op
                 yield s
         finally:
             tg.cancel_scope.cancel()
-    s.recorder.close()
+    s.ledger.close()
 
 
 @asynccontextmanager
@@ -174,7 +180,7 @@ async def session(server: AppServer, tmp_path: Path, recorder: Recorder | None =
             yield s
         finally:
             tg.cancel_scope.cancel()
-    s.recorder.close()
+    s.ledger.close()
 
 
 def reached_model(model, text: str) -> int:
