@@ -58,6 +58,9 @@ class ReplaySettings(msgspec.Struct, frozen=True, kw_only=True):
     keep_entries: bool = False  # a ledger is written: return every entry recorded
     reviewers: tuple[Reviewer, ...] = ()  # [[reviewer]]: recorded answers used, new checkpoints held
     review: bool = False  # --review: new checkpoints are asked
+    # Each file parsed in a child process while the group folds: for a replay in this
+    # process with a core to spare (``--jobs`` 2 or more, one group), never in a worker.
+    parse_ahead: bool = False
 
 
 class GroupResult(msgspec.Struct, frozen=True):
@@ -77,6 +80,7 @@ def replay_files(paths: list[str], settings: ReplaySettings, *, jobs: int = 1, l
     groups = [[paths[i] for i in group] for group in group_files(files)]
     meter = _Meter(progress, sum(_size(p) for p in dict.fromkeys(paths))) if progress else None
     if jobs <= 1 or len(groups) == 1:  # in this process, each group straight into the ledger
+        settings = msgspec.structs.replace(settings, parse_ahead=jobs > 1)
         results = (replay_group(settings, group, meter, ledger) for group in groups)
         return _merge(paths, groups, results, settings.ruleset, None)
     settings = msgspec.structs.replace(settings, keep_entries=ledger is not None)
@@ -94,7 +98,8 @@ def replay_group(settings: ReplaySettings, paths: list[str], progress: Progress 
     recorder = ledger if ledger is not None else MemoryRecorder() if keep else ChainOnlyRecorder()
     summary = Replayer(recorder, settings.ruleset, fmt=settings.fmt, patterns=settings.patterns,
                        retain_payloads=settings.retain_payloads, progress=progress,
-                       on_decision=lines.append, reviewers=settings.reviewers, review=settings.review).run(paths)
+                       on_decision=lines.append, reviewers=settings.reviewers, review=settings.review,
+                       parse_ahead=settings.parse_ahead).run(paths)
     envelopes = msgspec.msgpack.encode([e.envelope for e in recorder.read()]) if keep else b""
     return GroupResult(summary, b"".join(lines), envelopes)
 

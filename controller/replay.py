@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import os
 import stat
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,8 +53,8 @@ from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.counts import Counts, EventCounter
 from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
-from tillerman.monitor.parser import Parsed
-from tillerman.monitor.tailer import file_envelope, file_source
+from tillerman.monitor.file_reader import FileReader, ForkedFileReader, ReaderDied
+from tillerman.monitor.tailer import file_source
 from tillerman.ledger.snapshot import Watched
 from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
 from tillerman.rules.review import Reviewer
@@ -66,6 +68,7 @@ HEAD = 64 * 1024
 FORMATS = ("auto", *sorted(PARSERS), "ledger")
 BATCH = 512  # observations folded ahead of their append, appended together
 COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
+PARSE_AHEAD_BYTES = 4 * CHUNK  # smaller files are parsed here: a process would cost more than it saves
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _NO_TRIGGERS = Triggers((), ())
@@ -159,6 +162,7 @@ class Replayer:
         on_decision: Callable[[bytes], None] | None = None,
         reviewers: tuple[Reviewer, ...] = (),
         review: bool = False,
+        parse_ahead: bool = False,
     ) -> None:
         if fmt not in FORMATS:
             raise ReplayError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -176,6 +180,9 @@ class Replayer:
         # checkpoint is held (no call: deterministic) or, with ``review``, asked.
         self.checkpoints = _checkpoints(reviewers) if reviewers else None
         self.review = review
+        # Files parsed in a child process while this one folds (``_chunks``): a second
+        # core that no other replay worker uses.
+        self.parse_ahead = parse_ahead
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
         self.projection = ForgettingProjection()
@@ -268,72 +275,74 @@ class Replayer:
             if fmt is None:
                 raise ReplayError(f"{path}: cannot tell its format; give --format ({', '.join(FORMATS[1:])})")
         self.now = None  # each file runs on its own source clock
-        counter = EventCounter()
         if fmt == "ledger":
-            records, unknown = 0, {}
-            if self.checkpoints is not None:
-                for env in _review_records(path):
-                    self._recorded_reviews.setdefault(env.event.checkpoint_id, []).append(env)
-            for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
-                records += 1
-                counter.add(env.event)
-                now = self._advance(env.at)
-                self._take(msgspec.structs.replace(env, observed_at=now), now, ahead=False)
-            # A ledger holds the observations of the files it followed, under the ids a
-            # replay of those files gives them: from here on, any row may be a duplicate.
-            self._next_seq = None
-        else:
-            source = file_source(path)
-            parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)
-            # A second copy of a file replayed in the same run repeats its event ids: the
-            # ledger drops them (``append`` returns no entry), so they are not folded twice.
-            identity = file_identity(path, read_first_line(path))
-            threads: set[str] = set()
-            ahead = self._next_seq is not None and identity not in self._identities
-            self._identities.add(identity)
-            read_once = ahead and identity in self._read_once
-            if read_once != self._waiting_read_once:
-                self._flush()  # one kind per append: ids kept, or not
-                self._waiting_read_once = read_once
-            untimed, count, advance, take = parser.untimed, counter.add, self._advance, self._take
-            for parsed in self._parse(path, parser):
-                event = parsed.event
-                count(event)
-                if event.thread_id is not None:
-                    threads.add(event.thread_id)
-                at = parsed.at
-                if at is None and untimed:
-                    at = (self.now or 0.0) + UNTIMED_STEP
-                now = advance(at)
-                # The same envelope the live tailer (tillerman.monitor.tailer) builds for
-                # this record, observed on the virtual clock.
-                take(file_envelope(identity, source, parsed, observed_at=now), now, ahead=ahead)
-            records, unknown = parser.records, dict(sorted(parser.unknown_types.items()))
-            if fmt in ONE_SESSION_PER_FILE:
-                self._forget_idle(threads)
-        counts = counter.counts()
-        self.events += counts.events
-        return FileSummary(path=str(path), format=fmt, records=records, unknown_types=unknown,
-                           **msgspec.structs.asdict(counts))
-
-    def _parse(self, path: Path, parser) -> Iterator[Parsed]:
-        total, done = path.stat().st_size, 0
+            return self._replay_ledger(path)
+        source = file_source(path)
+        parser = PARSERS[fmt](source=source, patterns=self.patterns, retain_payloads=self.retain_payloads)
+        # A second copy of a file replayed in the same run repeats its event ids: the
+        # ledger drops them (``append`` returns no entry), so they are not folded twice.
+        identity = file_identity(path, read_first_line(path))
+        ahead = self._next_seq is not None and identity not in self._identities
+        self._identities.add(identity)
+        read_once = ahead and identity in self._read_once
+        if read_once != self._waiting_read_once:
+            self._flush()  # one kind per append: ids kept, or not
+            self._waiting_read_once = read_once
+        total = path.stat().st_size
+        forked = self.parse_ahead and total >= PARSE_AHEAD_BYTES and _may_fork()
+        reader = (ForkedFileReader if forked else FileReader)(str(path), parser, identity, CHUNK)
+        untimed, advance, take = parser.untimed, self._advance, self._take
         try:
-            with open(path, "rb") as fh:
-                while chunk := fh.read(CHUNK):
-                    yield from parser.feed(chunk)
-                    done += len(chunk)
-                    if self.progress:
-                        self.progress(str(path), done, total)
+            for done, events in reader.chunks():
+                for fe in events:
+                    at = fe.at
+                    if at is None and untimed:
+                        at = (self.now or 0.0) + UNTIMED_STEP
+                    now = advance(at)
+                    # The envelope the live tailer (``file_envelope``) builds for this
+                    # record, observed on the virtual clock.
+                    take(Envelope(event_id=fe.event_id, event=fe.event, source=source, at=fe.at, observed_at=now,
+                                  offset=fe.offset, length=fe.length), now, ahead=ahead)
+                if self.progress:
+                    self.progress(str(path), done, total)
         except OSError as exc:
             raise ReplayError(f"{path}: read failed ({exc.strerror})") from exc
-        yield from parser.close()
+        except ReaderDied as exc:
+            raise ReplayError(str(exc)) from exc
+        account = reader.account
+        assert account is not None
+        if fmt in ONE_SESSION_PER_FILE:
+            self._forget_idle(account.threads)
+        self.events += account.counts.events
+        return FileSummary(path=str(path), format=fmt, records=account.records, unknown_types=account.unknown_types,
+                           **msgspec.structs.asdict(account.counts))
 
-    def _forget_idle(self, thread_ids: set[str]) -> None:
+    def _replay_ledger(self, path: Path) -> FileSummary:
+        counter = EventCounter()
+        records = 0
+        if self.checkpoints is not None:
+            for env in _review_records(path):
+                self._recorded_reviews.setdefault(env.event.checkpoint_id, []).append(env)
+        for env in _ledger_envelopes(path):  # its rows may be anywhere: appended one by one
+            records += 1
+            counter.add(env.event)
+            now = self._advance(env.at)
+            self._take(msgspec.structs.replace(env, observed_at=now), now, ahead=False)
+        # A ledger holds the observations of the files it followed, under the ids a
+        # replay of those files gives them: from here on, any row may be a duplicate.
+        self._next_seq = None
+        counts = counter.counts()
+        self.events += counts.events
+        return FileSummary(path=str(path), format="ledger", records=records, unknown_types={},
+                           **msgspec.structs.asdict(counts))
+
+    def _forget_idle(self, thread_ids: list[str]) -> None:
         """Memory stays flat over many files: a thread whose session ended is forgotten
         once nothing can happen on it (``tillerman.ledger.forgetting``)."""
         busy = {view.intent.thread_id for view in self._open.values()}
-        for thread_id in sorted(thread_ids - busy):
+        for thread_id in thread_ids:
+            if thread_id in busy:
+                continue
             found = self._fresh(thread_id)
             if not found.timers and not found.failures:
                 self.projection.forget_thread(thread_id)
@@ -530,6 +539,12 @@ class Replayer:
                 self.on_decision(line)
         elif isinstance(event, ev.Report):
             self.reports += 1
+
+
+def _may_fork() -> bool:
+    """Whether a child may be forked: a platform with ``fork`` and no other thread here
+    (a thread holding a lock at the fork would leave it held in the child)."""
+    return hasattr(os, "fork") and threading.active_count() == 1
 
 
 def _read_once(paths: list[Path]) -> set[str]:

@@ -148,3 +148,32 @@ def test_workers_are_forked_from_the_parent_unless_a_ledger_is_open(monkeypatch)
     assert parallel_replay._context(ledger=True).get_start_method() in ("forkserver", "spawn")
     threads["count"] = 2  # another thread runs: a fork would copy its locks mid-use
     assert parallel_replay._context(ledger=False).get_start_method() in ("forkserver", "spawn")
+
+
+def test_one_large_file_is_read_on_a_second_core_with_jobs_2_and_replays_the_same(tmp_path, monkeypatch):
+    """One group leaves the pool out; with a core to spare its files are read and parsed
+    in a child process (``ForkedFileReader``), and nothing of the result changes. With
+    ``--jobs 1``, and for a file under ``PARSE_AHEAD_BYTES``, everything stays here."""
+    from tillerman.controller import replay as replay_module
+    from tillerman.monitor.file_reader import ForkedFileReader
+
+    big = tmp_path / rollout_name(9)
+    write_rollout(str(big), 6000, seed=9)
+    assert big.stat().st_size >= replay_module.PARSE_AHEAD_BYTES
+    forked: list[str] = []
+
+    class Spy(ForkedFileReader):
+        def chunks(self):
+            forked.append(self.path)
+            return super().chunks()
+
+    monkeypatch.setattr(replay_module, "ForkedFileReader", Spy)
+    settings = ReplaySettings(ruleset=default_ruleset())
+    one = replay_files([str(big)], settings, jobs=1)
+    assert forked == []
+    two = replay_files([str(big)], settings, jobs=2)
+    assert forked == [str(big)]
+    assert msgspec.to_builtins(two) == msgspec.to_builtins(one)
+    assert one.decisions > 0
+    replay_files([str(STALL_FILE)], settings, jobs=2)
+    assert forked == [str(big)]  # a small file is read here

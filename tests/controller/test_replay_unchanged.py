@@ -32,6 +32,7 @@ import pytest
 
 from fixtures.rule_texts import grant, rule
 from tillerman.controller.intent_requests import SOURCE
+from tillerman.controller import replay
 from tillerman.controller.replay import Replayer
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -102,12 +103,13 @@ def inputs(folder: Path) -> dict[str, list[Path]]:
 
 
 def replay_digests(paths: list[Path], rules: Path | None, config: Path | None, *,
-                   runs: int = 1) -> dict[str, str]:
+                   runs: int = 1, parse_ahead: bool = False) -> dict[str, str]:
     """Digests of ``runs`` replays of ``paths`` into one ledger (the last run's summary)."""
     effective = load_effective(rules, config)
     recorder = MemoryRecorder()
     for _ in range(runs):
-        summary = Replayer(recorder, effective.ruleset, patterns=effective.patterns).run([str(p) for p in paths])
+        summary = Replayer(recorder, effective.ruleset, patterns=effective.patterns,
+                           parse_ahead=parse_ahead).run([str(p) for p in paths])
     rows = hashlib.sha256()
     for entry in recorder.read():
         env = entry.envelope
@@ -158,6 +160,17 @@ def test_replay_records_what_the_event_at_a_time_replay_recorded(name, rules):
     golden = json.loads(GOLDEN.read_text())[f"{name} | {rules}"]
     runs = 1 + name.startswith(AGAIN)
     assert replay_digests(inputs_cached(folder)[name], *rule_sets(folder)[rules], runs=runs) == golden
+
+
+@pytest.mark.parametrize(("name", "rules"), cases())
+def test_files_read_in_a_child_process_record_the_same(name, rules, monkeypatch):
+    """Every file of every case read by ``ForkedFileReader`` (no size is too small)."""
+    monkeypatch.setattr(replay, "PARSE_AHEAD_BYTES", 0)
+    folder = _folder()
+    golden = json.loads(GOLDEN.read_text())[f"{name} | {rules}"]
+    runs = 1 + name.startswith(AGAIN)
+    assert replay_digests(inputs_cached(folder)[name], *rule_sets(folder)[rules], runs=runs,
+                          parse_ahead=True) == golden
 
 
 def test_the_eager_rule_set_exercises_timers_decisions_and_shadows():

@@ -1,0 +1,213 @@
+"""A session file read whole, for replay: its events with their ids, chunk by chunk, and
+at its end the file's account (records, unknown types, counts, threads).
+
+    reader = FileReader(path, parser, identity)        # or ForkedFileReader(...)
+    for done, events in reader.chunks():                # done: bytes read so far
+        ...                                             # FileEvent: id, event, at, offset, length
+    reader.account                                      # FileAccount, once chunks() is done
+
+``FileEvent`` is what the live tailer's ``file_envelope`` makes of a parsed record, but
+its observation time, which replay takes from its virtual clock.
+
+``ForkedFileReader`` gives exactly what ``FileReader`` gives (the child runs one), with
+the reading and parsing on a second core: decoding each line, building its events,
+their ids and counts are half of a replay's work, and the other half (fold, rules,
+chain, ledger) needs nothing but the events. The child is forked (it has every module
+the parser runs imported already, and starts in about a millisecond), uses nothing of
+the parent's but the file and the parser, and leaves with ``os._exit``: no ``atexit``
+handler or finalizer of the parent's objects (an open SQLite ledger among them) runs in
+it. Batches cross a pipe, msgpack-encoded, each behind its length; the pipe's buffer
+bounds what is in flight, so memory stays flat however far ahead the child could run.
+The child ignores SIGINT (Ctrl-C reaches this process, which ends it) and ends on a
+broken pipe when this process stops reading. A read error in the child is raised here
+as the ``OSError`` a read here would raise; a child that ends before the end of the file
+is a ``ReaderDied``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import struct
+import sys
+import traceback
+from collections.abc import Iterator
+
+import msgspec
+
+from tillerman.ledger.events import AnyEvent
+from tillerman.monitor.counts import Counts, EventCounter
+from tillerman.monitor.identity import file_event_id
+from tillerman.monitor.parser import Parser
+
+
+class FileEvent(msgspec.Struct, frozen=True, array_like=True):
+    """A parsed event and its id (``file_event_id``). Typed with the events' tagged
+    union and encoded as an array, so a batch of them crosses a pipe cheaply."""
+
+    event_id: str
+    event: AnyEvent
+    at: float | None  # source time (epoch seconds UTC); None when the format has none
+    offset: int  # byte offset of the source record
+    length: int  # byte length of the record, newline included
+
+
+class FileAccount(msgspec.Struct, frozen=True, array_like=True):
+    """What a file held, counted once it is read to its end."""
+
+    records: int
+    unknown_types: dict[str, int]
+    counts: Counts
+    threads: list[str]  # the thread ids its events name, in sorted order
+
+
+class ReaderDied(Exception):
+    """The child reading a file ended before the end of it."""
+
+
+class FileReader:
+    """The file read and parsed in this process."""
+
+    def __init__(self, path: str, parser: Parser, identity: str, chunk: int) -> None:
+        self.path, self.parser, self.identity, self.chunk = path, parser, identity, chunk
+        self.account: FileAccount | None = None
+
+    def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
+        parser, identity = self.parser, self.identity
+        counter = EventCounter()
+        count, threads = counter.add, set()
+
+        def identified(parsed: list) -> list[FileEvent]:
+            out = []
+            for p in parsed:
+                event = p.event
+                count(event)
+                if event.thread_id is not None:
+                    threads.add(event.thread_id)
+                out.append(FileEvent(file_event_id(identity, p.offset, p.index), event, p.at, p.offset, p.length))
+            return out
+
+        done = 0
+        with open(self.path, "rb") as fh:
+            while data := fh.read(self.chunk):
+                done += len(data)
+                yield done, identified(parser.feed(data))
+        yield done, identified(parser.close())
+        self.account = FileAccount(parser.records, dict(sorted(parser.unknown_types.items())),
+                                   counter.counts(), sorted(threads))
+
+
+_LENGTH = struct.Struct("<Q")
+_PIPE_BYTES = 1 << 20  # asked of the kernel for the pipe (Linux caps it at pipe-max-size)
+_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named here: older Pythons lack the constant
+
+
+class _Chunk(msgspec.Struct, array_like=True, tag=True):
+    done: int
+    events: list[FileEvent]
+
+
+class _End(msgspec.Struct, array_like=True, tag=True):
+    account: FileAccount
+
+
+class _Failed(msgspec.Struct, array_like=True, tag=True):
+    errno: int
+    strerror: str
+
+
+_Message = _Chunk | _End | _Failed
+_decode = msgspec.msgpack.Decoder(_Message).decode
+
+
+class ForkedFileReader(FileReader):
+    """The file read and parsed by a ``FileReader`` in a forked child (see the module)."""
+
+    def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
+        read_fd, write_fd = os.pipe()
+        try:
+            _widen(write_fd)
+            pid = os.fork()
+        except BaseException:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        if pid == 0:  # the child: read, send, leave without running anything of the parent's
+            status = 1
+            try:
+                os.close(read_fd)
+                status = self._send_all(write_fd)
+            except BaseException:  # a fault of ours: said here, and the parent names the exit
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(status)
+        os.close(write_fd)
+        reaped = False
+        try:
+            with open(read_fd, "rb", buffering=_PIPE_BYTES) as pipe:
+                while (message := _receive(pipe)) is not None:
+                    if isinstance(message, _Chunk):
+                        yield message.done, message.events
+                    elif isinstance(message, _End):
+                        self.account = message.account
+                        return
+                    else:
+                        raise OSError(message.errno, message.strerror, self.path)
+            reaped = True
+            raise ReaderDied(f"{self.path}: the process reading it ended before the end of the file"
+                             f" ({_reap(pid)}); replay it with --jobs 1 to read it in this process")
+        finally:
+            if not reaped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # finished, or no longer listened to
+                os.waitpid(pid, 0)
+
+    def _send_all(self, write_fd: int) -> int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        encode = msgspec.msgpack.Encoder().encode
+        reader = FileReader(self.path, self.parser, self.identity, self.chunk)
+        with open(write_fd, "wb", buffering=0) as pipe:
+            def send(message: _Message) -> None:
+                body = encode(message)
+                pipe.write(_LENGTH.pack(len(body)) + body)
+
+            try:
+                for done, events in reader.chunks():
+                    send(_Chunk(done, events))
+                assert reader.account is not None
+                send(_End(reader.account))
+            except BrokenPipeError:
+                return 1  # the reader is gone: nobody to tell
+            except OSError as exc:
+                send(_Failed(exc.errno or 0, exc.strerror or str(exc)))
+        return 0
+
+
+def _receive(pipe) -> _Message | None:
+    """The next message, or None at the end of the pipe (a message cut short included)."""
+    head = pipe.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        return None
+    (size,) = _LENGTH.unpack(head)
+    body = pipe.read(size)
+    return _decode(body) if len(body) == size else None
+
+
+def _widen(fd: int) -> None:
+    """A larger pipe buffer: fewer wake-ups per batch (best effort)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+    except (ImportError, OSError):
+        pass
+
+
+def _reap(pid: int) -> str:
+    """How the child ended."""
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
