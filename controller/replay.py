@@ -427,12 +427,12 @@ class Replayer:
         rows and their order are those of an append per event. (``_fold`` for a parsed
         observation: it is never a decision, a report or an intent.)"""
         waiting = self._waiting
-        entry = Entry(seq=self._next_seq + len(waiting), envelope=env, prev_hash="", hash="")
-        self.projection.apply(entry)
+        seq = self._next_seq + len(waiting)
+        self.projection.apply_envelope(env, seq)
         if env.event.thread_id is not None:
             self._watch(env.event.thread_id)
         if self.checkpoints is not None:
-            self.checkpoints.note(entry)
+            self.checkpoints.note(Entry(seq=seq, envelope=env, prev_hash="", hash=""))
         waiting.append(env)
         if len(waiting) >= BATCH:
             self._flush()
@@ -497,22 +497,20 @@ class Replayer:
         """Take the thread's triggers again when what they read of it changed, and tell the
         timers its due now (``Timers.lower``: a later one is not even pushed); equal
         triggers give the same due."""
-        watched = self.projection.watched(thread_id)
         old = self._watched.get(thread_id)
+        if old is not None and self.projection.moved_at_most_progress(thread_id, old):  # most events: no Watched built
+            progress = self.projection.threads[thread_id].last_progress_at
+            if progress == old.last_progress_at:
+                return
+            if self._progressed(thread_id, old, progress):
+                return
+        watched = self.projection.watched(thread_id)
         if watched is None or watched == old:
             return
-        self._watched[thread_id] = watched
-        if (old is not None and old.last_progress_at is not None and watched.last_progress_at is not None
-                and watched.last_progress_at > old.last_progress_at and self.now is not None
-                and msgspec.structs.replace(old, last_progress_at=watched.last_progress_at) == watched):
-            # Only its progress moved, later: the timers that run from it moved later with
-            # it, the others stayed. The kept triggers find at least what new ones would
-            # (each of their moments is no later), so they stay until a decision asks.
-            self._stale.add(thread_id)
-            soonest = self._soonest[thread_id]
-            if soonest is not None:
-                self.timers.later(thread_id, watched.last_progress_at + soonest)
+        if old is not None and msgspec.structs.replace(old, last_progress_at=watched.last_progress_at) == watched \
+                and self._progressed(thread_id, old, watched.last_progress_at):
             return
+        self._watched[thread_id] = watched
         self._stale.discard(thread_id)
         found = self._triggers[thread_id] = triggers(watched, self.ruleset)
         self._soonest[thread_id] = min([limit for _, limit, _ in found.timers], default=None)
@@ -520,6 +518,20 @@ class Replayer:
             self.timers.changed(thread_id)
         else:
             self.timers.lower(thread_id, triggers_next_due(found, self.now))
+
+    def _progressed(self, thread_id: str, old: Watched, progress: float | None) -> bool:
+        """Take a move of only the thread's progress, when it moved later: the timers that
+        run from it moved later with it, the others stayed. The kept triggers find at
+        least what new ones would (each of their moments is no later), so they stay until
+        a decision asks (``_fresh``). False for any other move: its triggers are taken again."""
+        if old.last_progress_at is None or progress is None or progress <= old.last_progress_at or self.now is None:
+            return False
+        self._watched[thread_id] = msgspec.structs.replace(old, last_progress_at=progress)
+        self._stale.add(thread_id)
+        soonest = self._soonest[thread_id]
+        if soonest is not None:
+            self.timers.later(thread_id, progress + soonest)
+        return True
 
     def _fresh(self, thread_id: str) -> Triggers:
         """The thread's triggers as of its last fold."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import msgspec
 
 from tillerman.ledger import events as ev
-from tillerman.ledger.events import Entry, QueueEntry
+from tillerman.ledger.events import Entry, Envelope, QueueEntry
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
@@ -113,10 +113,13 @@ class Projection(msgspec.Struct):
     # -- the fold ---------------------------------------------------------------
 
     def apply(self, entry: Entry) -> None:
-        env = entry.envelope
+        self.apply_envelope(entry.envelope, entry.seq)
+
+    def apply_envelope(self, env: Envelope, seq: int) -> None:
+        """``apply`` of the row ``env`` is (or will be) at ``seq``, without its ``Entry``."""
         at = env.at if env.at is not None else env.observed_at
-        self.seq = entry.seq
-        _APPLY.get(type(env.event), _ignore)(self, env.event, at, entry.seq, env.source)
+        self.seq = seq
+        _APPLY.get(type(env.event), _ignore)(self, env.event, at, seq, env.source)
 
     def fold(self, entries) -> Projection:
         for entry in entries:
@@ -182,6 +185,16 @@ class Projection(msgspec.Struct):
                        approval_pending=bool(t.approvals), approval_pending_since=approval_since,
                        critical_tool=critical, critical_tool_since=critical_since,
                        most_failures=max([c for c, _, _ in t.failures.values()], default=0))
+
+    def moved_at_most_progress(self, thread_id: str, old: Watched) -> bool:
+        """Whether the thread's ``watched`` would read as ``old`` but for its
+        ``last_progress_at``, told without building it; answered (True) only in the
+        common case, nothing pending then or now: False means "build it and compare"."""
+        t = self.threads.get(thread_id)
+        return (t is not None and not (t.approvals or t.running or t.failures)
+                and not (old.approval_pending or old.critical_tool or old.most_failures)
+                and old.supervised == t.supervised and old.active_turn_id == t.active_turn_id
+                and old.active_turn_started_at == t.active_turn_started_at)
 
     def open_intents(self) -> list[IntentView]:
         return [v for v in self.intents.values() if is_open(v)]

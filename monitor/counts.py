@@ -46,20 +46,23 @@ class EventCounter:
             self._quarantined += 1
             return
         self._events += 1
-        if event.thread_id is not None:
-            self._threads.add(event.thread_id)
-        open_turns = self._open.setdefault(event.thread_id, set())
+        thread_id = event.thread_id
+        if thread_id is not None:
+            self._threads.add(thread_id)
         if isinstance(event, TurnStarted):
+            open_turns = self._open.setdefault(thread_id, set())
             if event.turn_id in open_turns:
                 return  # the same start reported twice
             self._unclosed += len(open_turns)  # a new turn ends any the thread left open
             open_turns.clear()
             open_turns.add(event.turn_id)
             self._turns += 1
-        elif isinstance(event, TurnCompleted) and event.turn_id in open_turns:
-            open_turns.discard(event.turn_id)
-            if event.status == "interrupted":
-                self._interrupted += 1
+        elif isinstance(event, TurnCompleted):
+            open_turns = self._open.get(thread_id)
+            if open_turns is not None and event.turn_id in open_turns:
+                open_turns.discard(event.turn_id)
+                if event.status == "interrupted":
+                    self._interrupted += 1
 
     def counts(self) -> Counts:
         return Counts(

@@ -6,7 +6,7 @@ at its end the file's account (records, unknown types, counts, threads).
         ...                                             # FileEvent: id, event, at, offset, length
     reader.account                                      # FileAccount, once chunks() is done
 
-``FileEvent`` is what the live tailer's ``file_envelope`` makes of a parsed record, but
+A ``FileEvent`` is what the live tailer's ``file_envelope`` makes of a parsed record, but
 its observation time, which replay takes from its virtual clock.
 
 ``ForkedFileReader`` gives exactly what ``FileReader`` gives (the child runs one), with
@@ -38,7 +38,7 @@ import msgspec
 
 from tillerman.ledger.events import AnyEvent
 from tillerman.monitor.counts import Counts, EventCounter
-from tillerman.monitor.identity import file_event_id
+from tillerman.monitor.identity import event_ids
 from tillerman.monitor.parser import Parser
 
 
@@ -74,7 +74,7 @@ class FileReader:
         self.account: FileAccount | None = None
 
     def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
-        parser, identity = self.parser, self.identity
+        parser, event_id = self.parser, event_ids(self.identity)
         counter = EventCounter()
         count, threads = counter.add, set()
 
@@ -85,7 +85,7 @@ class FileReader:
                 count(event)
                 if event.thread_id is not None:
                     threads.add(event.thread_id)
-                out.append(FileEvent(file_event_id(identity, p.offset, p.index), event, p.at, p.offset, p.length))
+                out.append(FileEvent(event_id(p.offset, p.index), event, p.at, p.offset, p.length))
             return out
 
         done = 0

@@ -9,8 +9,10 @@ yields the same ids, and the ledger stores each fact once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+from collections.abc import Callable
 
 FIRST_LINE_LIMIT = 4096  # enough to tell generations apart without reading a huge line
 
@@ -31,5 +33,13 @@ def read_first_line(path: str | os.PathLike) -> bytes:
 
 
 def file_event_id(identity: str, offset: int, index: int) -> str:
-    digest = hashlib.sha256(f"{identity}|{offset}|{index}".encode()).hexdigest()[:32]
-    return f"f-{digest}"
+    return _event_id(f"{identity}|".encode(), offset, index)
+
+
+def event_ids(identity: str) -> Callable[[int, int], str]:
+    """``file_event_id`` of one file, its identity encoded once: ``ids(offset, index)``."""
+    return functools.partial(_event_id, f"{identity}|".encode())
+
+
+def _event_id(prefix: bytes, offset: int, index: int) -> str:
+    return "f-" + hashlib.sha256(prefix + b"%d|%d" % (offset, index)).hexdigest()[:32]
