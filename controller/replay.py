@@ -441,7 +441,7 @@ class Replayer:
         if not self._waiting:
             return
         waiting, self._waiting, first = self._waiting, [], self._next_seq
-        entries = self._append(waiting, read_once=self._waiting_read_once)
+        entries = self._append(waiting, read_once=self._waiting_read_once, unseen=True)
         if len(entries) != len(waiting) or entries[0].seq != first:
             raise RuntimeError(f"the ledger stored {len(entries)} of {len(waiting)} observations folded ahead"
                                f" from seq {first}: the replay's fold no longer matches it")
@@ -454,7 +454,9 @@ class Replayer:
         for entry in self._append(batch):
             self._fold(entry)
 
-    def _append(self, batch: list[Envelope], *, read_once: bool = False) -> tuple[Entry, ...]:
+    def _append(self, batch: list[Envelope], *, read_once: bool = False, unseen: bool = False) -> tuple[Entry, ...]:
+        """``read_once``: no id of the batch is ever offered again (``_read_once``);
+        ``unseen``: none is stored (observations folded ahead: ``_fold_ahead``)."""
         if not batch:
             return ()
         # What replay records itself is observed on the virtual clock too, not at the wall
@@ -464,6 +466,8 @@ class Replayer:
         if read_once:
             assert isinstance(self.recorder, ChainOnlyRecorder)
             entries = self.recorder.append_new(batch).entries
+        elif unseen:
+            entries = self.recorder.append_unseen(batch).entries
         else:
             entries = self.recorder.append(batch).entries
         if entries and self._next_seq is not None:

@@ -91,6 +91,11 @@ class Recorder(abc.ABC):
         ``offsets``: file tailer positions, stored in the same transaction as the events
         read from those spans (the last one per file identity wins)."""
 
+    def append_unseen(self, batch: Sequence[Envelope]) -> AppendResult:
+        """``append`` of events the caller knows no row holds (ids never appended): a
+        backend may skip what only a stored id needs. By default, ``append``."""
+        return self.append(batch)
+
     def change_listener(self):
         """For a backend that tells of commits itself (PostgreSQL's LISTEN/NOTIFY): a
         listener whose ``wait(timeout)`` returns the last seq anyone committed since its

@@ -2,11 +2,12 @@ import os
 import sqlite3
 import stat
 
+import msgspec
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, turn
 from tillerman.ledger.events import Envelope, TurnStarted, kind_of
-from tillerman.ledger.errors import OperationalError, SchemaError
+from tillerman.ledger.errors import IntegrityError, OperationalError, SchemaError
 from tillerman.ledger import sqlite as sqlite_ledger
 from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -208,3 +209,42 @@ def test_a_connection_that_loads_many_rows_gets_a_larger_page_cache(tmp_path, mo
             rec.append([turn(3), turn(4)])
             rec.append([turn(5)])
         assert rec._db.execute("PRAGMA cache_size").fetchone()[0] == -sqlite_ledger.LOAD_CACHE_KIB != default
+
+
+def test_unseen_events_are_stored_as_append_stores_them_without_a_savepoint(tmp_path):
+    """``append_unseen`` (a replay's observations of a file read once) writes the rows
+    ``append`` writes, inside ``bulk()`` with no savepoint: its journal of every page a
+    batch changes was most of a replay's writes."""
+    rows = {}
+    for how in ("append", "append_unseen"):
+        with SQLiteRecorder(tmp_path / f"{how}.sqlite3") as rec:
+            statements = []
+            rec._db.set_trace_callback(statements.append)
+            with rec.bulk():
+                result = getattr(rec, how)([observed(turn(1)), observed(turn(2))])
+                getattr(rec, how)([observed(turn(3))])
+            assert result.seqs == (1, 2)
+            assert bool([s for s in statements if "SAVEPOINT" in s]) == (how == "append")
+            assert rec.verify().ok
+            rows[how] = [(e.seq, e.envelope, e.hash) for e in rec.read()]
+    assert rows["append_unseen"] == rows["append"]
+
+
+def observed(env: Envelope) -> Envelope:
+    return msgspec.structs.replace(env, observed_at=100.0)
+
+
+def test_an_unseen_event_that_was_stored_after_all_rolls_the_whole_block_back(tmp_path):
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        rec.append([turn(1)])
+        with pytest.raises(IntegrityError):
+            with rec.bulk():
+                rec.append_unseen([turn(2)])
+                rec.append_unseen([turn(3), turn(1)])  # a promise broken: e1 is stored
+        assert [e.seq for e in rec.read()] == [1]
+        assert rec.verify().ok
+
+
+def test_savepoints_journal_in_memory_not_in_a_temporary_file(tmp_path):
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        assert rec._db.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
