@@ -266,27 +266,21 @@ class SQLiteRecorder(Recorder):
         that lets ``append`` take back a batch meeting a stored id journals every page the
         batch changes (a 16 KiB index page per random id: at 300k lines, 1.1 GB written
         for a 120 MB ledger). A stored id met anyway breaks the block, which rolls back."""
-        bulk = self._bulk
-        if bulk is None:
+        if self._bulk is None:
             return self.append(batch)
-        if not batch:
-            return AppendResult()
-        db = self._db
-        prepared = prepare(batch, *bulk.head, time.time(), _none_stored, lambda i: self._intent_state(db, i))
-        try:
-            self._insert(db, prepared.rows)
-        except sqlite3.Error as exc:
-            bulk.broken = True
-            raise _translate(exc) from exc
-        if prepared.rows:
-            bulk.head = (prepared.rows[-1].seq, prepared.rows[-1].hash)
-        return _result(prepared)
+        return self._append_in_bulk(batch, (), unseen=True) if batch else AppendResult()
 
-    def _append_in_bulk(self, batch: Sequence[Envelope], offsets: Sequence[FileOffset]) -> AppendResult:
+    def _append_in_bulk(self, batch: Sequence[Envelope], offsets: Sequence[FileOffset], *,
+                        unseen: bool = False) -> AppendResult:
         bulk, db = self._bulk, self._db
         assert bulk is not None
         try:
-            prepared = self._store(db, batch, *bulk.head)
+            if unseen:
+                prepared = prepare(batch, *bulk.head, time.time(), _none_stored,
+                                   lambda intent_id: self._intent_state(db, intent_id))
+                self._insert(db, prepared.rows)
+            else:
+                prepared = self._store(db, batch, *bulk.head)
             if offsets:
                 self._save_offsets(db, offsets, time.time())
         except sqlite3.Error as exc:
