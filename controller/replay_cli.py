@@ -38,7 +38,8 @@ from tillerman.ledger.location import shown
 @click.option("--retain-payloads", is_flag=True, help="Keep prompt and tool text instead of digests.")
 @click.option("--jobs", type=click.IntRange(min=1), metavar="N",
               help="Replay on N processes, one thread family (a rollout and its forks, a transcript and its"
-                   " subagents) per task; 1 replays in this process. The result is the same for any N."
+                   " subagents) per task; with one family, a second process reads and parses each large file"
+                   " while this one folds it; 1 replays in this process. The result is the same for any N."
                    "  [default: the number of cores]")
 @click.option("--check", is_flag=True,
               help="Decide again every decision the ledger PATH records, with the rule set then in force;"

@@ -168,6 +168,9 @@ def test_one_large_file_is_read_on_a_second_core_with_jobs_2_and_replays_the_sam
             return super().chunks()
 
     monkeypatch.setattr(replay_module, "ForkedFileReader", Spy)
+    # Other tests of this process may leave a thread running, which forbids the fork
+    # (test_a_file_is_read_here_while_another_thread_runs): here, none is taken to run.
+    monkeypatch.setattr(replay_module, "_may_fork", lambda: True)
     settings = ReplaySettings(ruleset=default_ruleset())
     one = replay_files([str(big)], settings, jobs=1)
     assert forked == []
@@ -177,3 +180,19 @@ def test_one_large_file_is_read_on_a_second_core_with_jobs_2_and_replays_the_sam
     assert one.decisions > 0
     replay_files([str(STALL_FILE)], settings, jobs=2)
     assert forked == [str(big)]  # a small file is read here
+
+
+def test_a_file_is_read_here_while_another_thread_runs():
+    """A thread holding a lock at a fork would leave it held in the child: no fork then."""
+    import threading
+
+    from tillerman.controller import replay as replay_module
+
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert not replay_module._may_fork()
+    finally:
+        release.set()
+        thread.join()
