@@ -102,20 +102,22 @@ async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]
     daemon.projection = projections.load(recorder)
     every, with_decision = [], []
     try:
-        for i, (message, propose) in enumerate(_notifications(n)):
-            if i % 500 == 0:  # the daemon's heartbeat saves the fold, so a proposer folds only the tail
-                projections.save(recorder, daemon.projection)
-            if propose is not None:
-                intent_requests.propose(other, thread_id=propose[0], expected_turn=propose[1], mode="steer",
-                                text="Stop re-running the tests; read the failure first.", owner=OWNER)
-            before = daemon.projection.seq
-            start = time.perf_counter()
-            out = daemon.tap.receive(message, time.time())
-            daemon._think(None, out.envelopes)
-            elapsed = time.perf_counter() - start
-            every.append(elapsed)
-            if any(isinstance(e.envelope.event, ev.DecisionRecorded) for e in recorder.read(after_seq=before)):
-                with_decision.append(elapsed)
+        async with anyio.create_task_group() as tg:  # what a round drives (nothing: a dry run) starts here
+            for i, (message, propose) in enumerate(_notifications(n)):
+                if i % 500 == 0:  # the daemon's heartbeat saves the fold, so a proposer folds only the tail
+                    projections.save(recorder, daemon.projection)
+                if propose is not None:
+                    intent_requests.propose(other, thread_id=propose[0], expected_turn=propose[1], mode="steer",
+                                    text="Stop re-running the tests; read the failure first.", owner=OWNER)
+                before = daemon.projection.seq
+                start = time.perf_counter()
+                out = daemon.tap.receive(message, time.time())
+                await daemon._think(tg, out.envelopes)  # the round, and its commit on the commit thread
+                elapsed = time.perf_counter() - start
+                every.append(elapsed)
+                if any(isinstance(e.envelope.event, ev.DecisionRecorded) for e in recorder.read(after_seq=before)):
+                    with_decision.append(elapsed)
+            tg.cancel_scope.cancel()
     finally:
         recorder.close()
         other.close()

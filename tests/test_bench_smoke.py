@@ -46,6 +46,8 @@ def test_quick_run_prints_one_table_and_writes_json(tmp_path):
             continue  # the pickup benchmark needs the pinned codex binary
         assert not row["measured"].startswith("error"), row  # each benchmark ran to the end
         assert row["ratio"] is None or isinstance(row["ratio"], float)
+    brain = next(r for r in rows if "in-process brain" in r["benchmark"])
+    assert brain["detail"]["decision_samples"] > 0  # its rounds ran and decided (not a coroutine left unawaited)
     names = " ".join(r["benchmark"] for r in rows)
     for expected in ("vs raw executemany", "vs eventsourcing", "replay", "peak RSS", "notification", "picked up"):
         assert expected in names
