@@ -108,6 +108,10 @@ async def check_every_pickup(app_server: AppServer, model: ScriptedModel, worksp
         slow = {i: round(p, 2) for i, p in pickups.items() if p > PICKUP_BOUND}
         assert not slow, f"picked up after more than {PICKUP_BOUND}s: {slow} (all: {pickups})"
         assert {i: s.intent(i).state for i in ids} == dict.fromkeys(ids, "acknowledged")
+        # The harness reads the server on a connection of its own: a steer the daemon saw
+        # echoed may not have reached the harness's log yet.
+        await wait_until(lambda: all(our_echoes(s, s.intent(i).intent.client_user_message_id) for i in ids),
+                         "the harness to see every steer's echo", timeout=10)
         for (thread, turn), intent_id in zip(steers, ids, strict=True):  # each landed once, in its own turn
             echoes = our_echoes(s, s.intent(intent_id).intent.client_user_message_id)
             assert [(e["threadId"], e["turnId"]) for e in echoes] == [(thread, turn)]
