@@ -180,8 +180,8 @@ class Replayer:
         # checkpoint is held (no call: deterministic) or, with ``review``, asked.
         self.checkpoints = _checkpoints(reviewers) if reviewers else None
         self.review = review
-        # Files parsed in a child process while this one folds (``_chunks``): a second
-        # core that no other replay worker uses.
+        # Large files read and parsed in a child process while this one folds
+        # (``ForkedFileReader``, chosen in ``_replay_file``): a core no worker uses.
         self.parse_ahead = parse_ahead
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []

@@ -1,7 +1,7 @@
 """A session file read whole, for replay: its events with their ids, chunk by chunk, and
 at its end the file's account (records, unknown types, counts, threads).
 
-    reader = FileReader(path, parser, identity)        # or ForkedFileReader(...)
+    reader = FileReader(path, parser, identity, chunk)  # or ForkedFileReader(...)
     for done, events in reader.chunks():                # done: bytes read so far
         ...                                             # FileEvent: id, event, at, offset, length
     reader.account                                      # FileAccount, once chunks() is done

@@ -196,3 +196,20 @@ def test_a_file_is_read_here_while_another_thread_runs():
     finally:
         release.set()
         thread.join()
+
+
+def test_a_reader_that_dies_fails_the_replay_with_a_clear_error(tmp_path, monkeypatch):
+    """Exit 2, the file named, how the child ended and what to do: nothing half-reported."""
+    from tillerman.controller import replay as replay_module
+    from tillerman.monitor.file_reader import ForkedFileReader
+
+    class Dying(ForkedFileReader):
+        def _send_all(self, write_fd: int) -> int:
+            return 3
+
+    monkeypatch.setattr(replay_module, "ForkedFileReader", Dying)
+    monkeypatch.setattr(replay_module, "_may_fork", lambda: True)
+    monkeypatch.setattr(replay_module, "PARSE_AHEAD_BYTES", 0)
+    result = CliRunner().invoke(main, ["replay", "--jobs", "2", str(STALL_FILE)])
+    assert result.exit_code == 2, result.output
+    assert str(STALL_FILE) in result.output and "exit status 3" in result.output and "--jobs 1" in result.output

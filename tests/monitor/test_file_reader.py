@@ -111,3 +111,13 @@ def children() -> set[int]:
 
 def assert_no_child_left() -> None:
     assert children() <= _BEFORE, "a child of the reader was left behind"
+
+
+def test_event_ids_are_the_ones_earlier_versions_gave():
+    """A ledger holds ids made this way: another formula would store every event of a
+    file read again a second time."""
+    from tillerman.monitor.identity import event_ids, file_event_id
+
+    identity = "2049:1234:0123456789abcdef"
+    assert file_event_id(identity, 98765, 2) == "f-20ff0c5fe9ac3848f1a9fdebbcd7b9d6"
+    assert event_ids(identity)(98765, 2) == file_event_id(identity, 98765, 2)
