@@ -57,7 +57,7 @@ from tillerman.controller.reconcile import read_back, reconcile_fact, seen, turn
     under_way, verify_due
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.supervisor import Step
-from tillerman.controller.timers import Timers
+from tillerman.controller.watches import Watches
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.errors import Fenced, IllegalTransition, OperationalError
@@ -152,7 +152,9 @@ class Daemon:
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
-        self.timers = Timers()  # when the next round is due, kept up to date by ``_fold``
+        # Each thread's rule triggers, and when the next round is due: kept up to date by
+        # ``_fold``, so a round runs the detection rules only where one can fire.
+        self.watches = Watches(self.projection, ruleset)
         # Threads with folded entries no decision round has judged yet. Every fold adds to
         # it, not only a round's first: a proposal another process commits while a round
         # writes is folded by that round's later folds, after its threads were chosen, and
@@ -510,7 +512,8 @@ class Daemon:
         if self.checkpoints.reviewers:  # a reviewer's own session is never supervised
             threads = [t for t in threads
                        if not is_reviewer_thread(self.projection.recorded_cwd(t), self.checkpoints.reviewers.values())]
-        self._fold_own(tg, now, self._write(self.step.step(self.projection, threads, now)))
+        self.watches.rebase(self.projection, self.step.ruleset)
+        self._fold_own(tg, now, self._write(self.step.step(self.projection, self.watches.finding(threads, now), now)))
         self._fold_own(tg, now, self._write(self.checkpoints.consequences(self.projection, self.step.ruleset, now)))
         wanted = set(threads)
         views = [v for v in self.projection.open_intents() if (timer_due or v.intent.thread_id in wanted)
@@ -553,14 +556,18 @@ class Daemon:
         """Fold entries (ours or another writer's, the same way), mark their threads for
         the next decision round (``_unjudged``), and hand each new observation to the
         delivery machines of its thread."""
+        self.watches.rebase(self.projection, self.step.ruleset)
         for entry in entries:
             self.projection.apply(entry)
-            self.timers.note(entry)
+            event = entry.envelope.event
+            if event.thread_id is not None:
+                self.watches.fold(event.thread_id, now)
+            if isinstance(event, ev.IntentProposed | ev.IntentTransition):
+                self.watches.timers.note(entry)
             self.checkpoints.note(entry)
             self.notifier.fold(entry)
             if self.metrics is not None:
                 self.metrics.fold(entry)
-            event = entry.envelope.event
             if isinstance(event, ev.Undecodable):
                 log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
                             entry.seq, event.stored_kind, event.error)
@@ -576,7 +583,7 @@ class Daemon:
     def _next_due(self, now: float) -> float | None:
         """The earliest deadline of an open intent or rule timer of a thread after ``now``
         (``tillerman.controller.timers``: only the threads folded since are computed again)."""
-        due = self.timers.next_due(self.projection, self.step.ruleset, now)
+        due = self.watches.timers.next_due(self.projection, self.step.ruleset, now)
         if self.checkpoints.reviewers:  # an intent overdue for the second time is a checkpoint
             second = self.checkpoints.next_due(self.projection.open_intents(), self.step.ruleset)
             if second is not None and second > now:

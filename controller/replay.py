@@ -11,10 +11,10 @@ replays of the same input print the same ``decisions_digest``.
 
 The pipeline, per event, does only what the event can change: it is folded (ahead of
 its append, which waits for BATCH others: ``_fold_ahead``); its thread's rule
-triggers are taken again from the small part of its state they read (``Watched``,
-``_watch``), with no snapshot; a full snapshot is built only where a decision may be
-made: detection runs only where a rule can fire (``triggers_may_find``), the policy
-only for that thread's open intents. The clock asks the timers
+triggers are taken again from the small part of its state they read, with no
+snapshot (``tillerman.controller.watches``, as in the daemon); a full snapshot is
+built only where a decision may be made: detection runs only where a rule can fire,
+the policy only for that thread's open intents. The clock asks the timers
 (``tillerman.controller.timers``) for the next due only when an event reaches their
 horizon: a thread's due moving later, as its quiet timer does at nearly every event,
 is not even pushed. What it records is row for row what an append and a rescan per
@@ -39,7 +39,7 @@ import msgspec
 from tillerman.controller.overdue import overdue
 from tillerman.controller.render import overdue_json
 from tillerman.controller.supervisor import Step
-from tillerman.controller.timers import Timers
+from tillerman.controller.watches import Watches
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.chain_only import ChainOnlyRecorder
@@ -55,8 +55,7 @@ from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.file_reader import FileReader, ForkedFileReader, ReaderDied
 from tillerman.monitor.tailer import file_source
-from tillerman.ledger.snapshot import Watched
-from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
+from tillerman.rules.detect import triggers_may_find
 from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
@@ -71,7 +70,6 @@ COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit
 PARSE_AHEAD_BYTES = 4 * CHUNK  # smaller files are parsed here: a process would cost more than it saves
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_NO_TRIGGERS = Triggers((), ())
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
 #: Formats whose file is one whole session: its threads end with it (a resumed Codex
 #: session appends to its rollout), so once idle they are forgotten at the file's end.
@@ -186,21 +184,13 @@ class Replayer:
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
         self.projection = ForgettingProjection()
-        # Each thread's rule triggers, taken again after every entry about it is folded
-        # (``_watch``), only when what they read of it (``Watched``) changed: no snapshot
-        # is built unless a decision may be made.
-        self._watched: dict[str, Watched] = {}
-        self._triggers: dict[str, Triggers] = {}
-        # Threads whose kept triggers predate a later progress of theirs (``_watch``),
-        # taken again only where they are asked (``_fresh``), and the shortest limit of
-        # each thread's timers: how soon after a progress its next timer may fall due.
-        self._stale: set[str] = set()
-        self._soonest: dict[str, float | None] = {}
         # Open intents by id, kept up to date as entries are folded (``_record``):
         # scanning every intent a long session ever had, at every event, was quadratic.
         self._open: dict[str, IntentView] = {}
-        # When the next timer fires: kept up to date from what is folded, not rescanned.
-        self.timers = Timers(lambda _projection, thread_id, _ruleset: self._fresh(thread_id))
+        # Each thread's rule triggers, kept as it is folded, and when the next timer
+        # fires: no snapshot is built unless a decision may be made, nothing rescanned.
+        self.watches = Watches(self.projection, ruleset)
+        self.timers = self.watches.timers
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
@@ -343,12 +333,10 @@ class Replayer:
         for thread_id in thread_ids:
             if thread_id in busy:
                 continue
-            found = self._fresh(thread_id)
+            found = self.watches.fresh(thread_id)
             if not found.timers and not found.failures:
                 self.projection.forget_thread(thread_id)
-                self._watched.pop(thread_id, None)
-                self._triggers.pop(thread_id, None)
-                self._soonest.pop(thread_id, None)
+                self.watches.forget(thread_id)
 
     # -- one event on the virtual clock --------------------------------------------
 
@@ -369,7 +357,7 @@ class Replayer:
             self._record([env])
         thread = env.event.thread_id
         if thread is not None and (self._open or self.checkpoints is not None or (
-                (found := self._triggers.get(thread)) is not None and triggers_may_find(found, now))):
+                (found := self.watches.kept(thread)) is not None and triggers_may_find(found, now))):
             self._evaluate([thread], now)
         if self.end is None or now > self.end:
             self.end = now
@@ -386,10 +374,7 @@ class Replayer:
         return self.timers.next_due(self.projection, self.ruleset, now)
 
     def _evaluate(self, thread_ids: list[str], now: float) -> None:
-        # Detection runs only for threads where it can find something at ``now``
-        # (``triggers_may_find``); elsewhere ``detect`` would return nothing.
-        found = self._triggers
-        finding = [t for t in thread_ids if t in found and triggers_may_find(self._fresh(t), now)]
+        finding = self.watches.finding(thread_ids, now)  # elsewhere ``detect`` would find nothing
         if finding:
             self._record(self.step.step(self.projection, finding, now))
         views = []
@@ -430,7 +415,7 @@ class Replayer:
         seq = self._next_seq + len(waiting)
         self.projection.apply_envelope(env, seq)
         if env.event.thread_id is not None:
-            self._watch(env.event.thread_id)
+            self.watches.fold(env.event.thread_id, self.now)
         if self.checkpoints is not None:
             self.checkpoints.note(Entry(seq=seq, envelope=env, prev_hash="", hash=""))
         waiting.append(env)
@@ -484,7 +469,7 @@ class Replayer:
         self.projection.apply(entry)
         event = entry.envelope.event
         if event.thread_id is not None:
-            self._watch(event.thread_id)
+            self.watches.fold(event.thread_id, self.now)
         if self.checkpoints is not None:
             self.checkpoints.note(entry)
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
@@ -496,53 +481,6 @@ class Replayer:
             else:  # settled: no later step reads it (tillerman.ledger.forgetting)
                 self._open.pop(intent_id, None)
                 self.projection.forget_intent(intent_id)
-
-    def _watch(self, thread_id: str) -> None:
-        """Take the thread's triggers again when what they read of it changed, and tell the
-        timers its due now (``Timers.lower``: a later one is not even pushed); equal
-        triggers give the same due."""
-        old = self._watched.get(thread_id)
-        if old is not None and self.projection.moved_at_most_progress(thread_id, old):  # most events: no Watched built
-            progress = self.projection.threads[thread_id].last_progress_at
-            if progress == old.last_progress_at:
-                return
-            if self._progressed(thread_id, old, progress):
-                return
-        watched = self.projection.watched(thread_id)
-        if watched is None or watched == old:
-            return
-        if old is not None and msgspec.structs.replace(old, last_progress_at=watched.last_progress_at) == watched \
-                and self._progressed(thread_id, old, watched.last_progress_at):
-            return
-        self._watched[thread_id] = watched
-        self._stale.discard(thread_id)
-        found = self._triggers[thread_id] = triggers(watched, self.ruleset)
-        self._soonest[thread_id] = min([limit for _, limit, _ in found.timers], default=None)
-        if self.now is None:
-            self.timers.changed(thread_id)
-        else:
-            self.timers.lower(thread_id, triggers_next_due(found, self.now))
-
-    def _progressed(self, thread_id: str, old: Watched, progress: float | None) -> bool:
-        """Take a move of only the thread's progress, when it moved later: the timers that
-        run from it moved later with it, the others stayed. The kept triggers find at
-        least what new ones would (each of their moments is no later), so they stay until
-        a decision asks (``_fresh``). False for any other move: its triggers are taken again."""
-        if old.last_progress_at is None or progress is None or progress <= old.last_progress_at or self.now is None:
-            return False
-        self._watched[thread_id] = msgspec.structs.replace(old, last_progress_at=progress)
-        self._stale.add(thread_id)
-        soonest = self._soonest[thread_id]
-        if soonest is not None:
-            self.timers.later(thread_id, progress + soonest)
-        return True
-
-    def _fresh(self, thread_id: str) -> Triggers:
-        """The thread's triggers as of its last fold."""
-        if thread_id in self._stale:
-            self._stale.discard(thread_id)
-            self._triggers[thread_id] = triggers(self._watched[thread_id], self.ruleset)
-        return self._triggers.get(thread_id, _NO_TRIGGERS)
 
     def _account(self, entry: Entry) -> None:
         event = entry.envelope.event

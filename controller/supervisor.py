@@ -8,9 +8,10 @@ daemon's delivery machine carries out (and replay never does). Because the step 
 a function of the ledger and the clock, replay on a virtual clock and the live
 daemon make the same decisions from the same events.
 
-When the next step is due with no event (an intent's deadline, a rule's timer) is
-``tillerman.controller.timers``, shared by both: kept up to date by what they fold,
-never rescanned.
+Which threads a step need judge (where a rule can fire) and when the next step is
+due with no event (an intent's deadline, a rule's timer) is
+``tillerman.controller.watches`` and ``tillerman.controller.timers``, shared by both:
+kept up to date by what they fold, never rescanned.
 """
 
 from __future__ import annotations

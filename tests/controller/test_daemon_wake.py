@@ -55,18 +55,19 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
             daemon = Daemon(recorder, default_ruleset(), DaemonOptions(watch=(str(tmp_path / "sessions"),)))
             proposed: list[intent_requests.Intent] = []
             proposers: list[threading.Thread] = []
-            step = daemon.step.step
+            judge = daemon.watches.finding  # the threads a round judges, asked as it decides
 
             def propose() -> None:
                 proposed.append(intent_requests.propose(other, thread_id="T1", mode="queue", text="later", owner="ann"))
 
-            def step_while_another_process_proposes(projection, threads, now):
+            def judge_while_another_process_proposes(threads, now):
+                threads = list(threads)
                 if "T0" in threads and not proposers:  # waits for this round's commit
                     proposers.append(threading.Thread(target=propose))
                     proposers[0].start()
-                return step(projection, threads, now)
+                return judge(threads, now)
 
-            daemon.step.step = step_while_another_process_proposes
+            daemon.watches.finding = judge_while_another_process_proposes
             async with anyio.create_task_group() as tg:
                 await tg.start(daemon.run)
                 await anyio.sleep(0.5)  # the first round (every open intent decided once) is over

@@ -1,24 +1,25 @@
 """``Timers``: the next decision round from heaps kept up to date by the fold, equal to
 scanning every thread and open intent (``brute_force_due``) after any sequence of folds,
-at any time, forward or back."""
+at any time, forward or back; and ``Watches``, which tells them a thread's change and
+where a round need not run the detection rules (``detect`` would find nothing there)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 
-import msgspec
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.rule_texts import rule
 from tillerman.controller.intent_requests import build_intent
-from tillerman.controller.timers import Timers, brute_force_due, deadlines, fresh_triggers
+from tillerman.controller.timers import Timers, brute_force_due, deadlines
+from tillerman.controller.watches import Watches
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import Projection
-from tillerman.rules.detect import next_due, triggers_next_due
+from tillerman.rules.detect import detect, next_due
 from tillerman.rules.files import load_rules
 from tillerman.rules.ruleset import build_ruleset
 
@@ -41,35 +42,28 @@ THREADS = ("t1", "t2", "t3")
 
 class Ledger:
     """A fold fed by hand: entries numbered in order, each noted by the timers. With
-    ``lower``, a thread's change is told as replay tells it: its due at once
-    (``Timers.lower``), kept as a lower bound when it is no earlier; a progress alone
-    as the bound it sets (``Timers.later``)."""
+    ``lower``, each thread's change is told as the daemon and replay tell it, through
+    their ``Watches``: its due at once (``Timers.lower``), kept as a lower bound when it
+    is no earlier; a progress alone as the bound it sets (``Timers.later``)."""
 
     def __init__(self, *, lower: bool = False, rules=RULES) -> None:
         self.rules = rules
         self.projection = Projection()
-        self.timers = Timers()
+        self.watches = Watches(self.projection, rules) if lower else None
+        self.timers = self.watches.timers if self.watches is not None else Timers()
         self.seq = itertools.count(1)
         self.intents: list = []
-        self.lower = lower
 
     def fold(self, event: ev.Event, at: float) -> None:
         entry = Entry(seq=next(self.seq), envelope=Envelope(event_id=f"e{len(self.intents)}-{at}", event=event,
                                                              source="test", at=at), prev_hash="", hash="")
-        before = self.projection.watched(event.thread_id) if event.thread_id is not None else None
         self.projection.apply(entry)
-        if self.lower and event.thread_id in self.projection.threads and not isinstance(
-                event, ev.IntentProposed | ev.IntentTransition):
-            found = fresh_triggers(self.projection, event.thread_id, self.rules)
-            after = self.projection.watched(event.thread_id)
-            soonest = min([limit for _, limit, _ in found.timers], default=None)
-            if (before is not None and soonest is not None and before.last_progress_at is not None
-                    and after.last_progress_at > before.last_progress_at
-                    and msgspec.structs.replace(before, last_progress_at=after.last_progress_at) == after):
-                self.timers.later(event.thread_id, after.last_progress_at + soonest)  # replay's progress case
-            else:
-                self.timers.lower(event.thread_id, triggers_next_due(found, at))
-        else:
+        if self.watches is None:
+            self.timers.note(entry)
+            return
+        if event.thread_id is not None:
+            self.watches.fold(event.thread_id, at)
+        if isinstance(event, ev.IntentProposed | ev.IntentTransition):
             self.timers.note(entry)
 
     def agree(self, now: float) -> float | None:
@@ -81,6 +75,9 @@ class Ledger:
         dues = [next_due(self.projection.snapshot(t), now, self.rules) for t in self.projection.threads]
         dues += [t for v in self.projection.open_intents() for t in deadlines(v) if t > now]
         assert due == min((d for d in dues if d is not None), default=None)
+        if self.watches is not None:  # a round runs ``detect`` only where it finds something
+            found = {t for t in self.projection.threads if detect(self.projection.snapshot(t), now, self.rules)}
+            assert found <= set(self.watches.finding(self.projection.threads, now))
         return due
 
 
@@ -195,3 +192,15 @@ def test_a_progress_after_its_quiet_timer_fell_due_brings_that_timer_back_before
     assert ledger.agree(T0 + 700) == T0 + 3600  # quiet fell due: the long turn's is next
     ledger.fold(ev.AgentMessage(thread_id="t1", turn_id="u", digest="d", size=1), T0 + 800)
     assert ledger.agree(T0 + 800) == T0 + 1400  # quiet again, from the progress
+
+
+def test_watches_rebased_on_a_new_rule_set_take_each_threads_triggers_again():
+    ledger = Ledger(lower=True, rules=LASTING)
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.agree(T0) == T0 + 600  # quiet, 10m
+    assert ledger.watches.finding(["t1"], T0 + 600) == ["t1"]
+    long_only = build_ruleset(RULES.rules[1:2], ())  # the daemon reloaded its rules: turn_long, 1h
+    ledger.watches.rebase(ledger.projection, long_only)
+    assert ledger.timers.next_due(ledger.projection, long_only, T0) == T0 + 3600
+    assert ledger.watches.finding(["t1"], T0 + 600) == []
+    assert ledger.watches.finding(["t1"], T0 + 3600) == ["t1"]
