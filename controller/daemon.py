@@ -67,6 +67,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.controller.link import HEARTBEAT, Link
 from tillerman.monitor.appserver_client import (
     AppServerClient,
@@ -809,6 +810,8 @@ def run_daemon(recorder: Recorder, ledger_path: str | None, ruleset: RuleSet, op
     lock = LedgerLock(ledger_path) if ledger_path else None
     if lock:
         lock.acquire()
+    if isinstance(recorder, SQLiteRecorder):
+        recorder.checkpoint_in_background()  # no round's commit waits for a checkpoint
     try:
         anyio.run(Daemon(recorder, ruleset, options).run)
     finally:

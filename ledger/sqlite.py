@@ -40,6 +40,7 @@ from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepte
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
+from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 from tillerman.ledger.recorder import (
     CHAIN_VERSION,
     GENESIS,
@@ -119,6 +120,7 @@ class SQLiteRecorder(Recorder):
         self._unanchored: tuple[int, str] | None = None
         self._anchor_seen: tuple[tuple[int, ...], tuple[int, str]] | None = None  # see _read_anchor
         self._mover = _AnchorMover(self._write_anchor)  # one_anchor()'s moves
+        self._checkpoints: BackgroundCheckpoints | None = None  # ``checkpoint_in_background``
         try:
             if self.readonly:
                 self._db, self.damage = _connect_readonly(self.path)
@@ -680,8 +682,19 @@ class SQLiteRecorder(Recorder):
         self.anchor_error = None
         return True
 
+    def checkpoint_in_background(self) -> BackgroundCheckpoints | None:
+        """Copy the log into the database on a thread of its own from now on, never in a
+        commit of this connection (``tillerman.ledger.wal_checkpoints``): for the daemon,
+        whose commits its actions wait for. None for a ledger in memory or read only."""
+        if self._checkpoints is None and not (self.memory or self.readonly):
+            self._db.execute("PRAGMA wal_autocheckpoint = 0")
+            self._checkpoints = BackgroundCheckpoints(self.path)
+        return self._checkpoints
+
     def close(self) -> None:
         self._mover.wait()
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
         self._db.close()
 
 

@@ -1,0 +1,115 @@
+"""The daemon's write-ahead log is copied into the database on a thread of its own
+(``tillerman.ledger.wal_checkpoints``): its commits never checkpoint, the log is
+checkpointed anyway, and a checkpoint that cannot run is a reason kept, not a crash."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+from tests.ledger.recorder_contract import turn
+from tillerman.controller import daemon as daemon_module
+from tillerman.controller.daemon import DaemonOptions, run_daemon
+from tillerman.ledger import wal_checkpoints
+from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
+from tillerman.rules.files import default_ruleset
+
+
+def _fill(recorder: SQLiteRecorder, rows: int) -> None:
+    for start in range(0, rows, 500):
+        recorder.append([turn(i) for i in range(start, start + 500)])
+
+
+def _sizes(path) -> tuple[int, int]:
+    return os.path.getsize(path), os.path.getsize(str(path) + "-wal")
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.01)
+
+
+def _checkpointing_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tillerman-checkpoint"]
+
+
+SMALL_LOG = 50  # pages: SQLite's own threshold (1000) made small, so that a few rows cross it
+
+
+def test_no_commit_checkpoints_and_the_thread_does(tmp_path, monkeypatch):
+    def filled(background: bool) -> tuple[int, int]:
+        path = tmp_path / f"{background}.sqlite3"
+        with SQLiteRecorder(path) as recorder:
+            recorder._db.execute(f"PRAGMA wal_autocheckpoint = {SMALL_LOG}")
+            checkpoints = recorder.checkpoint_in_background() if background else None
+            database, _ = _sizes(path)
+            _fill(recorder, 6000)
+            grown, _ = _sizes(path)
+            assert checkpoints is None or checkpoints.done == 0
+        return database, grown
+
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 3600.0)  # not now
+    database, grown = filled(background=False)
+    assert grown > database  # the commits that crossed the threshold copied the log in
+    database, grown = filled(background=True)
+    assert grown == database  # with the thread, none did
+    assert not _checkpointing_threads()  # closing the ledger stops it
+
+    path = tmp_path / "l.sqlite3"
+
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 0.02)
+    with SQLiteRecorder(path) as recorder:
+        checkpoints = recorder.checkpoint_in_background()
+        database, _ = _sizes(path)
+        _fill(recorder, 6000)
+        _wait_for(lambda: checkpoints.done >= 2 and _sizes(path)[0] > database)
+        assert checkpoints.error is None
+        assert recorder.checkpoint_in_background() is checkpoints  # one thread per ledger
+        assert len(_checkpointing_threads()) == 1
+        assert len(list(recorder.read())) == 6000
+    assert not _checkpointing_threads()
+
+
+def test_a_ledger_in_memory_or_read_only_has_none(tmp_path):
+    with SQLiteRecorder(":memory:") as recorder:
+        assert recorder.checkpoint_in_background() is None
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as recorder:
+        recorder.append([turn(1)])
+    with SQLiteRecorder(path, readonly=True) as reader:
+        assert reader.checkpoint_in_background() is None
+
+
+def test_a_checkpoint_that_fails_is_a_reason_kept_and_the_thread_goes_on(tmp_path):
+    not_a_ledger = tmp_path / "garbage"
+    not_a_ledger.write_bytes(b"not a database" * 100)
+    checkpoints = BackgroundCheckpoints(str(not_a_ledger), every=0.01)
+    try:
+        _wait_for(lambda: checkpoints.error is not None)
+        assert "checkpoint of" in checkpoints.error and "garbage" in checkpoints.error
+        assert checkpoints._thread.is_alive()  # it tries again
+    finally:
+        checkpoints.stop()
+    unopenable = BackgroundCheckpoints(str(tmp_path / "missing" / "dir" / "l.sqlite3"), every=0.01)
+    unopenable._thread.join(10)
+    assert unopenable.error is not None and unopenable.error.startswith("cannot open")
+    unopenable.stop()
+
+
+def test_the_daemon_checkpoints_its_ledger_in_the_background(tmp_path, monkeypatch):
+    seen = {}
+
+    def run(main, *args, **kwargs):  # what the daemon's connection is like once it runs
+        seen["autocheckpoint"] = recorder._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        seen["threads"] = len(_checkpointing_threads())
+
+    monkeypatch.setattr(daemon_module.anyio, "run", run)
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as recorder:
+        run_daemon(recorder, str(path), default_ruleset(), DaemonOptions())
+    assert seen == {"autocheckpoint": 0, "threads": 1}
