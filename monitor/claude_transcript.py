@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
+
+import msgspec
+from msgspec import UNSET
 
 from tillerman.ledger.events import (
     ApprovalResolved,
@@ -58,6 +61,7 @@ from tillerman.ledger.events import (
     TurnStarted,
 )
 from tillerman.monitor.digest import digest
+from tillerman.monitor.lines import TypedLines, nested
 from tillerman.monitor.parser import (
     Call,
     OpenCalls,
@@ -91,6 +95,121 @@ _QUIET_TYPES = frozenset({
 _SHELL_TOOLS = frozenset({"Bash", "BashOutput", "PowerShell"})
 
 
+# -- the lines, as Structs -------------------------------------------------------------
+# A Struct per line type, tagged by ``type``, declaring only the fields a handler reads
+# (the rest of a line — usage, model, version, git branch — is skipped, not decoded),
+# and one with the common fields only for each quiet type: most of a long session's
+# lines (``progress`` above all) cost a look at their type. Fields are ``Any`` and are
+# read through ``get`` with the very checks a dict's are (``text``, ``obj``), so a wrong
+# type quarantines a line exactly when the reading reaches it. A line outside them (an
+# unknown type, a ``message`` that is no object) stays a dict, read as before.
+
+
+class UndeclaredField(RuntimeError):
+    """A handler read a field its line's Struct does not declare: a bug here, never
+    bad input (it would read as absent, where the dict of the same line has it)."""
+
+
+class _Fields(msgspec.Struct):
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, _UNDECLARED)
+        if value is UNSET:  # absent: the default; null: None, as a dict's
+            return default
+        if value is _UNDECLARED:
+            if key == "type" and self.__struct_config__.tag is not None:
+                return self.__struct_config__.tag
+            raise UndeclaredField(f"{type(self).__name__} does not declare {key!r}")
+        return value
+
+
+_UNDECLARED = object()
+
+
+class _Message(_Fields):
+    content: Any = UNSET
+    stop_reason: Any = UNSET
+
+
+class _AttachmentBody(_Fields):  # the rest (skill lists, deferred tools, file contents) skipped
+    type: Any = UNSET
+    prompt: Any = UNSET
+    source_uuid: Any = UNSET
+
+
+class _ToolUseResult(_Fields):  # the CLI's account of a tool run: its output is skipped
+    interrupted: Any = UNSET
+
+
+class _Line(_Fields, tag_field="type"):
+    sessionId: Any = UNSET
+    timestamp: Any = UNSET
+    agentId: Any = UNSET
+    isSidechain: Any = UNSET
+    uuid: Any = UNSET
+    parentUuid: Any = UNSET
+    cwd: Any = UNSET
+
+
+class _User(_Line, tag="user"):
+    message: _Message | None | msgspec.UnsetType = UNSET
+    isMeta: Any = UNSET
+    isCompactSummary: Any = UNSET
+    promptId: Any = UNSET
+    permissionDecision: Any = UNSET
+    toolUseResult: _ToolUseResult | str | None | msgspec.UnsetType = UNSET
+    toolDenialKind: Any = UNSET
+
+
+class _Assistant(_Line, tag="assistant"):
+    message: _Message | None | msgspec.UnsetType = UNSET
+    isApiErrorMessage: Any = UNSET
+
+
+class _System(_Line, tag="system"):
+    subtype: Any = UNSET
+    durationMs: Any = UNSET
+    error: Any = UNSET
+    content: Any = UNSET
+
+
+class _Attachment(_Line, tag="attachment"):
+    attachment: _AttachmentBody | None | msgspec.UnsetType = UNSET
+
+
+class _QueueOperation(_Line, tag="queue-operation"):
+    operation: Any = UNSET
+    content: Any = UNSET
+    commandUuid: Any = UNSET
+    reason: Any = UNSET
+
+
+class _CostState(_Line, tag="cost-state"):
+    pass
+
+
+def _object(record: _Line | dict, key: str) -> _Fields | dict:
+    """An object field of the line: its Struct, or a dict's object (checked: ``obj``)."""
+    value = record.get(key)
+    return value if isinstance(value, _Fields) else obj(record, key)
+
+
+def _checked_depth(record: _Fields, level: int = 2) -> None:
+    """``TooDeep`` when a declared field nests past the limit (``nested``), as the
+    decode of the line as a dict would have found: asked by ``TypedLines`` of a line
+    with brackets enough to be that deep. (Fields skipped are never values.)"""
+    for name in record.__struct_fields__:
+        value = getattr(record, name)
+        if isinstance(value, _Fields):
+            _checked_depth(value, level + 1)
+        else:
+            nested(value, level)
+
+
+_LINES = TypedLines(Union[(_User, _Assistant, _System, _Attachment, _QueueOperation, _CostState,  # noqa: UP007
+                           *(msgspec.defstruct(f"Quiet_{tag}", [], bases=(_Line,), tag=tag)
+                             for tag in sorted(_QUIET_TYPES)))], check_depth=_checked_depth)
+
+
 class _Thread:
     __slots__ = ("turn",)
 
@@ -100,6 +219,7 @@ class _Thread:
 
 class ClaudeTranscriptParser(Parser):
     format = "claude-transcript"
+    lines = _LINES
     _HANDLERS: ClassVar[dict[str, Callable[..., list[Event]]]]  # line type → reader, set below
 
     def __init__(self, source: str, **options) -> None:
@@ -115,10 +235,19 @@ class ClaudeTranscriptParser(Parser):
         self._taken: QueueEntry | None = None  # dequeued: delivered if the next line is its prompt
         self._calls = OpenCalls()
 
-    def _time(self, record: dict) -> float | None:
-        return iso_time(record.get("timestamp"))
+    def _time(self, record: _Line | dict) -> float | None:
+        return iso_time(self._stamp(record))
 
-    def _events(self, record: dict) -> list[Event]:
+    def _stamp(self, record: _Line | dict) -> str | None:
+        stamp = record.get("timestamp")
+        if stamp is None or stamp.__class__ is str:
+            return stamp
+        raise WrongType("timestamp")
+
+    def _seconds(self, stamp: str | None) -> float | None:
+        return iso_time(stamp)
+
+    def _events(self, record: _Line | dict) -> list[Event]:
         kind = text(record, "type")
         session = text(record, "sessionId") or self._file_session
         settled = self._settle_taken(record, kind, session)
@@ -187,7 +316,7 @@ class ClaudeTranscriptParser(Parser):
     # -- lines -------------------------------------------------------------------
 
     def _user(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
-        content = obj(record, "message").get("content")
+        content = _object(record, "message").get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content_blocks(content)
         events: list[Event] = []
         said: list[str] = []
@@ -232,7 +361,7 @@ class ClaudeTranscriptParser(Parser):
         return events
 
     def _assistant(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
-        message = obj(record, "message")
+        message = _object(record, "message")
         content = message.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content_blocks(content)
         ids = {"thread_id": thread_id, "turn_id": state.turn}
@@ -273,7 +402,7 @@ class ClaudeTranscriptParser(Parser):
         return []
 
     def _attachment(self, record: dict, thread_id: str | None, state: _Thread) -> list[Event]:
-        attachment = obj(record, "attachment")
+        attachment = _object(record, "attachment")
         if attachment.get("type") != "queued_command":
             return []
         # Input folded into the running turn (2.1.x): a steer of the open turn.
@@ -305,7 +434,7 @@ class ClaudeTranscriptParser(Parser):
             return []
         turn = self._threads[session].turn if session in self._threads else None
         if kind == "user" and not record.get("isSidechain"):
-            content = obj(record, "message").get("content")
+            content = _object(record, "message").get("content")
             if isinstance(content, str) and digest(content) == taken.digest:
                 return [QueueEntryRemoved(entry_id=taken.id, outcome="delivered", client_id=text(record, "uuid"),
                                           thread_id=session, turn_id=turn)]
@@ -354,7 +483,7 @@ def _tool_status(record: dict, block: dict) -> str:
 def tool_status(result: Any, denied: bool, block: dict) -> str:
     """How a tool call ended, from its result block, the CLI's account of the run
     (``toolUseResult``) and whether the CLI says it was refused (``denied``)."""
-    if (isinstance(result, dict) and result.get("interrupted") is True) or (
+    if ((isinstance(result, dict) or result.__class__ is _ToolUseResult) and result.get("interrupted") is True) or (
             denied and STOPPED_WHILE_RUNNING in str(block.get("content"))):
         return "interrupted"  # it ran, at least in part: it may have had effects
     if denied:

@@ -20,6 +20,7 @@ field (see ``TypedLines``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -279,17 +280,28 @@ class TypedLines:
     take is decoded whole by ``decode_object``, and refused exactly as it decides.
     """
 
-    def __init__(self, line_type: Any) -> None:
+    def __init__(self, line_type: Any, *, check_depth: Callable[[Any], None] | None = None) -> None:
         self._type = line_type
         self._decode = msgspec.json.Decoder(line_type).decode
+        # ``check_depth(record)`` raises ``TooDeep`` for a Struct whose fields read whole
+        # nest too deep: asked only of a line with brackets enough to be (as ``decode_json``
+        # asks), the line then refused as too deep before any handler reads it.
+        self._check_depth = check_depth
 
     def decode(self, data: bytes, terminated: bool = True, utf8: bool = False) -> Any:
         """The record in a line's body; ``utf8``: the body is known to be valid UTF-8."""
         if utf8 or data.isascii() or valid_utf8(data):
             try:
-                return self._decode(data)
+                record = self._decode(data)
             except (msgspec.DecodeError, RecursionError):  # not a record of this shape: see below
                 pass
+            else:
+                if self._check_depth is not None and len(data) > 2 * MAX_DEPTH and _brackets(data) > MAX_DEPTH:
+                    try:
+                        self._check_depth(record)
+                    except TooDeep:
+                        return TOO_DEEP
+                return record
         record = decode_record(data, terminated)
         if not isinstance(record, dict):
             return record

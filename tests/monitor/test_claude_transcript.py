@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from tests.monitor.support import jsonl, kinds, parse, reasons
 from tillerman.ledger.events import ItemCompleted, QueueChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
 from tillerman.monitor.counts import count
@@ -195,3 +197,21 @@ def test_wrong_types_and_unknown_lines():
 def test_a_quarantined_first_line_does_not_swallow_the_thread_opening():
     evs, _ = run(json.dumps({"type": "user", "sessionId": SID, "message": {"content": 5}}), user("u1", "hello"))
     assert kinds(evs) == ["quarantined", "thread_started", "turn_started", "user_message"]
+
+
+def test_lines_are_read_into_structs_and_a_quiet_lines_body_is_not_decoded():
+    from tillerman.monitor import claude_transcript as ct
+
+    progress = json.dumps({"type": "progress", "sessionId": "s", "data": {"huge": ["x" * 1000] * 50}}).encode()
+    record = ct._LINES.decode(progress)
+    assert record.__class__ is not dict and record.get("type") == "progress" and record.get("sessionId") == "s"
+    user = ct._LINES.decode(json.dumps({"type": "user", "message": {"content": "hi", "usage": {"n": 1}},
+                                        "isMeta": None, "version": "2.1"}).encode())
+    assert user.__class__ is ct._User and user.get("isMeta", "absent") is None  # null is not absent
+    assert user.get("promptId", "absent") == "absent"
+    with pytest.raises(ct.UndeclaredField):  # a field no Struct declares is a bug here, not input
+        user.get("version")
+    odd = ct._LINES.decode(json.dumps({"type": "user", "message": "not an object"}).encode())
+    assert odd.__class__ is dict  # read as before: quarantined as a wrong type when read
+    evs, _ = run(json.dumps({"type": "user", "sessionId": SID, "message": "not an object"}))
+    assert reasons(evs) == ["wrong_type"]

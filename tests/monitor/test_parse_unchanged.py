@@ -117,8 +117,10 @@ def mutated(data: bytes, seed: int) -> bytes:
                                   separators=(",", ":")).encode())
         text = json.dumps(record, separators=(",", ":")).encode()
         body = text[1:]
-        # Where nothing reads them, a rollout skips these (every other format decodes
-        # the whole record and refuses them): only invalid UTF-8 is refused wherever it is.
+        # Where nothing reads them, a rollout and a Claude transcript skip these (the other
+        # formats decode the whole record and refuse them): only invalid UTF-8 is refused
+        # wherever it is. (Transcripts were read as dicts until their Structs came: their
+        # mutated inputs' digests changed then, on these lines alone.)
         out.append(b'{"zz_skipped":1e400,' + body)
         out.append(b'{"zz_skipped":[0,-12.5E+309],' + body)
         out.append(b'{"zz_skipped":' + b"9" * 250 + b"e99," + body)
@@ -127,6 +129,8 @@ def mutated(data: bytes, seed: int) -> bytes:
         # Where they are read (the last of repeated keys counts), every format refuses them.
         out.append(text[:-1] + b',"timestamp":1e400}')
         out.append(text[:-1] + b',"payload":' + b"[" * 130 + b"]" * 130 + b"}")
+        out.append(text[:-1] + b',"message":' + b"[" * 130 + b"]" * 130 + b"}")  # read by a transcript
+        out.append(text[:-1] + b',"toolUseResult":' + b"[" * 130 + b"]" * 130 + b"}")  # read whole, as Any
         out.append(b'{"zz_skipped":' + b"[" * 100 + b"]" * 100 + b"," + body)  # deep, within the limit
         out.append(b'{"zz_skipped":"caf\xc3\xa9 \xe2\x80\x94",' + body)  # valid UTF-8
         out.append(b'{"type":"zz_unknown",' + body)  # a repeated key: the last one counts
