@@ -43,7 +43,8 @@ def chromium() -> Path:
 
 
 def _run(page: Path, *extra: str, size: str = "1400,900") -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-") as profile:
+    # Chromium's helper processes may still write its profile as the browser exits.
+    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-", ignore_cleanup_errors=True) as profile:
         return subprocess.run(
             [str(chromium()), *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=3000",
              f"--window-size={size}", *extra, page.resolve().as_uri()],
@@ -75,7 +76,8 @@ def chromium_evaluate(page: Path, expression: str, wait_for: str, timeout: float
 
     from websockets.sync.client import connect
 
-    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-") as profile:
+    # Chromium's helper processes may still write its profile as the browser exits.
+    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-", ignore_cleanup_errors=True) as profile:
         browser = subprocess.Popen(
             [str(chromium()), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
              "--window-size=1400,900", page.resolve().as_uri()],

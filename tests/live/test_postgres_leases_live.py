@@ -151,6 +151,11 @@ async def test_every_intent_is_dispatched_by_exactly_one_daemon(
                 for intent in intents:
                     await wait_until(lambda i=intent: intent_view(ledger, i.id).state in SETTLED,
                                      f"intent {intent.id} to settle", 60)
+                # Acknowledged is the server's echo; the model is given the steer at the
+                # turn's next request, once its ``sleep`` ends (under load, after the echo).
+                for thread, _ in turns:
+                    await wait_until(lambda t=thread: delivered(scripted_model, texts[t]) >= 1,
+                                     f"the model to be given the steer of {thread}", 60)
             for intent in intents:
                 ours = intent.client_user_message_id
                 assert intent_view(ledger, intent.id).state == "acknowledged"
