@@ -171,6 +171,8 @@ class SQLiteRecorder(Recorder):
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+            if self._checkpoints is not None:
+                self._checkpoints.committed()
         except sqlite3.Error as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")

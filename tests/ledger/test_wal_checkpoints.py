@@ -75,6 +75,18 @@ def test_no_commit_checkpoints_and_the_thread_does(tmp_path, monkeypatch):
     assert not _checkpointing_threads()
 
 
+def test_an_idle_ledger_is_not_checkpointed_until_a_commit_asks(tmp_path, monkeypatch):
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 0.01)
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as recorder:
+        checkpoints = recorder.checkpoint_in_background()
+        time.sleep(0.3)  # thirty periods: an idle daemon's thread sleeps through them
+        assert checkpoints.done == 0
+        recorder.append([turn(1)])
+        _wait_for(lambda: checkpoints.done == 1)
+        time.sleep(0.1)
+        assert checkpoints.done == 1  # one commit, one checkpoint
+
+
 def test_a_ledger_in_memory_or_read_only_has_none(tmp_path):
     with SQLiteRecorder(":memory:") as recorder:
         assert recorder.checkpoint_in_background() is None
@@ -90,9 +102,10 @@ def test_a_checkpoint_that_fails_is_a_reason_kept_and_the_thread_goes_on(tmp_pat
     not_a_ledger.write_bytes(b"not a database" * 100)
     checkpoints = BackgroundCheckpoints(str(not_a_ledger), every=0.01)
     try:
+        checkpoints.committed()
         _wait_for(lambda: checkpoints.error is not None)
         assert "checkpoint of" in checkpoints.error and "garbage" in checkpoints.error
-        assert checkpoints._thread.is_alive()  # it tries again
+        assert checkpoints._thread.is_alive()  # it tries again, with no commit to ask it
     finally:
         checkpoints.stop()
     unopenable = BackgroundCheckpoints(str(tmp_path / "missing" / "dir" / "l.sqlite3"), every=0.01)
