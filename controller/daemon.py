@@ -560,15 +560,12 @@ class Daemon:
         self.watches.rebase(self.projection, self.step.ruleset)
         for entry in entries:
             self.projection.apply(entry)
-            event = entry.envelope.event
-            if event.thread_id is not None:
-                self.watches.fold(event.thread_id, now)
-            if isinstance(event, ev.IntentProposed | ev.IntentTransition):
-                self.watches.timers.note(entry)
+            self.watches.note(entry, now)
             self.checkpoints.note(entry)
             self.notifier.fold(entry)
             if self.metrics is not None:
                 self.metrics.fold(entry)
+            event = entry.envelope.event
             if isinstance(event, ev.Undecodable):
                 log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
                             entry.seq, event.stored_kind, event.error)

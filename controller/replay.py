@@ -468,12 +468,10 @@ class Replayer:
         self._account(entry)
         self.projection.apply(entry)
         event = entry.envelope.event
-        if event.thread_id is not None:
-            self.watches.fold(event.thread_id, self.now)
+        self.watches.note(entry, self.now)
         if self.checkpoints is not None:
             self.checkpoints.note(entry)
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
-            self.timers.note(entry)
             intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
             view = self.projection.intents.get(intent_id)
             if view is not None and is_open(view):

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 import msgspec
 
 from tillerman.controller.timers import Timers
+from tillerman.ledger.events import Entry, IntentProposed, IntentTransition
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.snapshot import Watched
 from tillerman.rules.detect import Triggers, triggers, triggers_may_find, triggers_next_due
@@ -37,8 +38,13 @@ NO_TRIGGERS = Triggers((), ())
 
 class Watches:
     def __init__(self, projection: Projection, ruleset: RuleSet) -> None:
-        self.timers = Timers(lambda _projection, thread_id, _ruleset: self.fresh(thread_id))
+        self.timers = Timers(self._triggers_of)
         self._rebase(projection, ruleset)
+
+    def _triggers_of(self, projection: Projection, thread_id: str, ruleset: RuleSet) -> Triggers:
+        """What the timers ask, of the projection and rule set they were asked about."""
+        self.rebase(projection, ruleset)
+        return self.fresh(thread_id)
 
     def rebase(self, projection: Projection, ruleset: RuleSet) -> None:
         """Keep the triggers of ``projection`` under ``ruleset`` from now on."""
@@ -54,6 +60,15 @@ class Watches:
         # timer may fall due.
         self._stale: set[str] = set()
         self._soonest: dict[str, float | None] = {}
+
+    def note(self, entry: Entry, now: float | None) -> None:
+        """An entry was folded at ``now``: its thread's triggers (``fold``), and the
+        deadlines of the intent it proposes or moves, for the timers."""
+        event = entry.envelope.event
+        if event.thread_id is not None:
+            self.fold(event.thread_id, now)
+        if isinstance(event, IntentProposed | IntentTransition):
+            self.timers.note(entry)
 
     def fold(self, thread_id: str, now: float | None) -> None:
         """An entry about the thread was folded at ``now`` (None: before any time is

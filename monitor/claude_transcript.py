@@ -150,8 +150,13 @@ class _Line(_Fields, tag_field="type"):
     cwd: Any = UNSET
 
 
-class _User(_Line, tag="user"):
+class _Said(_Line):
+    """A line of the conversation: a user's or the assistant's message."""
+
     message: _Message | None | msgspec.UnsetType = UNSET
+
+
+class _User(_Said, tag="user"):
     isMeta: Any = UNSET
     isCompactSummary: Any = UNSET
     promptId: Any = UNSET
@@ -160,8 +165,7 @@ class _User(_Line, tag="user"):
     toolDenialKind: Any = UNSET
 
 
-class _Assistant(_Line, tag="assistant"):
-    message: _Message | None | msgspec.UnsetType = UNSET
+class _Assistant(_Said, tag="assistant"):
     isApiErrorMessage: Any = UNSET
 
 

@@ -60,11 +60,8 @@ class Ledger:
         self.projection.apply(entry)
         if self.watches is None:
             self.timers.note(entry)
-            return
-        if event.thread_id is not None:
-            self.watches.fold(event.thread_id, at)
-        if isinstance(event, ev.IntentProposed | ev.IntentTransition):
-            self.timers.note(entry)
+        else:
+            self.watches.note(entry, at)
 
     def agree(self, now: float) -> float | None:
         horizon = self.timers.horizon(now)
@@ -204,3 +201,13 @@ def test_watches_rebased_on_a_new_rule_set_take_each_threads_triggers_again():
     assert ledger.timers.next_due(ledger.projection, long_only, T0) == T0 + 3600
     assert ledger.watches.finding(["t1"], T0 + 600) == []
     assert ledger.watches.finding(["t1"], T0 + 3600) == ["t1"]
+
+
+def test_timers_asked_of_another_rule_set_get_that_rule_sets_triggers():
+    ledger = Ledger(lower=True, rules=LASTING)
+    ledger.fold(ev.TurnStarted(thread_id="t1", turn_id="u"), T0)
+    assert ledger.agree(T0) == T0 + 600
+    long_only = build_ruleset(RULES.rules[1:2], ())
+    # no rebase by the caller: the timers' own question brings the watches along
+    assert ledger.timers.next_due(ledger.projection, long_only, T0) == T0 + 3600
+    assert ledger.watches.ruleset is long_only
