@@ -63,6 +63,7 @@ PAGE_SIZE = 16384
 #: daemon's rounds are smaller and keep the default.
 LOAD_CACHE_KIB = 32768
 LOAD_ROWS = 4096
+AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: a commit past this many log pages checkpoints
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
 ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
@@ -692,6 +693,15 @@ class SQLiteRecorder(Recorder):
             self._db.execute("PRAGMA wal_autocheckpoint = 0")
             self._checkpoints = BackgroundCheckpoints(self.path)
         return self._checkpoints
+
+    def checkpoint_in_commits(self) -> None:
+        """Stop the thread ``checkpoint_in_background`` started, if one runs, after the
+        checkpoint under way: this connection's commits checkpoint again, as SQLite's
+        do by default (replay stops it before it forks the next file's reader)."""
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
+            self._checkpoints = None
+            self._db.execute(f"PRAGMA wal_autocheckpoint = {AUTOCHECKPOINT_PAGES}")
 
     def close(self) -> None:
         self._mover.wait()

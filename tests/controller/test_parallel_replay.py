@@ -182,6 +182,50 @@ def test_one_large_file_is_read_on_a_second_core_with_jobs_2_and_replays_the_sam
     assert forked == [str(big)]  # a small file is read here
 
 
+def test_into_a_sqlite_ledger_the_log_is_checkpointed_beside_each_forked_reader(tmp_path, monkeypatch):
+    """While a forked child parses a file into a SQLite ledger, a thread of the parent
+    copies the log into the database; it is gone when the file ends, so the next file's
+    reader is forked too (a thread alive at a fork is refused, as ``_may_fork`` refuses
+    it), and the ledger holds what the replay decided."""
+    import shutil
+    import threading
+
+    from tillerman.controller import replay as replay_module
+    from tillerman.ledger.sqlite import SQLiteRecorder
+    from tillerman.monitor.file_reader import ForkedFileReader
+
+    def checkpointing() -> bool:
+        return any(t.name == "tillerman-checkpoint" for t in threading.enumerate())
+
+    first = tmp_path / "a" / rollout_name(9)
+    first.parent.mkdir()
+    write_rollout(str(first), 6000, seed=9)
+    second = tmp_path / "b" / first.name  # the same session again: one thread group
+    second.parent.mkdir()
+    shutil.copy(first, second)
+    seen: list[tuple[str, bool]] = []
+
+    class Spy(ForkedFileReader):
+        def chunks(self):
+            during = []
+            for chunk in super().chunks():
+                yield chunk
+                during.append(checkpointing())
+            seen.append((self.path, any(during)))
+
+    monkeypatch.setattr(replay_module, "ForkedFileReader", Spy)
+    monkeypatch.setattr(replay_module, "_may_fork", lambda: not checkpointing())
+    settings = ReplaySettings(ruleset=default_ruleset())
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as ledger:
+        summary = replay_files([str(first), str(second)], settings, jobs=2, ledger=ledger)
+        assert not checkpointing()
+        assert ledger.verify().ok
+    assert seen == [(str(first), True), (str(second), True)]
+    in_memory = replay_files([str(first), str(second)], settings, jobs=1)
+    assert (summary.decisions, summary.decisions_digest) == (in_memory.decisions, in_memory.decisions_digest) \
+        and summary.decisions > 0
+
+
 def test_a_file_is_read_here_while_another_thread_runs():
     """A thread holding a lock at a fork would leave it held in the child: no fork then."""
     import threading

@@ -126,3 +126,23 @@ def test_the_daemon_checkpoints_its_ledger_in_the_background(tmp_path, monkeypat
     with SQLiteRecorder(path) as recorder:
         run_daemon(recorder, str(path), default_ruleset(), DaemonOptions())
     assert seen == {"autocheckpoint": 0, "threads": 1}
+
+
+def test_checkpointing_in_commits_again_stops_the_thread_and_restores_sqlites_own(tmp_path, monkeypatch):
+    """Replay stops the thread before it forks its next reader: none is left, and the
+    connection's commits checkpoint again (SQLite's default threshold is back)."""
+    monkeypatch.setattr(wal_checkpoints, "CHECKPOINT_EVERY", 3600.0)
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as recorder:
+        recorder.checkpoint_in_background()
+        assert recorder._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        recorder.checkpoint_in_commits()
+        assert _checkpointing_threads() == []
+        assert recorder._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+        recorder.checkpoint_in_commits()  # none runs: nothing to stop
+        recorder._db.execute(f"PRAGMA wal_autocheckpoint = {SMALL_LOG}")
+        database, _ = _sizes(path)
+        _fill(recorder, 6000)
+        assert _sizes(path)[0] > database  # the commits copied the log in themselves
+        assert recorder.checkpoint_in_background() is not None  # and a thread may start again
+    assert _checkpointing_threads() == []
