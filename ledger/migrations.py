@@ -8,10 +8,59 @@ half-read.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from tillerman.ledger.errors import SchemaError
+from tillerman.ledger.event_keys import event_key
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+
+def _key_the_events(db: sqlite3.Connection) -> None:
+    """5: the event ids found by an integer key (``tillerman.ledger.event_keys``) instead
+    of a ``UNIQUE`` index on their text. SQLite cannot drop a column's ``UNIQUE``, so the
+    table is built again, every row as it was (its hash covers none of the new column);
+    of ids that share a key, all but the first keep none, and their own index keeps them
+    unique."""
+    db.create_function("tillerman_event_key", 1, event_key, deterministic=True)
+    try:
+        db.execute(_EVENTS_TABLE.format(name="events_keyed"))
+        db.execute(f"INSERT INTO events_keyed ({_STORED}, id_key)"
+                   f" SELECT {_STORED}, tillerman_event_key(event_id) FROM events ORDER BY seq")
+    finally:
+        db.create_function("tillerman_event_key", 1, None)
+    # Of ids that share a key the first keeps it, as if they had been appended since.
+    db.execute("UPDATE events_keyed SET id_key = NULL"
+               " WHERE id_key IN (SELECT id_key FROM events_keyed GROUP BY id_key HAVING count(*) > 1)"
+               " AND seq NOT IN (SELECT min(seq) FROM events_keyed GROUP BY id_key HAVING count(*) > 1)")
+    db.execute("DROP TABLE events")  # and its indexes
+    db.execute("ALTER TABLE events_keyed RENAME TO events")
+    db.execute("CREATE UNIQUE INDEX events_key ON events (id_key)")
+    db.execute("CREATE UNIQUE INDEX events_unkeyed ON events (event_id) WHERE id_key IS NULL")
+    db.execute("CREATE INDEX events_intent ON events (intent_id, seq) WHERE intent_id IS NOT NULL")
+
+
+_STORED = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id, offset, length, payload,"
+           " digest, prev_hash, hash")
+_EVENTS_TABLE = """CREATE TABLE {name} (
+            seq INTEGER PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            at REAL,
+            observed_at REAL NOT NULL,
+            source TEXT NOT NULL,
+            thread_id TEXT,
+            turn_id TEXT,
+            kind TEXT NOT NULL,
+            intent_id TEXT,
+            offset INTEGER,
+            length INTEGER,
+            payload BLOB NOT NULL,
+            digest TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            id_key INTEGER
+        )"""
+
+#: Each migration: statements, or a function of the connection, run in one transaction.
+MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
     # 1: the event table, its lookups, and fold snapshots (4 drops two of the lookups)
     (
         """CREATE TABLE events (
@@ -64,6 +113,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX IF EXISTS events_thread",
         "DROP INDEX IF EXISTS events_kind",
     ),
+    (_key_the_events,),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -80,8 +130,11 @@ def migrate(db: sqlite3.Connection) -> int:
     if version == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
         raise SchemaError("the file is a SQLite database but not a tillerman ledger")
     for statements in MIGRATIONS[version:]:
-        for sql in statements:
-            db.execute(sql)
+        for step in statements:
+            if callable(step):
+                step(db)
+            else:
+                db.execute(step)
     if version != SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     return SCHEMA_VERSION

@@ -40,6 +40,7 @@ from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepte
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
+from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 from tillerman.ledger.recorder import (
     CHAIN_VERSION,
@@ -58,7 +59,7 @@ SEGMENT_META = "archive_segment"
 PAGE_SIZE = 16384
 #: The page cache of a connection that loads many rows (a ``bulk()`` block of LOAD_ROWS or
 #: more: a replay), in KiB. Event ids are random, so each insert touches a random page of
-#: the ``event_id`` index; past SQLite's default 2 MiB most of those were read back from
+#: the index of their keys; past SQLite's default 2 MiB most of those were read back from
 #: the file (at 470k rows, 30 µs of CPU per appended row; 20-23 µs with this cache). A
 #: daemon's rounds are smaller and keep the default.
 LOAD_CACHE_KIB = 32768
@@ -72,7 +73,18 @@ COLUMNS = (
     " offset, length, payload, digest, prev_hash, hash"
 )
 
-_INSERT = f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})"
+_INSERT = f"INSERT INTO events ({COLUMNS}, id_key) VALUES ({', '.join('?' * 16)})"
+
+
+def _key_the_unkeyed(db: sqlite3.Connection) -> None:
+    """A row stored without a key (``tillerman.ledger.event_keys``) whose key no row holds
+    any more (the row that held it was archived) takes it: an append that meets its id
+    finds it by the key again, as ``_insert`` expects of every key not held."""
+    for seq, event_id in db.execute(
+            "SELECT seq, event_id FROM events INDEXED BY events_unkeyed WHERE id_key IS NULL").fetchall():
+        key = event_key(event_id)
+        if db.execute("SELECT 1 FROM events WHERE id_key = ?", (key,)).fetchone() is None:
+            db.execute("UPDATE events SET id_key = ? WHERE seq = ?", (key, seq))
 
 
 def _none_stored(event_ids: Iterable[str]) -> dict[str, str]:
@@ -301,7 +313,7 @@ class SQLiteRecorder(Recorder):
         Looking each id up before the insert cost about as much as the insert itself, and
         finds nothing in the common case (new events: a replay, a file read on). So while
         appends meet no stored id, a batch is prepared as if none were stored and inserted
-        under a savepoint: the ``UNIQUE`` index on ``event_id`` refuses a stored one, and
+        under a savepoint: the unique index on the ids' keys refuses a stored one, and
         then the savepoint is rolled back and the batch prepared again on the stored
         digests (duplicates dropped, conflicts recorded), exactly as if looked up first.
         So is a batch whose intent event was refused: it may be a stored one offered again
@@ -335,7 +347,26 @@ class SQLiteRecorder(Recorder):
 
     @staticmethod
     def _insert(db: sqlite3.Connection, rows: Sequence[Row]) -> None:
-        db.executemany(_INSERT, [row_columns(row) for row in rows])
+        """Insert rows, each under its id's key (``tillerman.ledger.event_keys``). A key
+        another id holds already goes unkeyed for this row (the rows before it stay in,
+        the rest follow); a stored id raises ``IntegrityError`` as the text's own index
+        did, for the caller to handle."""
+        params = [(*row_columns(row), event_key(row.envelope.event_id)) for row in rows]
+        start = 0
+        while start < len(params):
+            before = db.total_changes
+            try:
+                db.executemany(_INSERT, params[start:] if start else params)
+                return
+            except sqlite3.IntegrityError:
+                failed = start + db.total_changes - before
+                event_id, key = params[failed][1], params[failed][-1]
+                holder = None if key is None else db.execute(
+                    "SELECT event_id FROM events WHERE id_key = ?", (key,)).fetchone()
+                if holder is None or holder[0] == event_id:
+                    raise  # the id is stored (or the row breaks another constraint)
+                params[failed] = (*params[failed][:-1], None)
+                start = failed
 
     def _move_anchor(self, anchor: tuple[int, str] | None, head_seq: int, head_hash: str) -> None:
         if self._unanchored is not None:  # inside one_anchor(): moved when the block ends
@@ -412,7 +443,7 @@ class SQLiteRecorder(Recorder):
                                    anchor_hash=anchor[1] if anchor else None, ledger_seq=head_seq),
             )
             (row,) = prepare([env], head_seq, head_hash, now, lambda ids: {}, lambda intent_id: None).rows
-            db.execute(_INSERT, row_columns(row))
+            self._insert(db, [row])
             self._mark_anchored(db)
         if not self._write_anchor(row.seq, row.hash, force=True):
             raise OperationalError(f"accepted at seq {row.seq}, but {self.anchor_error};"
@@ -447,11 +478,21 @@ class SQLiteRecorder(Recorder):
         return (row[0], row[1]) if row else (0, GENESIS)
 
     def _known_digests(self, db: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
+        """The stored digest of each of ``ids`` that is stored: found by key, where the
+        holder of a key may be another id (``tillerman.ledger.event_keys``), and among the
+        unkeyed rows by the id itself."""
         found: dict[str, str] = {}
-        unique = list(dict.fromkeys(ids))
+        wanted = dict.fromkeys(ids)
+        unique = list(wanted)
+        for chunk in _chunks([event_key(event_id) for event_id in unique]):
+            marks = ", ".join("?" * len(chunk))
+            found.update((event_id, digest) for event_id, digest in db.execute(
+                f"SELECT event_id, digest FROM events WHERE id_key IN ({marks})", chunk) if event_id in wanted)
         for chunk in _chunks(unique):
             marks = ", ".join("?" * len(chunk))
-            found.update(db.execute(f"SELECT event_id, digest FROM events WHERE event_id IN ({marks})", chunk))
+            found.update(db.execute(
+                f"SELECT event_id, digest FROM events INDEXED BY events_unkeyed WHERE id_key IS NULL"
+                f" AND event_id IN ({marks})", chunk))
         return found
 
     def _intent_state(self, db: sqlite3.Connection, intent_id: str) -> State | None:
@@ -526,9 +567,10 @@ class SQLiteRecorder(Recorder):
             head_seq, head_hash = self._head(db)
             env = Envelope(event_id=f"ledger_archived:{marker.segment}", source="tillerman", at=at, event=marker)
             (row,) = prepare([env], head_seq, head_hash, at, lambda ids: {}, lambda intent_id: None).rows
-            db.execute(_INSERT, row_columns(row))
+            self._insert(db, [row])
             for chunk in _chunks(moved):
                 db.execute(f"DELETE FROM events WHERE seq IN ({', '.join('?' * len(chunk))})", chunk)
+            _key_the_unkeyed(db)
             db.execute("DELETE FROM snapshots")
         checkpoint("rows_moved")
         if self.head_path is not None:

@@ -132,6 +132,24 @@ def test_closed_threads_move_with_their_terminal_intents_and_nothing_an_open_int
     assert verify(ledger).exit_code == 0
 
 
+def test_a_row_whose_key_was_held_by_a_moved_one_takes_it_and_is_still_refused_twice(tmp_path, monkeypatch):
+    """Ids that share a key (``tillerman.ledger.event_keys``): the later one is stored
+    without it. When the archive moves the one that held it, the one that stays takes
+    the key, so offering it again is still a duplicate."""
+    from tillerman.ledger import sqlite as sqlite_ledger
+
+    monkeypatch.setattr(sqlite_ledger, "event_key", lambda event_id: 7 if event_id in ("e1", "e2") else hash(event_id))
+    ledger = history_ledger(tmp_path / "l.sqlite3")  # e1 (t-old, moves) holds the key e2 (t-open) shares
+    keyed = dict(sqlite3.connect(ledger).execute("SELECT event_id, id_key FROM events"))
+    assert (keyed["e1"], keyed["e2"]) == (7, None)
+    assert cli("ledger", "archive", "--before", BEFORE, "--ledger", str(ledger)).exit_code == 0
+    keyed = dict(sqlite3.connect(ledger).execute("SELECT event_id, id_key FROM events"))
+    assert "e1" not in keyed and keyed["e2"] == 7
+    with SQLiteRecorder(ledger) as rec:
+        assert rec.append([at(2, TurnStarted(thread_id="t-open", turn_id="u2"), 11)]).duplicates == 1
+    assert verify(ledger).exit_code == 0
+
+
 def test_a_second_run_moves_nothing_and_a_dry_run_changes_nothing(ledger):
     dry = cli("ledger", "archive", "--before", BEFORE, "--dry-run", "--ledger", str(ledger))
     assert dry.exit_code == 0 and dry.output.startswith("would archive 2 thread(s), 1 intent(s), 5 row(s)")

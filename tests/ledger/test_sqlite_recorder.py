@@ -119,14 +119,17 @@ def test_every_index_of_the_events_table_serves_a_query_the_ledger_runs(tmp_path
         rec.append([turn(1)])
         used = set()
         for sql, params in [
-            ("SELECT event_id, digest FROM events WHERE event_id IN (?, ?)", ("e1", "e2")),  # _known_digests
+            ("SELECT event_id, digest FROM events WHERE id_key IN (?, ?)", (1, 2)),  # _known_digests
+            ("SELECT event_id, digest FROM events INDEXED BY events_unkeyed WHERE id_key IS NULL"
+             " AND event_id IN (?, ?)", ("e1", "e2")),
+            ("SELECT event_id FROM events WHERE id_key = ?", (1,)),  # _insert: who holds a key
             ("SELECT kind, payload FROM events WHERE intent_id = ? AND kind IN ('intent_proposed',"
              " 'intent_transition') ORDER BY seq DESC LIMIT 1", ("i",)),  # _intent_state
         ]:
             plan = " ".join(row[-1] for row in rec._db.execute("EXPLAIN QUERY PLAN " + sql, params))
             assert "USING INDEX" in plan, plan
             used.add(plan.split("USING INDEX ")[1].split()[0])
-        assert _event_indexes(rec._db) == used == {"sqlite_autoindex_events_1", "events_intent"}
+        assert _event_indexes(rec._db) == used == {"events_key", "events_unkeyed", "events_intent"}
 
 
 def test_a_ledger_with_the_dropped_indexes_opens_and_loses_them(tmp_path):
@@ -149,6 +152,10 @@ def _id_lookups(rec: SQLiteRecorder) -> list[str]:
     return statements
 
 
+def _looked_up(statements: list[str]) -> list[str]:
+    return [s for s in statements if "id_key IN" in s or "event_id IN" in s]
+
+
 def test_new_events_are_appended_without_looking_their_ids_up(tmp_path):
     with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
         statements = _id_lookups(rec)
@@ -156,11 +163,20 @@ def test_new_events_are_appended_without_looking_their_ids_up(tmp_path):
         with rec.bulk():
             rec.append([turn(3)])
             rec.append([turn(4), turn(5)])
-        assert not [s for s in statements if "event_id IN" in s]
+        assert not _looked_up(statements)
         assert [e.seq for e in rec.read()] == [1, 2, 3, 4, 5]
 
 
-def test_a_stored_id_among_new_ones_is_found_after_all(tmp_path):
+@pytest.fixture(params=["own keys", "one key for every id"])
+def keys(request, monkeypatch):
+    """Each id under its own key, or every id under the same one: ids that share a key
+    (``tillerman.ledger.event_keys``) must make no difference to what is stored."""
+    if request.param == "one key for every id":
+        monkeypatch.setattr(sqlite_ledger, "event_key", lambda event_id: 7)
+    return request.param
+
+
+def test_a_stored_id_among_new_ones_is_found_after_all(tmp_path, keys):
     """The insert that meets a stored id is undone and the batch prepared on the stored
     digests: a duplicate dropped, a changed offer recorded as a conflict, the rest
     chained on, in bulk and out of it, and lookups again only until a batch meets none."""
@@ -176,9 +192,64 @@ def test_a_stored_id_among_new_ones_is_found_after_all(tmp_path):
         assert rec.append([turn(6)]).seqs == (7,)  # looked up: the batch before met stored ids
         statements = _id_lookups(rec)
         assert rec.append([turn(7)]).seqs == (8,)  # the one before met none: not looked up
-        assert not [s for s in statements if "event_id IN" in s]
+        assert not _looked_up(statements)
         assert rec.verify().ok
         assert [e.seq for e in rec.read()] == list(range(1, 9))
+
+
+def test_ids_that_share_a_key_are_stored_unkeyed_and_still_refused_twice(tmp_path, keys):
+    """A key another id holds: the row goes in without one (the rows around it keep
+    theirs), in a batch, one by one and through ``append_unseen``; offered again, each id
+    is still a duplicate, and a stored id in an unseen batch still breaks the block."""
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        assert rec.append([turn(1), turn(2), turn(3)]).seqs == (1, 2, 3)
+        assert rec.append([turn(4)]).seqs == (4,)
+        with rec.bulk():
+            assert rec.append_unseen([turn(5), turn(6)]).seqs == (5, 6)
+        assert rec.append([turn(i) for i in range(1, 7)]).duplicates == 6
+        with pytest.raises(IntegrityError):
+            with rec.bulk():
+                rec.append_unseen([turn(7), turn(3)])  # e3 is stored
+        assert rec.append([turn(7)]).seqs == (7,)
+        assert rec.verify().ok
+    unkeyed = sqlite3.connect(path).execute("SELECT count(*) FROM events WHERE id_key IS NULL").fetchone()[0]
+    assert unkeyed == (6 if keys == "one key for every id" else 0)
+
+
+def test_a_ledger_of_schema_4_gets_its_ids_keyed_and_keeps_every_row(tmp_path, monkeypatch):
+    """Schema 5 builds the table again with a key per id; of ids that share one, the
+    first keeps it and the others none, and each is still refused when offered again."""
+    from tillerman.ledger import migrations
+
+    made, path = tmp_path / "made.sqlite3", tmp_path / "l.sqlite3"
+    with SQLiteRecorder(made) as rec:
+        rec.append([turn(i) for i in range(1, 5)])
+        before = [(e.seq, e.envelope.event_id, e.hash) for e in rec.read()]
+        rows = rec._db.execute(f"SELECT {sqlite_ledger.COLUMNS} FROM events").fetchall()
+        meta = rec._db.execute("SELECT key, value FROM meta").fetchall()
+    schema_4 = sqlite3.connect(path, isolation_level=None)  # as the previous release made it
+    for statements in migrations.MIGRATIONS[:4]:
+        for statement in statements:
+            schema_4.execute(statement)
+    schema_4.executemany(f"INSERT INTO events ({sqlite_ledger.COLUMNS}) VALUES ({', '.join('?' * 15)})", rows)
+    schema_4.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta)
+    schema_4.execute("PRAGMA user_version = 4")
+    schema_4.close()
+    os.replace(str(made) + ".head", str(path) + ".head")
+
+    shared = {"e1", "e3"}  # these two share a key
+    def key(event_id: str) -> int:
+        return 7 if event_id in shared else hash(event_id)
+
+    monkeypatch.setattr(migrations, "event_key", key)
+    monkeypatch.setattr(sqlite_ledger, "event_key", key)
+    with SQLiteRecorder(path) as rec:
+        assert [(e.seq, e.envelope.event_id, e.hash) for e in rec.read()] == before and rec.verify().ok
+        assert rec.append([turn(1), turn(3)]).duplicates == 2
+        assert _event_indexes(rec._db) == {"events_key", "events_unkeyed", "events_intent"}
+        keyed = dict(rec._db.execute("SELECT event_id, id_key FROM events"))
+    assert keyed["e1"] == 7 and keyed["e3"] is None and keyed["e2"] == hash("e2")
 
 
 def test_a_new_ledger_gets_large_pages_and_an_existing_one_keeps_its_own(tmp_path, monkeypatch):
