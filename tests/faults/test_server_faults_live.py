@@ -128,12 +128,15 @@ async def test_a_reply_slower_than_the_timeout_leaves_dispatch_unknown_then_reco
         turn = await h.start_turn(thread, "RUN: sleep 2")
         await h.command_started(thread, turn)
         request = {"expected_turn": turn} if mode != "queue" else {"ack_deadline": QUEUE_ACK_DEADLINE}
-        intent = propose(recorder, thread_id=thread, mode=mode, owner="ann", text=f"SLOW {mode}: note this.",
+        # Through the daemon's gate: this process shares the daemon's connection, whose
+        # round may be committing on its own thread (a write then would land inside it).
+        gated = daemon.recorder
+        intent = propose(gated, thread_id=thread, mode=mode, owner="ann", text=f"SLOW {mode}: note this.",
                          **request).id
         with anyio.fail_after(30):
-            while intent_view(recorder, intent).state not in ("acknowledged", "expired", "rejected"):
+            while intent_view(gated, intent).state not in ("acknowledged", "expired", "rejected"):
                 await anyio.sleep(0.05)
-        history = intent_view(recorder, intent).history
+        history = intent_view(gated, intent).history
         with anyio.fail_after(30):  # let the thread go idle (a queued message runs its own turn)
             while (await client.request("thread/queue/list", {"threadId": thread})).get("data") or \
                     any(t.get("status") == "inProgress" for t in await thread_turns(client, thread)):
