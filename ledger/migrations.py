@@ -22,7 +22,7 @@ def _key_the_events(db: sqlite3.Connection) -> None:
     unique."""
     db.create_function("tillerman_event_key", 1, event_key, deterministic=True)
     try:
-        db.execute(_EVENTS_TABLE.format(name="events_keyed"))
+        db.execute(_events_table("events_keyed", keyed=True))
         db.execute(f"INSERT INTO events_keyed ({_STORED}, id_key)"
                    f" SELECT {_STORED}, tillerman_event_key(event_id) FROM events ORDER BY seq")
     finally:
@@ -40,9 +40,16 @@ def _key_the_events(db: sqlite3.Connection) -> None:
 
 _STORED = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id, offset, length, payload,"
            " digest, prev_hash, hash")
-_EVENTS_TABLE = """CREATE TABLE {name} (
+
+
+def _events_table(name: str, *, keyed: bool) -> str:
+    """The events table as schema 1 made it (the id's text unique) or as schema 5 does
+    (its key beside it, ``tillerman.ledger.event_keys``)."""
+    event_id = "event_id TEXT NOT NULL" if keyed else "event_id TEXT NOT NULL UNIQUE"
+    key = ",\n            id_key INTEGER" if keyed else ""
+    return f"""CREATE TABLE {name} (
             seq INTEGER PRIMARY KEY,
-            event_id TEXT NOT NULL,
+            {event_id},
             at REAL,
             observed_at REAL NOT NULL,
             source TEXT NOT NULL,
@@ -55,31 +62,15 @@ _EVENTS_TABLE = """CREATE TABLE {name} (
             payload BLOB NOT NULL,
             digest TEXT NOT NULL,
             prev_hash TEXT NOT NULL,
-            hash TEXT NOT NULL,
-            id_key INTEGER
+            hash TEXT NOT NULL{key}
         )"""
+
 
 #: Each migration: statements, or a function of the connection, run in one transaction.
 MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
     # 1: the event table, its lookups, and fold snapshots (4 drops two of the lookups)
     (
-        """CREATE TABLE events (
-            seq INTEGER PRIMARY KEY,
-            event_id TEXT NOT NULL UNIQUE,
-            at REAL,
-            observed_at REAL NOT NULL,
-            source TEXT NOT NULL,
-            thread_id TEXT,
-            turn_id TEXT,
-            kind TEXT NOT NULL,
-            intent_id TEXT,
-            offset INTEGER,
-            length INTEGER,
-            payload BLOB NOT NULL,
-            digest TEXT NOT NULL,
-            prev_hash TEXT NOT NULL,
-            hash TEXT NOT NULL
-        )""",
+        _events_table("events", keyed=False),
         "CREATE INDEX events_thread ON events (thread_id, seq)",
         "CREATE INDEX events_intent ON events (intent_id, seq) WHERE intent_id IS NOT NULL",
         "CREATE INDEX events_kind ON events (kind, seq)",
@@ -113,6 +104,7 @@ MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] =
         "DROP INDEX IF EXISTS events_thread",
         "DROP INDEX IF EXISTS events_kind",
     ),
+    # 5: the ids found through a unique integer key, not a UNIQUE index on their text
     (_key_the_events,),
 )
 
