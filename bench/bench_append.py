@@ -37,6 +37,7 @@ from tillerman.controller.daemon import BATCH
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.migrations import migrate
+from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.recorder import GENESIS
 from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -44,7 +45,7 @@ SEED = 6
 RAW_BUDGET = 0.6
 ES_BUDGET = 2.0
 _INSERT = ("INSERT INTO events (seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
-           " offset, length, payload, digest, prev_hash, hash) VALUES (" + ", ".join("?" * 15) + ")")
+           " offset, length, payload, digest, prev_hash, hash, id_key) VALUES (" + ", ".join("?" * 16) + ")")
 
 
 def make_events(n: int, seed: int = SEED) -> list[Envelope]:
@@ -100,9 +101,10 @@ def tillerman_append(path: str, chunks: list[list[Envelope]]) -> float:
 
 
 def raw_rows(envs: list[Envelope]) -> list[tuple]:
-    """The rows as a raw writer would hold them: columns ready, payload encoded."""
+    """The rows as a raw writer would hold them: columns ready, payload encoded, the id's
+    key (``tillerman.ledger.event_keys``) computed."""
     return [(e.event_id, e.at, e.observed_at, e.source, e.event.thread_id, e.event.turn_id, ev.kind_of(e.event),
-             None, e.offset, e.length, ev.encode(e.event)) for e in envs]
+             None, e.offset, e.length, ev.encode(e.event), event_key(e.event_id)) for e in envs]
 
 
 def _raw_connect(path: str, synchronous: str = "NORMAL") -> sqlite3.Connection:
@@ -123,12 +125,12 @@ def _raw_batch(db: sqlite3.Connection, rows: list[tuple]) -> None:
     head = db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
     seq, prev = head if head else (0, GENESIS)
     out = []
-    for event_id, at, observed_at, source, thread, turn, kind, intent, offset, length, payload in rows:
+    for event_id, at, observed_at, source, thread, turn, kind, intent, offset, length, payload, key in rows:
         seq += 1
         digest = sha256(encode([source, at, offset, length]) + payload).hexdigest()
         link = sha256(prev.encode() + encode([seq, event_id, at, observed_at, source, digest]) + payload).hexdigest()
         out.append((seq, event_id, at, observed_at, source, thread, turn, kind, intent, offset, length,
-                    payload, digest, prev, link))
+                    payload, digest, prev, link, key))
         prev = link
     db.executemany(_INSERT, out)
     db.execute("COMMIT")

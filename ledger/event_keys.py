@@ -20,6 +20,19 @@ from __future__ import annotations
 import hashlib
 
 
+_SIGN = 1 << 63
+
+
 def event_key(event_id: str) -> int:
-    """The first 8 bytes of the id's BLAKE2b digest, as SQLite's signed 64-bit integer."""
+    """The id's key, as SQLite's signed 64-bit integer. Most ids are a letter, a dash and
+    32 hex digits of a digest (an app-server fact ``a-…``, a file record ``f-…``, a
+    quarantined line ``q-…``): their first 16 digits are the key, read in a fifth of
+    the time a digest of the id takes. Any other id: the first 8 bytes of its BLAKE2b
+    digest. The key is only ever a shortcut to the id (the id is compared every time),
+    so two ids may share one, whichever way each got it."""
+    if len(event_id) == 34 and event_id[1] == "-":
+        try:
+            return int(event_id[2:18], 16) - _SIGN
+        except ValueError:
+            pass
     return int.from_bytes(hashlib.blake2b(event_id.encode(), digest_size=8).digest(), "big", signed=True)
