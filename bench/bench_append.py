@@ -50,7 +50,7 @@ _INSERT = ("INSERT INTO events (seq, event_id, at, observed_at, source, thread_i
 
 def make_events(n: int, seed: int = SEED) -> list[Envelope]:
     """A session-shaped stream: turns of tool calls and messages over a few threads,
-    with file-style ids and offsets (what replay and the tailer append)."""
+    with file records' ids and offsets (what replay and the tailer append)."""
     rnd = random.Random(seed)
     threads = [f"01a229c4-0000-7000-8000-{i:012x}" for i in range(8)]
     out: list[Envelope] = []
@@ -78,11 +78,17 @@ def make_events(n: int, seed: int = SEED) -> list[Envelope]:
             event = ev.AgentMessage(thread_id=thread, turn_id=tid, size=rnd.randrange(10, 4000),
                                     digest=hashlib.sha256(str(rnd.random()).encode()).hexdigest())
         length = rnd.randrange(150, 3000)
-        out.append(Envelope(event_id=f"f-{SEED:x}-{offset:x}-0", event=event, source=f"file:/bench/{thread}.jsonl",
+        out.append(Envelope(event_id=file_event_id(offset), event=event, source=f"file:/bench/{thread}.jsonl",
                             at=1_795_000_000.0 + len(out) * 0.01, observed_at=1_795_000_100.0,
                             offset=offset, length=length))
         offset += length
     return out
+
+
+def file_event_id(offset: int) -> str:
+    """An id as a file's record gets one (``tillerman.monitor.identity``): a digest, so the
+    ids of a stream fall anywhere in the ledger's id index, as real ones do."""
+    return "f-" + hashlib.sha256(b"bench|%d|0" % offset).hexdigest()[:32]
 
 
 def batches(items: list, size: int) -> list[list]:

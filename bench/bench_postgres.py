@@ -50,8 +50,8 @@ def _chained(rows: list[tuple], seq: int, prev: str) -> list[tuple]:
     """The rows with their seqs and chain links, as the ledger stores them (names as UTF-8)."""
     encode, sha256 = msgspec.json.encode, hashlib.sha256
     out = []
-    for event_id, at, observed_at, source, thread, turn, kind, intent, offset, length, payload in rows:
-        seq += 1
+    for event_id, at, observed_at, source, thread, turn, kind, intent, offset, length, payload, _sqlite_key in rows:
+        seq += 1  # (PostgreSQL's table keeps no key beside the id: its index is on the id)
         digest = sha256(encode([source, at, offset, length]) + payload).hexdigest()
         link = sha256(prev.encode() + encode([seq, event_id, at, observed_at, source, digest]) + payload).hexdigest()
         out.append((seq, event_id.encode(), at, observed_at, source.encode(), thread and thread.encode(),
