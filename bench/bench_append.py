@@ -78,17 +78,19 @@ def make_events(n: int, seed: int = SEED) -> list[Envelope]:
             event = ev.AgentMessage(thread_id=thread, turn_id=tid, size=rnd.randrange(10, 4000),
                                     digest=hashlib.sha256(str(rnd.random()).encode()).hexdigest())
         length = rnd.randrange(150, 3000)
-        out.append(Envelope(event_id=file_event_id(offset), event=event, source=f"file:/bench/{thread}.jsonl",
+        out.append(Envelope(event_id=file_event_id(seed, offset), event=event, source=f"file:/bench/{thread}.jsonl",
                             at=1_795_000_000.0 + len(out) * 0.01, observed_at=1_795_000_100.0,
                             offset=offset, length=length))
         offset += length
     return out
 
 
-def file_event_id(offset: int) -> str:
+def file_event_id(seed: int, offset: int) -> str:
     """An id as a file's record gets one (``tillerman.monitor.identity``): a digest, so the
-    ids of a stream fall anywhere in the ledger's id index, as real ones do."""
-    return "f-" + hashlib.sha256(b"bench|%d|0" % offset).hexdigest()[:32]
+    ids of a stream fall anywhere in the ledger's id index, as real ones do; streams of
+    other seeds are other files (the ids once ignored the seed, and every one-event stream
+    of ``bench_postgres`` repeated the same id)."""
+    return "f-" + hashlib.sha256(b"bench-%d|%d|0" % (seed, offset)).hexdigest()[:32]
 
 
 def batches(items: list, size: int) -> list[list]:

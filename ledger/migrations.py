@@ -23,8 +23,8 @@ def _key_the_events(db: sqlite3.Connection) -> None:
     db.create_function("tillerman_event_key", 1, event_key, deterministic=True)
     try:
         db.execute(_events_table("events_keyed", keyed=True))
-        db.execute(f"INSERT INTO events_keyed ({_STORED}, id_key)"
-                   f" SELECT {_STORED}, tillerman_event_key(event_id) FROM events ORDER BY seq")
+        db.execute(f"INSERT INTO events_keyed ({EVENT_COLUMNS}, id_key)"
+                   f" SELECT {EVENT_COLUMNS}, tillerman_event_key(event_id) FROM events ORDER BY seq")
     finally:
         db.create_function("tillerman_event_key", 1, None)
     # Of ids that share a key the first keeps it, as if they had been appended since.
@@ -38,8 +38,9 @@ def _key_the_events(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX events_intent ON events (intent_id, seq) WHERE intent_id IS NOT NULL")
 
 
-_STORED = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id, offset, length, payload,"
-           " digest, prev_hash, hash")
+#: The stored columns of a row, in the order the ledger reads them (``id_key`` aside).
+EVENT_COLUMNS = ("seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id, offset, length,"
+                 " payload, digest, prev_hash, hash")
 
 
 def _events_table(name: str, *, keyed: bool) -> str:

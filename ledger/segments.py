@@ -250,6 +250,8 @@ def write_segment(folder: Path, rows: Iterable[tuple], header: Callable[[Tally],
         db.execute("PRAGMA synchronous = FULL")
         db.execute("BEGIN IMMEDIATE")
         migrate(db)
+        # No key beside the ids: a segment is never appended to, so every row stays under
+        # the id's own index (``events_unkeyed``), which keeps them unique.
         insert = f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})"
         for chunk in _batches(rows, tally):
             db.executemany(insert, chunk)

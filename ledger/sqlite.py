@@ -39,7 +39,7 @@ from tillerman.ledger.errors import AnchorMismatch, IllegalTransition, Integrity
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
-from tillerman.ledger.migrations import SCHEMA_VERSION, migrate
+from tillerman.ledger.migrations import EVENT_COLUMNS, SCHEMA_VERSION, migrate
 from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 from tillerman.ledger.recorder import (
@@ -68,10 +68,7 @@ AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: a commit past this many log pag
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
 ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
-COLUMNS = (
-    "seq, event_id, at, observed_at, source, thread_id, turn_id, kind, intent_id,"
-    " offset, length, payload, digest, prev_hash, hash"
-)
+COLUMNS = EVENT_COLUMNS
 
 _INSERT = f"INSERT INTO events ({COLUMNS}, id_key) VALUES ({', '.join('?' * 16)})"
 

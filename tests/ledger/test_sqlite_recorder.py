@@ -217,6 +217,22 @@ def test_ids_that_share_a_key_are_stored_unkeyed_and_still_refused_twice(tmp_pat
     assert unkeyed == (6 if keys == "one key for every id" else 0)
 
 
+def test_a_row_that_breaks_another_constraint_is_refused_not_stored_unkeyed(tmp_path, keys):
+    """Only a key held by another id sends a row in unkeyed: a new id on a seq already
+    taken raises, whether its key is held or free, and nothing of the batch stays."""
+    from tillerman.ledger.batch import prepare
+    from tillerman.ledger.recorder import GENESIS
+
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as rec:
+        rec.append([turn(1)])
+        rows = prepare([turn(8), turn(9)], 0, GENESIS, 1.0, lambda ids: {}, lambda intent_id: None).rows
+        rec._db.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.IntegrityError):
+            rec._insert(rec._db, rows)  # seq 1 is e1's
+        rec._db.execute("ROLLBACK")
+        assert [(e.seq, e.envelope.event_id) for e in rec.read()] == [(1, "e1")] and rec.verify().ok
+
+
 def test_a_ledger_of_schema_4_gets_its_ids_keyed_and_keeps_every_row(tmp_path, monkeypatch):
     """Schema 5 builds the table again with a key per id; of ids that share one, the
     first keeps it and the others none, and each is still refused when offered again."""
