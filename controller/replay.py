@@ -68,6 +68,7 @@ FORMATS = ("auto", *sorted(PARSERS), "ledger")
 BATCH = 512  # observations folded ahead of their append, appended together
 COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
 PARSE_AHEAD_BYTES = 4 * CHUNK  # smaller files are parsed here: a process would cost more than it saves
+LOAD_BYTES = 4 * CHUNK  # fewer bytes of input are written into a ledger here, for the same reason
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 GC_THRESHOLD = (50_000, 50, 100)  # collector thresholds while replaying (defaults: 700, 10, 10)
@@ -229,13 +230,14 @@ class Replayer:
     def _run(self, paths: list[str]) -> ReplaySummary:
         found = collect_files(paths)
         files = []
-        with self._bulk:
+        read_once = _read_once(found) if self.fmt != "ledger" else set()
+        with self._loading(found, read_once), self._bulk:
             self._bulk.enter_context(self.recorder.bulk())
             # Into an empty ledger, a file's observations cannot be duplicates (their ids
             # name the file, ``file_event_id``) unless the file was replayed before.
             self._next_seq = 1 if self.recorder.max_seq() == 0 else None
-            if isinstance(self.recorder, ChainOnlyRecorder) and self.fmt != "ledger":
-                self._read_once = _read_once(found)
+            if isinstance(self.recorder, ChainOnlyRecorder):
+                self._read_once = read_once
             for path in found:
                 files.append(self._replay_file(path))
             self._flush()
@@ -251,6 +253,25 @@ class Replayer:
             ruleset_digest=self.ruleset.digest,
             reviews=_review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
         )
+
+    @contextlib.contextmanager
+    def _loading(self, found: list[Path], read_once: set[str]) -> Iterator[None]:
+        """Appends through the recorder's load (``Recorder.load``: into an empty SQLite
+        ledger, rows written by a process of their own) when a core is to spare
+        (``parse_ahead``), every file is named once and they hold LOAD_BYTES or more."""
+        try:
+            large = sum(path.stat().st_size for path in found) >= LOAD_BYTES
+        except OSError:
+            large = False  # a file that vanished: its replay reports it
+        if not (self.parse_ahead and large and len(read_once) == len(found)):
+            yield
+            return
+        recorder = self.recorder
+        with recorder.load() as self.recorder:
+            try:
+                yield
+            finally:
+                self.recorder = recorder
 
     def _replay_file(self, path: Path) -> FileSummary:
         try:

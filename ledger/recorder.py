@@ -111,6 +111,14 @@ class Recorder(abc.ABC):
         yield
 
     @contextlib.contextmanager
+    def load(self) -> Iterator[Recorder]:
+        """For a caller that appends only events never appended before and what it
+        records itself (a replay of files each named once): the recorder to append
+        through inside the block. A backend may write such a load faster on another
+        process (``tillerman.ledger.load``); by default it is this one."""
+        yield self
+
+    @contextlib.contextmanager
     def one_anchor(self) -> Iterator[None]:
         """Appends inside the block commit one by one, as outside it, but move the head
         anchor once, when the block ends (a backend without an anchor has nothing to do)."""

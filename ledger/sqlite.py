@@ -39,6 +39,7 @@ from tillerman.ledger.errors import AnchorMismatch, IllegalTransition, Integrity
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
+from tillerman.ledger.load import LedgerLoad
 from tillerman.ledger.migrations import EVENT_COLUMNS, SCHEMA_VERSION, migrate
 from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
@@ -71,6 +72,7 @@ ACCEPT_TAIL = "tillerman ledger accept-tail --by NAME"
 COLUMNS = EVENT_COLUMNS
 
 _INSERT = f"INSERT INTO events ({COLUMNS}, id_key) VALUES ({', '.join('?' * 16)})"
+_SEQ, _PREV_HASH, _HASH = 0, 13, 14  # where ``row_columns`` puts them
 
 
 def _key_the_unkeyed(db: sqlite3.Connection) -> None:
@@ -225,6 +227,22 @@ class SQLiteRecorder(Recorder):
             raise failure
 
     @contextlib.contextmanager
+    def load(self) -> Iterator[Recorder]:
+        """Into a ledger file with no rows, a recorder whose appends are prepared in this
+        process and written by another (``tillerman.ledger.load``), for a caller that
+        appends only new events and what it records itself, as a replay of files each
+        named once does; this recorder itself otherwise. The load's rows are committed
+        when the block ends, what it raises included."""
+        if self.memory or self.readonly or self._bulk is not None or self.max_seq():
+            yield self
+            return
+        loading = LedgerLoad(self.path)
+        try:
+            yield loading
+        finally:
+            loading.close()
+
+    @contextlib.contextmanager
     def one_anchor(self) -> Iterator[None]:
         """Commits inside the block move the head anchor once, when it ends, instead of
         once each: the move is a rename over the old file, which ext4 follows with a
@@ -344,11 +362,15 @@ class SQLiteRecorder(Recorder):
 
     @staticmethod
     def _insert(db: sqlite3.Connection, rows: Sequence[Row]) -> None:
-        """Insert rows, each under its id's key (``tillerman.ledger.event_keys``). A key
-        another id holds already goes unkeyed for this row (the rows before it stay in,
-        the rest follow); a stored id raises ``IntegrityError`` as the text's own index
-        did, for the caller to handle."""
-        params = [(*row_columns(row), event_key(row.envelope.event_id)) for row in rows]
+        SQLiteRecorder._insert_columns(db, [row_columns(row) for row in rows])
+
+    @staticmethod
+    def _insert_columns(db: sqlite3.Connection, columns: Sequence[tuple]) -> None:
+        """Insert rows given in the stored column order (``row_columns``), each under its
+        id's key (``tillerman.ledger.event_keys``). A key another id holds already goes
+        unkeyed for this row (the rows before it stay in, the rest follow); a stored id
+        raises ``IntegrityError`` as the text's own index did, for the caller to handle."""
+        params = [(*row, event_key(row[1])) for row in columns]
         start = 0
         while start < len(params):
             before = db.total_changes
@@ -364,6 +386,27 @@ class SQLiteRecorder(Recorder):
                     raise  # the id is stored (or the row breaks another constraint)
                 params[failed] = (*params[failed][:-1], None)
                 start = failed
+
+    def insert_prepared(self, columns: Sequence[tuple]) -> None:
+        """Inside ``bulk()``: rows another process prepared on this ledger's head, in the
+        stored column order (``row_columns``), inserted as they are (a load:
+        ``tillerman.ledger.load``). Rows that do not chain to the head, because another
+        writer appended meanwhile, are refused and nothing of them is written."""
+        bulk = self._bulk
+        if bulk is None:
+            raise ValueError("insert_prepared() is for inside bulk()")
+        if not columns:
+            return
+        first, last = columns[0], columns[-1]
+        if (first[_SEQ], first[_PREV_HASH]) != (bulk.head[0] + 1, bulk.head[1]):
+            raise OperationalError(f"the ledger's head is seq {bulk.head[0]} where the rows loaded into it chain to"
+                                   f" seq {first[_SEQ] - 1}: another writer appended meanwhile")
+        try:
+            self._insert_columns(self._db, columns)
+        except sqlite3.Error as exc:
+            bulk.broken = True
+            raise _translate(exc) from exc
+        bulk.head = (last[_SEQ], last[_HASH])
 
     def _move_anchor(self, anchor: tuple[int, str] | None, head_seq: int, head_hash: str) -> None:
         if self._unanchored is not None:  # inside one_anchor(): moved when the block ends

@@ -16,8 +16,8 @@ chain, ledger) needs nothing but the events. The child is forked (it has every m
 the parser runs imported already, and starts in about a millisecond), uses nothing of
 the parent's but the file and the parser, and leaves with ``os._exit``: no ``atexit``
 handler or finalizer of the parent's objects (an open SQLite ledger among them) runs in
-it. Batches cross a pipe, msgpack-encoded, each behind its length; the pipe's buffer
-bounds what is in flight, so memory stays flat however far ahead the child could run.
+it. Batches cross a pipe, msgpack-encoded, each behind its length
+(``tillerman.ledger.frames``): memory stays flat however far ahead the child could run.
 The child ignores SIGINT (Ctrl-C reaches this process, which ends it) and ends on a
 broken pipe when this process stops reading. A read error in the child is raised here
 as the ``OSError`` a read here would raise; a child that ends before the end of the file
@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import struct
 import sys
 import traceback
 from collections.abc import Iterator
 
 import msgspec
 
+from tillerman.ledger import frames
 from tillerman.ledger.events import AnyEvent
 from tillerman.monitor.counts import Counts, EventCounter
 from tillerman.monitor.identity import event_ids
@@ -98,11 +98,6 @@ class FileReader:
                                    counter.counts(), sorted(threads))
 
 
-_LENGTH = struct.Struct("<Q")
-_PIPE_BYTES = 1 << 20  # asked of the kernel for the pipe (Linux caps it at pipe-max-size)
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named here: older Pythons lack the constant
-
-
 class _Chunk(msgspec.Struct, array_like=True, tag=True):
     done: int
     events: list[FileEvent]
@@ -127,7 +122,7 @@ class ForkedFileReader(FileReader):
     def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
         read_fd, write_fd = os.pipe()
         try:
-            _widen(write_fd)
+            frames.widen(write_fd)
             pid = os.fork()
         except BaseException:
             os.close(read_fd)
@@ -146,7 +141,7 @@ class ForkedFileReader(FileReader):
         os.close(write_fd)
         reaped = False
         try:
-            with open(read_fd, "rb", buffering=_PIPE_BYTES) as pipe:
+            with open(read_fd, "rb", buffering=frames.PIPE_BYTES) as pipe:
                 while (message := _receive(pipe)) is not None:
                     if isinstance(message, _Chunk):
                         yield message.done, message.events
@@ -170,8 +165,7 @@ class ForkedFileReader(FileReader):
         reader = FileReader(self.path, self.parser, self.identity, self.chunk)
         with open(write_fd, "wb", buffering=0) as pipe:
             def send(message: _Message) -> None:
-                body = encode(message)
-                pipe.write(_LENGTH.pack(len(body)) + body)
+                frames.send(pipe, encode(message))
 
             try:
                 for done, events in reader.chunks():
@@ -187,22 +181,8 @@ class ForkedFileReader(FileReader):
 
 def _receive(pipe) -> _Message | None:
     """The next message, or None at the end of the pipe (a message cut short included)."""
-    head = pipe.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        return None
-    (size,) = _LENGTH.unpack(head)
-    body = pipe.read(size)
-    return _decode(body) if len(body) == size else None
-
-
-def _widen(fd: int) -> None:
-    """A larger pipe buffer: fewer wake-ups per batch (best effort)."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
-    except (ImportError, OSError):
-        pass
+    body = frames.receive(pipe)
+    return None if body is None else _decode(body)
 
 
 def _reap(pid: int) -> str:

@@ -215,6 +215,8 @@ def test_into_a_sqlite_ledger_the_log_is_checkpointed_beside_each_forked_reader(
 
     monkeypatch.setattr(replay_module, "ForkedFileReader", Spy)
     monkeypatch.setattr(replay_module, "_may_fork", lambda: not checkpointing())
+    # appended here, as into a ledger that has rows (the load's writer checkpoints its own commits)
+    monkeypatch.setattr(replay_module, "LOAD_BYTES", 1 << 62)
     settings = ReplaySettings(ruleset=default_ruleset())
     with SQLiteRecorder(tmp_path / "ledger.sqlite3") as ledger:
         summary = replay_files([str(first), str(second)], settings, jobs=2, ledger=ledger)

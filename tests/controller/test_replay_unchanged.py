@@ -34,6 +34,7 @@ from fixtures.rule_texts import grant, rule
 from tillerman.controller.intent_requests import SOURCE
 from tillerman.controller import replay
 from tillerman.controller.replay import Replayer
+from tillerman.ledger.load import LedgerLoad
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
@@ -103,10 +104,11 @@ def inputs(folder: Path) -> dict[str, list[Path]]:
 
 
 def replay_digests(paths: list[Path], rules: Path | None, config: Path | None, *,
-                   runs: int = 1, parse_ahead: bool = False) -> dict[str, str]:
-    """Digests of ``runs`` replays of ``paths`` into one ledger (the last run's summary)."""
+                   runs: int = 1, parse_ahead: bool = False, recorder=None) -> dict[str, str]:
+    """Digests of ``runs`` replays of ``paths`` into one ledger (the last run's summary),
+    in memory unless ``recorder`` is given."""
     effective = load_effective(rules, config)
-    recorder = MemoryRecorder()
+    recorder = MemoryRecorder() if recorder is None else recorder
     for _ in range(runs):
         summary = Replayer(recorder, effective.ruleset, patterns=effective.patterns,
                            parse_ahead=parse_ahead).run([str(p) for p in paths])
@@ -172,6 +174,39 @@ def test_files_read_in_a_child_process_record_the_same(name, rules, monkeypatch)
     runs = 1 + name.startswith(AGAIN)
     assert replay_digests(inputs_cached(folder)[name], *rule_sets(folder)[rules], runs=runs,
                           parse_ahead=True) == golden
+
+
+@pytest.mark.parametrize(("name", "rules"), cases())
+def test_into_a_sqlite_ledger_its_load_writes_the_rows_its_appends_write(name, rules, monkeypatch, tmp_path):
+    """Every case into a new SQLite ledger with a core to spare, twice: through the
+    ledger's load (rows prepared here and written by its process, ``tillerman.ledger.load``:
+    used where every file is named once and none is a ledger) and through the SQLite
+    recorder's own appends. Every stored column of every row is the same, the decisions
+    are the golden ones, and the chain verifies."""
+    import sqlite3
+
+    from tillerman.ledger import sqlite
+
+    monkeypatch.setattr(replay, "_may_fork", lambda: False)  # parsed here: the load is what differs
+    loads = []
+    monkeypatch.setattr(sqlite, "LedgerLoad", lambda path: loads.append(path) or LedgerLoad(path))
+    folder = _folder()
+    paths = inputs_cached(folder)[name]
+    golden = json.loads(GOLDEN.read_text())[f"{name} | {rules}"]
+    runs = 1 + name.startswith(AGAIN)
+    stored = []
+    for load_bytes in (0, 1 << 62):
+        monkeypatch.setattr(replay, "LOAD_BYTES", load_bytes)
+        path = tmp_path / f"ledger-{load_bytes}.sqlite3"
+        with SQLiteRecorder(path) as ledger:
+            digests = replay_digests(paths, *rule_sets(folder)[rules], runs=runs, parse_ahead=True, recorder=ledger)
+            assert digests["decisions_digest"] == golden["decisions_digest"]
+            assert ledger.verify().ok
+        with sqlite3.connect(path) as db:
+            stored.append(db.execute("SELECT * FROM events ORDER BY seq").fetchall())
+    assert stored[0] == stored[1]
+    named_once = len(set(paths)) == len(paths) and not any(p.suffix == ".sqlite3" for p in paths)
+    assert len(loads) == (1 if named_once else 0)
 
 
 def test_the_eager_rule_set_exercises_timers_decisions_and_shadows():

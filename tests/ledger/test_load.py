@@ -1,0 +1,103 @@
+"""A load into an empty SQLite ledger (``tillerman.ledger.load``): rows prepared here,
+written by the writer process. Its rows against the SQLite recorder's own, and its
+failures: a writer killed, another writer first, the caller failing mid-load."""
+
+import os
+import signal
+import sqlite3
+import time
+
+import msgspec
+import pytest
+
+from tests.ledger.recorder_contract import make_intent, proposed, turn
+from tillerman.ledger.errors import OperationalError
+from tillerman.ledger.load import LedgerLoad
+from tillerman.ledger.sqlite import SQLiteRecorder
+
+
+def _stored(path) -> list[tuple]:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT * FROM events ORDER BY seq").fetchall()
+
+
+def _appends(recorder) -> list[int]:
+    """Observations appended as new, then records of the caller's own offered twice,
+    once changed: what each append returned, in entries."""
+    intent = make_intent()
+    returned = []
+    with recorder.bulk():
+        returned.append(len(recorder.append_unseen([turn(i) for i in range(1, 6)]).entries))
+        returned.append(len(recorder.append([proposed(intent)]).entries))
+    with recorder.bulk():
+        returned.append(len(recorder.append([proposed(intent)]).entries))  # a duplicate: dropped
+        changed = proposed(msgspec.structs.replace(intent, text="y"))
+        result = recorder.append([changed])  # the same id, other content: a conflict record
+        returned.append(len(result.entries))
+        assert result.conflicts == (changed.event_id,)
+    return returned
+
+
+def test_the_load_writes_the_rows_the_sqlite_recorder_writes(tmp_path):
+    with SQLiteRecorder(tmp_path / "plain.sqlite3") as plain:
+        by_appends = _appends(plain)
+    with SQLiteRecorder(tmp_path / "loaded.sqlite3") as ledger:
+        with ledger.load() as load:
+            assert isinstance(load, LedgerLoad)
+            by_load = _appends(load)
+        assert ledger.verify().ok and ledger.max_seq() == 7
+    assert by_load == by_appends == [5, 1, 0, 1]
+    plain_rows, loaded_rows = _stored(tmp_path / "plain.sqlite3"), _stored(tmp_path / "loaded.sqlite3")
+    # all but observed_at (the wall clock's, for an envelope without one) and the links that chain it
+    assert [row[:3] + row[4:13] + row[15:] for row in loaded_rows] == [row[:3] + row[4:13] + row[15:] for row in plain_rows]
+    assert len(loaded_rows) == 7 and loaded_rows[-1][7] == "conflict"
+
+
+def test_a_ledger_with_rows_is_loaded_by_the_recorder_itself(tmp_path):
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as ledger:
+        ledger.append([turn(1)])
+        with ledger.load() as load:
+            assert load is ledger
+
+
+def test_a_killed_writer_is_raised_and_its_commits_stay(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        with pytest.raises(OperationalError, match=r"writing .* ended \(killed by signal 9\).*ledger verify"):
+            with ledger.load() as load:
+                with load.bulk():
+                    load.append_new([turn(i) for i in range(1, 4)])
+                deadline = time.monotonic() + 30
+                while ledger.max_seq() < 3 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the writer starts, then commits the block
+                load.append_new([turn(4)])  # sent, never committed
+                os.kill(load._writer.pid, signal.SIGKILL)
+                load._writer.wait()
+                with load.bulk():
+                    load.append_new([turn(5)])
+        report = ledger.verify()
+        assert report.ok and ledger.max_seq() == 3
+
+
+def test_rows_that_do_not_chain_to_the_ledger_are_refused(tmp_path):
+    """Another writer appended first: the writer's head is not the one the rows were
+    prepared on, and nothing of them is written."""
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        ledger.append([turn(1, source="other writer")])
+        load = LedgerLoad(ledger.path)  # as if the ledger had been empty when the load began
+        load.append_new([turn(2), turn(3)])
+        with pytest.raises(OperationalError, match="head is seq 1 where the rows loaded into it chain to seq 0:"
+                                                   " another writer appended meanwhile"):
+            load.close()
+        assert ledger.max_seq() == 1 and ledger.verify().ok
+
+
+def test_what_was_sent_before_the_caller_failed_is_committed(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        with pytest.raises(KeyError):
+            with ledger.load() as load:
+                load.append_new([turn(1), turn(2)])
+                raise KeyError("the caller's own failure")
+        assert ledger.max_seq() == 2 and ledger.verify().ok
