@@ -172,3 +172,21 @@ def test_overdue_bad_time_is_usage_error(ledger):
 def test_show_unknown_intent(ledger):
     code, out = run("intent", "show", "in-00000000000000000000")
     assert code == 2 and "no intent" in out
+
+
+@pytest.mark.parametrize("request_", [{"mode": "steer", "expected_turn": "U1"}, {"mode": "queue"},
+                                      {"mode": "queue", "supersedes": "first"}])
+def test_a_proposal_naming_its_turn_folds_no_ledger_rows(ledger, monkeypatch, request_):
+    """Only 'active' needs the thread's fold; a superseded intent is read from its own rows."""
+    with SQLiteRecorder(ledger) as rec:
+        lib.propose(rec, thread_id="T1", mode="queue", text="first", intent_id="first")
+
+        def refused(*args, **kwargs):
+            raise AssertionError("the proposal folded the ledger")
+
+        monkeypatch.setattr(rec, "read", refused)
+        monkeypatch.setattr(lib.projections, "load", refused)
+        intent = lib.propose(rec, thread_id="T1", text="second", **request_)
+        assert rec.intent_entries(intent.id)
+        if "supersedes" in request_:
+            assert lib.intent_view(rec, "first").state == State.EXPIRED
