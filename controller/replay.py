@@ -230,8 +230,12 @@ class Replayer:
     def _run(self, paths: list[str]) -> ReplaySummary:
         found = collect_files(paths)
         files = []
-        read_once = _read_once(found) if self.fmt != "ledger" else set()
-        with self._loading(found, read_once), self._bulk:
+        may_load = self._may_load(found)
+        # The files named once, read only where they matter: an in-memory ledger keeps no
+        # ids for their observations, and a load needs every file to be one.
+        asked = self.fmt != "ledger" and (may_load or isinstance(self.recorder, ChainOnlyRecorder))
+        read_once = _read_once(found) if asked else set()
+        with self._loading(may_load and len(read_once) == len(found)), self._bulk:
             self._bulk.enter_context(self.recorder.bulk())
             # Into an empty ledger, a file's observations cannot be duplicates (their ids
             # name the file, ``file_event_id``) unless the file was replayed before.
@@ -254,16 +258,21 @@ class Replayer:
             reviews=_review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
         )
 
-    @contextlib.contextmanager
-    def _loading(self, found: list[Path], read_once: set[str]) -> Iterator[None]:
-        """Appends through the recorder's load (``Recorder.load``: into an empty SQLite
-        ledger, rows written by a process of their own) when a core is to spare
-        (``parse_ahead``), every file is named once and they hold LOAD_BYTES or more."""
+    def _may_load(self, found: list[Path]) -> bool:
+        """Whether appends may go through the recorder's load (``Recorder.load``: into an
+        empty SQLite ledger, rows written by a process of their own): with a core to
+        spare (``parse_ahead``) and LOAD_BYTES of input or more; every file must also be
+        named once (``_run``)."""
+        if not self.parse_ahead:
+            return False
         try:
-            large = sum(path.stat().st_size for path in found) >= LOAD_BYTES
+            return sum(path.stat().st_size for path in found) >= LOAD_BYTES
         except OSError:
-            large = False  # a file that vanished: its replay reports it
-        if not (self.parse_ahead and large and len(read_once) == len(found)):
+            return False  # a file that vanished: its replay reports it
+
+    @contextlib.contextmanager
+    def _loading(self, load: bool) -> Iterator[None]:
+        if not load:
             yield
             return
         recorder = self.recorder

@@ -20,7 +20,8 @@ itself (decisions, intents, reports), which are kept here with their whole conte
 digests, so a duplicate is dropped and a conflict named exactly as the SQLite
 recorder's own lookup would; the observations' ids are never looked up nor kept
 (``append_new``). So the rows are the rows a replay through ``SQLiteRecorder.append``
-writes, seq for seq and link for link (tests/controller/test_replay_load.py).
+writes, seq for seq and link for link (tests/controller/test_replay_unchanged.py,
+tests/ledger/test_load.py).
 
 The writer ignores SIGINT (Ctrl-C reaches the replay, which ends the load). When the
 pipe ends, with or without a last ``bulk()`` end, it commits what it was sent: whole

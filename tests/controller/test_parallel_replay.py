@@ -259,3 +259,25 @@ def test_a_reader_that_dies_fails_the_replay_with_a_clear_error(tmp_path, monkey
     result = CliRunner().invoke(main, ["replay", "--jobs", "2", str(STALL_FILE)])
     assert result.exit_code == 2, result.output
     assert str(STALL_FILE) in result.output and "exit status 3" in result.output and "--jobs 1" in result.output
+
+
+@pytest.mark.parametrize(("jobs", "rows_first", "loaded"), [(2, False, True), (1, False, False), (2, True, False)])
+def test_a_new_ledger_is_loaded_by_a_writer_process_only_with_a_core_to_spare(tmp_path, monkeypatch, jobs,
+                                                                                rows_first, loaded):
+    """``--jobs 2`` into a new ledger writes through its load; ``--jobs 1`` replays in this
+    process, and a ledger that has rows is appended to by its recorder: both without one."""
+    from tillerman.controller import replay as replay_module
+    from tillerman.ledger import sqlite
+    from tillerman.ledger.load import LedgerLoad
+    from tillerman.ledger.sqlite import SQLiteRecorder
+
+    monkeypatch.setattr(replay_module, "LOAD_BYTES", 0)
+    loads = []
+    monkeypatch.setattr(sqlite, "LedgerLoad", lambda path: loads.append(path) or LedgerLoad(path))
+    settings = ReplaySettings(ruleset=default_ruleset())
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as ledger:
+        if rows_first:
+            replay_files([str(STALL)], settings, jobs=1, ledger=ledger)
+        replay_files([str(STALL)], settings, jobs=jobs, ledger=ledger)
+        assert ledger.verify().ok and ledger.max_seq() > 0
+    assert bool(loads) == loaded

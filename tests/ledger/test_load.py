@@ -101,3 +101,17 @@ def test_what_was_sent_before_the_caller_failed_is_committed(tmp_path):
                 load.append_new([turn(1), turn(2)])
                 raise KeyError("the caller's own failure")
         assert ledger.max_seq() == 2 and ledger.verify().ok
+
+
+def test_a_load_refuses_file_offsets_and_rows_outside_a_block(tmp_path):
+    """A load writes events only; rows prepared elsewhere go in only inside ``bulk()``."""
+    from tillerman.ledger.file_offsets import FileOffset
+
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as ledger:
+        with ledger.load() as load:
+            with pytest.raises(ValueError, match="not file offsets"):
+                load.append([turn(1)], offsets=[FileOffset(identity="i", path="p", source="s", format="codex-rollout",
+                                                            offset=1)])
+        with pytest.raises(ValueError, match="inside bulk"):
+            ledger.insert_prepared([(1,)])
+        assert ledger.max_seq() == 0
