@@ -323,8 +323,7 @@ class Daemon:
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
                 envelopes += self._tap(tg, client, message)
-            if envelopes:
-                await self._inbox_send.send(envelopes)
+            await self._send_envelopes(envelopes)
 
     def _tap(self, tg, client: AppServerClient, message) -> list[Envelope]:
         out = self.tap.receive(message, self.clock())
@@ -358,36 +357,47 @@ class Daemon:
         await Watch(self.options.watch, self.tailer, self._inbox_send.send).run()
 
     async def _resume(self, client, thread_id: str) -> None:
+        # What a read of a thread that started before we attached says it is goes to the
+        # brain with what the resume reveals, in one list: sent alone, the brain judged a
+        # thread it knew without the turn running in it, and dispatched a queued message
+        # as if to an idle thread (waiting behind no turn, so never settled by a readback).
+        envelopes: list[Envelope] = []
         if self.tap.users_work(thread_id) is None and not self.projection.snapshot(thread_id).known:
-            await self._read_thread(client, thread_id)  # it started before we attached: what is it?
+            envelopes = await self._read_thread(client, thread_id)
         if self.tap.users_work(thread_id) is False or not self.projection.snapshot(thread_id).supervised:
-            return  # Codex's own ephemeral housekeeping: recorded, never subscribed to
+            await self._send_envelopes(envelopes)  # Codex's own housekeeping: recorded, never subscribed to
+            return
         try:
             result = await client.request(*wire.thread_resume(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot subscribe to thread %s yet (%s)", thread_id, exc)
             self.tap.resume_failed(thread_id)
+            await self._send_envelopes(envelopes)
             return
         # A turn the ledger already holds (seen live, or before this reconnect or restart)
         # is not offered again: the resume's copy is stamped with the time of the resume,
         # so the ledger stored it as a conflict at every reconnect mid-turn
         # (tests/live/test_daemon_live.py, reconnect case).
         known = self.projection.threads.get(thread_id)
-        envelopes = [e for e in self.tap.resumed(result, self.clock())
-                     if known is None or known.turn_state(e.event.turn_id) is None]
+        envelopes += [e for e in self.tap.resumed(result, self.clock())
+                      if known is None or known.turn_state(e.event.turn_id) is None]
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
         envelopes += seen(self.projection, thread_id, wire.parse_turn_page(page).turns, self.tap.source)
+        await self._send_envelopes(envelopes)
+
+    async def _send_envelopes(self, envelopes: list[Envelope]) -> None:
         if envelopes:
             await self._inbox_send.send(envelopes)
 
-    async def _read_thread(self, client, thread_id: str) -> None:
+    async def _read_thread(self, client, thread_id: str) -> list[Envelope]:
+        """What a thread that started before we attached is (the user's work, or Codex's
+        housekeeping), from ``thread/read``; nothing when it cannot be read."""
         try:
             result = await client.request(*wire.thread_read(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read thread %s (%s)", thread_id, exc)
-            return
-        if isinstance(result, dict) and (envelopes := self.tap.read(result)):
-            await self._inbox_send.send(envelopes)
+            return []
+        return self.tap.read(result) if isinstance(result, dict) else []
 
     # -- the brain --------------------------------------------------------------------
 

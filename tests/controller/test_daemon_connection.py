@@ -1,5 +1,6 @@
 """The daemon's connection task: what the server sent meanwhile reaches the brain in
-one list, not one list per message (a round per message could never catch up)."""
+one list, not one list per message (a round per message could never catch up); and a
+thread that started before the daemon attached reaches it whole, with its running turn."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import anyio
 
 import tillerman.controller.daemon as daemon_module
 from tillerman.controller.daemon import BATCH, Daemon, DaemonOptions
+from tillerman.ledger.events import ThreadStarted, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.jsonrpc import Notification
 from tillerman.rules.files import default_ruleset
@@ -68,3 +70,50 @@ def test_a_backlog_reaches_the_brain_in_one_list(monkeypatch):
 
 def test_a_backlog_longer_than_a_batch_is_cut_at_the_batch(monkeypatch):
     assert _sends(monkeypatch, BATCH + 10) == [BATCH, 10]
+
+
+class _LateServer:
+    """A server the daemon attaches to after thread T1 started: a turn runs in it."""
+
+    def __init__(self) -> None:
+        self.keep_open, self.incoming = anyio.create_memory_object_stream(math.inf)
+        self.initialize_result = {"userAgent": "fake/0.163.0 (x)"}
+
+    async def request(self, method, params=None, timeout=10.0):
+        if method == "thread/loaded/list":
+            return {"data": ["T1"]}
+        if method == "thread/read":
+            return {"thread": {"id": "T1", "cwd": "/w", "status": {"type": "active", "activeFlags": []}}}
+        if method == "thread/resume":
+            await anyio.sleep(0.2)  # the brain would judge the read's answer meanwhile
+            return {"thread": {"id": "T1"},
+                    "initialTurnsPage": {"data": [{"id": "turn-1", "status": "inProgress", "items": []}]}}
+        return {"data": []}
+
+
+def test_a_thread_read_late_reaches_the_brain_with_its_running_turn(monkeypatch):
+    """Sent alone, the read's ``thread_started`` let the brain dispatch a queued message
+    to a thread it took for idle, waiting behind no turn (so no readback could settle it)."""
+    server = _LateServer()
+
+    @contextlib.asynccontextmanager
+    async def open_app_server(url, **kwargs):
+        yield server
+
+    received: list[list[type]] = []
+
+    async def run():
+        with SQLiteRecorder(":memory:") as recorder:
+            daemon = Daemon(recorder, default_ruleset(), DaemonOptions(url="unix:///fake.sock"))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(daemon._connection, tg)
+                with anyio.fail_after(10):
+                    while not received:
+                        if envelopes := await daemon._inbox.receive():
+                            received.append([type(e.event) for e in envelopes])
+                tg.cancel_scope.cancel()
+
+    monkeypatch.setattr(daemon_module, "open_app_server", open_app_server)
+    anyio.run(run)
+    (first,) = received  # the first list the brain gets of T1 holds its running turn
+    assert first[:2] == [ThreadStarted, TurnStarted]
