@@ -17,7 +17,14 @@ _LENGTH = struct.Struct("<Q")
 
 
 def send(pipe: BinaryIO, body: bytes) -> None:
-    pipe.write(_LENGTH.pack(len(body)) + body)
+    """Write the message whole. An unbuffered pipe's ``write`` is one ``write(2)``, which
+    a signal arriving while it waits for room (a stop and continue: Ctrl-Z then ``fg``,
+    a debugger or profiler attaching) cuts short: what it wrote is returned, the rest
+    is ours to write, or the reader reads the next message from the middle of this one."""
+    data = memoryview(_LENGTH.pack(len(body)) + body)
+    while data:
+        written = pipe.write(data)
+        data = data[written:]
 
 
 def receive(pipe: BinaryIO) -> bytes | None:
