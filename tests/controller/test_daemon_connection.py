@@ -37,16 +37,15 @@ class _Server:
         return {"data": []}
 
 
-def _sends(monkeypatch, backlog: int) -> list[int]:
-    """The sizes of the lists of envelopes the brain's inbox received, until the backlog
-    is through (the empty "look at the ledger" wake-ups left out)."""
-    server = _Server(backlog)
+def _inbox(monkeypatch, server, enough) -> list[list]:
+    """The lists of envelopes the brain's inbox received from the daemon's connection to
+    ``server`` (the empty "look at the ledger" wake-ups left out), until ``enough`` of them."""
 
     @contextlib.asynccontextmanager
     async def open_app_server(url, **kwargs):
         yield server
 
-    sizes: list[int] = []
+    received: list[list] = []
 
     async def run():
         with SQLiteRecorder(":memory:") as recorder:
@@ -54,14 +53,20 @@ def _sends(monkeypatch, backlog: int) -> list[int]:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(daemon._connection, tg)
                 with anyio.fail_after(10):
-                    while sum(sizes) < backlog:
-                        if received := await daemon._inbox.receive():
-                            sizes.append(len(received))
+                    while not enough(received):
+                        if envelopes := await daemon._inbox.receive():
+                            received.append(envelopes)
                 tg.cancel_scope.cancel()
 
     monkeypatch.setattr(daemon_module, "open_app_server", open_app_server)
     anyio.run(run)
-    return sizes
+    return received
+
+
+def _sends(monkeypatch, backlog: int) -> list[int]:
+    """The sizes of the lists the brain received, until the backlog is through."""
+    lists = _inbox(monkeypatch, _Server(backlog), lambda got: sum(map(len, got)) >= backlog)
+    return [len(envelopes) for envelopes in lists]
 
 
 def test_a_backlog_reaches_the_brain_in_one_list(monkeypatch):
@@ -94,26 +99,5 @@ class _LateServer:
 def test_a_thread_read_late_reaches_the_brain_with_its_running_turn(monkeypatch):
     """Sent alone, the read's ``thread_started`` let the brain dispatch a queued message
     to a thread it took for idle, waiting behind no turn (so no readback could settle it)."""
-    server = _LateServer()
-
-    @contextlib.asynccontextmanager
-    async def open_app_server(url, **kwargs):
-        yield server
-
-    received: list[list[type]] = []
-
-    async def run():
-        with SQLiteRecorder(":memory:") as recorder:
-            daemon = Daemon(recorder, default_ruleset(), DaemonOptions(url="unix:///fake.sock"))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(daemon._connection, tg)
-                with anyio.fail_after(10):
-                    while not received:
-                        if envelopes := await daemon._inbox.receive():
-                            received.append([type(e.event) for e in envelopes])
-                tg.cancel_scope.cancel()
-
-    monkeypatch.setattr(daemon_module, "open_app_server", open_app_server)
-    anyio.run(run)
-    (first,) = received  # the first list the brain gets of T1 holds its running turn
-    assert first[:2] == [ThreadStarted, TurnStarted]
+    (first,) = _inbox(monkeypatch, _LateServer(), bool)  # the first list the brain gets of T1
+    assert [type(e.event) for e in first][:2] == [ThreadStarted, TurnStarted]  # with its running turn
