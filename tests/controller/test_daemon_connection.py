@@ -8,12 +8,13 @@ import contextlib
 import math
 
 import anyio
+import pytest
 
 import tillerman.controller.daemon as daemon_module
 from tillerman.controller.daemon import BATCH, Daemon, DaemonOptions
 from tillerman.ledger.events import ThreadStarted, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.monitor.jsonrpc import Notification
+from tillerman.monitor.jsonrpc import Notification, RpcError
 from tillerman.rules.files import default_ruleset
 
 
@@ -78,18 +79,25 @@ def test_a_backlog_longer_than_a_batch_is_cut_at_the_batch(monkeypatch):
 
 
 class _LateServer:
-    """A server the daemon attaches to after thread T1 started: a turn runs in it."""
+    """A server the daemon attaches to after thread T1 started: a turn runs in it.
+    ``ephemeral``: T1 is Codex's own housekeeping; ``refuse_resume``: it cannot be
+    subscribed to yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ephemeral: bool = False, refuse_resume: bool = False) -> None:
         self.keep_open, self.incoming = anyio.create_memory_object_stream(math.inf)
         self.initialize_result = {"userAgent": "fake/0.163.0 (x)"}
+        self.ephemeral, self.refuse_resume = ephemeral, refuse_resume
 
     async def request(self, method, params=None, timeout=10.0):
         if method == "thread/loaded/list":
             return {"data": ["T1"]}
         if method == "thread/read":
-            return {"thread": {"id": "T1", "cwd": "/w", "status": {"type": "active", "activeFlags": []}}}
+            return {"thread": {"id": "T1", "cwd": "/w", "ephemeral": self.ephemeral,
+                               "status": {"type": "active", "activeFlags": []}}}
         if method == "thread/resume":
+            assert not self.ephemeral, "housekeeping is never subscribed to"
+            if self.refuse_resume:
+                raise RpcError(-32600, "no rollout found for thread id T1")
             await anyio.sleep(0.2)  # the brain would judge the read's answer meanwhile
             return {"thread": {"id": "T1"},
                     "initialTurnsPage": {"data": [{"id": "turn-1", "status": "inProgress", "items": []}]}}
@@ -101,3 +109,10 @@ def test_a_thread_read_late_reaches_the_brain_with_its_running_turn(monkeypatch)
     to a thread it took for idle, waiting behind no turn (so no readback could settle it)."""
     (first,) = _inbox(monkeypatch, _LateServer(), bool)  # the first list the brain gets of T1
     assert [type(e.event) for e in first][:2] == [ThreadStarted, TurnStarted]  # with its running turn
+
+
+@pytest.mark.parametrize("server", [_LateServer(ephemeral=True), _LateServer(refuse_resume=True)],
+                         ids=["housekeeping", "resume-refused"])
+def test_a_thread_read_late_is_recorded_when_no_resume_follows(monkeypatch, server):
+    (first,) = _inbox(monkeypatch, server, bool)
+    assert [(type(e.event), e.event.thread_id) for e in first] == [(ThreadStarted, "T1")]
