@@ -61,5 +61,5 @@ def test_turns_start_spread_over_a_turn_or_all_at_once(monkeypatch, lockstep):
         assert starts[-1] - starts[0] <= 1 / RATE + TICK  # within one interval
     else:
         assert starts[-1] - starts[0] >= 0.9 * turn  # across the whole turn, evenly
-        gaps = [b - a for a, b in zip(starts, starts[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
         assert max(gaps) <= turn / 40 + 2 * TICK
