@@ -25,6 +25,7 @@ class ForgettingProjection(Projection, dict=True):
 
     def forget_intent(self, intent_id: str) -> None:
         view = self.intents.pop(intent_id, None)
+        self.open_ids.pop(intent_id, None)
         if view is not None:
             self._settled[view.state] += 1
 

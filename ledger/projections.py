@@ -24,7 +24,7 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v4"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v5"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -107,6 +107,10 @@ class Projection(msgspec.Struct):
     seq: int = 0
     threads: dict[str, ThreadState] = {}
     intents: dict[str, IntentView] = {}
+    # The ids of the open intents, in the order they were proposed: a round asks for
+    # them every time, and ``intents`` keeps every settled one too (the daemon's run of
+    # hours: thousands, each looked at in every round when they were filtered here).
+    open_ids: dict[str, None] = {}
     # rows this version cannot decode, skipped by the fold: seq -> "kind: why"
     undecodable: dict[int, str] = {}
 
@@ -197,7 +201,8 @@ class Projection(msgspec.Struct):
                 and old.active_turn_started_at == t.active_turn_started_at)
 
     def open_intents(self) -> list[IntentView]:
-        return [v for v in self.intents.values() if is_open(v)]
+        intents = self.intents
+        return [intents[i] for i in self.open_ids]
 
 
 def is_open(view: IntentView) -> bool:
@@ -347,10 +352,11 @@ def _status_changed(p, e: ev.StatusChanged, at, seq, source) -> None:
 
 
 def _intent_proposed(p, e: ev.IntentProposed, at, seq, source) -> None:
-    p.intents[e.intent.id] = IntentView(
+    view = p.intents[e.intent.id] = IntentView(
         intent=e.intent, state=State.PROPOSED, updated_at=at,
         history=[HistoryItem(seq, at, "proposed", "proposed", e.intent.producer)],
     )
+    _keep_open(p, view)
 
 
 def _intent_transition(p, e: ev.IntentTransition, at, seq, source) -> None:
@@ -367,6 +373,18 @@ def _intent_transition(p, e: ev.IntentTransition, at, seq, source) -> None:
         return
     view.state, view.updated_at = state, at
     view.history.append(HistoryItem(seq, at, "transition", state, e.reason, e.evidence))
+    _keep_open(p, view)
+
+
+def _keep_open(p: Projection, view: IntentView) -> None:
+    intent_id = view.intent.id
+    if not is_open(view):
+        p.open_ids.pop(intent_id, None)
+    elif intent_id not in p.open_ids:
+        if next(reversed(p.intents)) == intent_id:  # the newest proposal: its place is last
+            p.open_ids[intent_id] = None
+        else:  # an older one open again (a forged move, an id proposed twice): the ledger writes neither
+            p.open_ids = {i: None for i, v in p.intents.items() if is_open(v)}
 
 
 def _intent_evidence(p, e: ev.IntentEvidence, at, seq, source) -> None:

@@ -1,11 +1,15 @@
 """The fold: turns, tools, approvals, queues and intents from events; snapshots."""
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.ledger.recorder_contract import make_intent
 
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
+from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -108,3 +112,28 @@ def test_snapshot_plus_tail_equals_a_full_fold(evs, data):
     assert restarted == full
     for thread in "tu":
         assert restarted.snapshot(thread) == full.snapshot(thread)
+
+
+_INTENT_IDS = [f"in-{n:020d}" for n in range(4)]
+_INTENT_MOVES = st.one_of(
+    st.builds(lambda i, check: ("propose", i, check), st.sampled_from(_INTENT_IDS), st.booleans()),
+    st.builds(lambda i, state: ("move", i, state), st.sampled_from(_INTENT_IDS), st.sampled_from(list(State))),
+)
+
+
+@given(st.lists(_INTENT_MOVES, max_size=40))
+def test_the_open_intents_kept_are_the_open_ones_among_all(moves):
+    """``open_intents`` answers from the ids it keeps as intents move (a round asks every
+    time): always the open ones among every intent the fold holds, in proposal order, and
+    so again from a saved snapshot. Moves here need not be legal (the fold takes any)."""
+    p = Projection()
+    for seq, (kind, intent_id, what) in enumerate(moves, 1):
+        if kind == "propose":
+            intent = msgspec.structs.replace(make_intent(intent_id), verify="tests pass" if what else None)
+            event = ev.IntentProposed(thread_id="t1", intent=intent)
+        else:
+            event = ev.IntentTransition(thread_id="t1", intent_id=intent_id, from_state="proposed", to_state=what,
+                                        reason="test")
+        p.apply_envelope(Envelope(event_id=f"e{seq}", event=event, source="tillerman", at=float(seq)), seq)
+        assert p.open_intents() == [v for v in p.intents.values() if projections.is_open(v)]
+    assert projections.decode_state(msgspec.msgpack.encode(p)).open_intents() == p.open_intents()
