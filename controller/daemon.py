@@ -475,6 +475,10 @@ class Daemon:
         if self._fold_ahead:
             self.projection = projections.load(self.recorder)
             self._fold_ahead = False
+        async with self.recorder.turns:  # never beside a delivery's write on the commit thread
+            await self._round_and_commit(tg, batch, offsets)
+
+    async def _round_and_commit(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None) -> None:
         self._held = []
         try:
             with contextlib.ExitStack() as transaction:

@@ -9,6 +9,14 @@ goes through this gate: it waits until the round's commit is done, then runs. So
 ledger's order is the order things happened in, and a delivery's durable dispatch
 record still commits after the round that decided it and before its request is sent.
 
+A delivery's own records (its durable dispatch record: a commit and a flush, up to
+10 ms on this disk) are written on that thread too (``append_off_loop``): on the loop
+they stopped the reading of every other thread's notifications while the disk
+flushed. The delivery waits for its record as before (nothing is sent before it is
+written); the loop does not. The round and such a write take turns (``turns``): a
+round uses the connection on the loop until its commit is done, a write on the
+thread, and never both at once.
+
 The gate is closed on the loop and the commit handed to the thread in the same step,
 with no await between them (anyio's ``to_thread`` yields to the loop before it hands
 the job over: a task stopped at the gate then would wait for a job never handed over);
@@ -17,10 +25,13 @@ code while its commit is out."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import anyio
 
 
 class GatedRecorder:
@@ -30,15 +41,18 @@ class GatedRecorder:
         self._recorder = recorder
         self._committing = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tillerman-commit")
+        # Who uses the connection now, a round (on the loop, until its commit is done) or
+        # a write handed to the thread: one at a time, in the order they asked.
+        self.turns = anyio.Lock(fast_acquire=True)
 
-    def commit_off_loop(self, finish: Callable[[], None]) -> Future:
+    def commit_off_loop(self, finish: Callable[[], Any]) -> Future:
         """Close the gate and hand ``finish`` to the commit thread, which opens the gate
-        once it has run; the future says how it went."""
+        once it has run; the future holds what it returned or raised."""
         self._committing.acquire()
 
-        def run() -> None:
+        def run() -> Any:
             try:
-                finish()
+                return finish()
             finally:
                 self._committing.release()
 
@@ -47,6 +61,14 @@ class GatedRecorder:
         except BaseException:
             self._committing.release()
             raise
+
+    async def append_off_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """``append`` on the commit thread, in turn with the rounds; the caller waits for
+        it (shielded: a write handed over always ends before the next turn begins)."""
+        async with self.turns:
+            written = asyncio.wrap_future(self.commit_off_loop(lambda: self._recorder.append(*args, **kwargs)))
+            with anyio.CancelScope(shield=True):
+                return await written
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._recorder, name)

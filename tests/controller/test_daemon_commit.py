@@ -11,6 +11,7 @@ import anyio
 
 from tests.controller.test_daemon_fold import _full_fold, _setup, seen
 from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.driver import _append
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
@@ -86,3 +87,42 @@ def test_the_loop_runs_while_a_round_commits_and_other_writes_wait_for_it(tmp_pa
         assert kinds[0] is ev.TurnStarted and kinds[-1] is ev.ThreadStarted  # the other write waited
     fold = daemon.projection
     assert fold.intents == _full_fold(path).intents
+
+
+def test_a_delivery_record_is_written_off_the_loop_and_a_round_waits_its_turn(tmp_path):
+    """A delivery's durable record (a commit and a flush) is written on the commit thread:
+    the loop goes on meanwhile, the delivery waits for it, and a round asked for during
+    the write starts only once it is done (its rows after the record)."""
+    path = tmp_path / "ledger.sqlite3"
+    _setup(path)
+    ticks: list[float] = []
+    record = Envelope(event_id="dispatch-record", event=ev.ThreadStarted(thread_id="T2"), source="tillerman", at=2.0)
+    with SlowDisk(path) as recorder:
+        daemon = Daemon(recorder, default_ruleset(), DaemonOptions(), clock=lambda: 1000.0)
+        daemon.projection = projections.load(recorder)
+
+        async def ticking():
+            while True:
+                ticks.append(time.monotonic())
+                await anyio.sleep(0.01)
+
+        async def run():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticking)
+                await anyio.sleep(0.05)
+                recorder.armed = True
+                started = time.monotonic()
+                async with anyio.create_task_group() as both:
+                    both.start_soon(lambda: _append(daemon.recorder, [record], durable=True))
+                    await anyio.sleep(SLOW / 3)  # the record is being written
+                    daemon._due = daemon.clock()
+                    await daemon._think(tg, [seen("T1", 1)])
+                waiting = [t for t in ticks if started + SLOW / 2 < t < started + SLOW]
+                tg.cancel_scope.cancel()
+            return waiting
+
+        waiting = anyio.run(run)
+        assert recorder.committed_on is not None and recorder.committed_on is not threading.main_thread()
+        assert len(waiting) >= 3  # the loop went on while the record was written and the round waited
+        kinds = [type(e.envelope.event) for e in recorder.read(after_seq=2)]
+        assert kinds[0] is ev.ThreadStarted and kinds[1] is ev.TurnStarted  # the round waited its turn
