@@ -49,18 +49,26 @@ class SlowDisk(SQLiteRecorder):
         self._db = _SlowCommits(self._db, self)
 
 
+def _daemon_and_ticks(recorder):
+    """A daemon on ``recorder``, and a task that notes the time every 10 ms the loop lets
+    it run (its ticks)."""
+    daemon = Daemon(recorder, default_ruleset(), DaemonOptions(), clock=lambda: 1000.0)
+    daemon.projection = projections.load(recorder)
+    ticks: list[float] = []
+
+    async def ticking():
+        while True:
+            ticks.append(time.monotonic())
+            await anyio.sleep(0.01)
+
+    return daemon, ticks, ticking
+
+
 def test_the_loop_runs_while_a_round_commits_and_other_writes_wait_for_it(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     _setup(path)
-    ticks: list[float] = []
     with SlowDisk(path) as recorder:
-        daemon = Daemon(recorder, default_ruleset(), DaemonOptions(), clock=lambda: 1000.0)
-        daemon.projection = projections.load(recorder)
-
-        async def ticking():
-            while True:
-                ticks.append(time.monotonic())
-                await anyio.sleep(0.01)
+        daemon, ticks, ticking = _daemon_and_ticks(recorder)
 
         async def another_writer():
             await anyio.sleep(SLOW / 3)  # while the round commits
@@ -95,16 +103,9 @@ def test_a_delivery_record_is_written_off_the_loop_and_a_round_waits_its_turn(tm
     the write starts only once it is done (its rows after the record)."""
     path = tmp_path / "ledger.sqlite3"
     _setup(path)
-    ticks: list[float] = []
     record = Envelope(event_id="dispatch-record", event=ev.ThreadStarted(thread_id="T2"), source="tillerman", at=2.0)
     with SlowDisk(path) as recorder:
-        daemon = Daemon(recorder, default_ruleset(), DaemonOptions(), clock=lambda: 1000.0)
-        daemon.projection = projections.load(recorder)
-
-        async def ticking():
-            while True:
-                ticks.append(time.monotonic())
-                await anyio.sleep(0.01)
+        daemon, ticks, ticking = _daemon_and_ticks(recorder)
 
         async def run():
             async with anyio.create_task_group() as tg:
