@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import FAIL, INFO, PASS, Row, main, percentile, scratch_dir
+from fixtures.fake_appserver import TURN_NOTIFICATIONS
 from tillerman.ledger import events as ev
 
 RATE = 50.0  # notifications per second per thread
@@ -209,7 +210,7 @@ def _measure(threads: int, proposed: list[dict], sent: dict, ledger: Path, windo
                 echo.append((after[0] - echoed) * 1000)
     turns_in_window = sum(1 for at in turn_sent.values() if start <= at <= end)
     return SizeResult(threads, turn_start + echo, turn_start, echo, recorded, pickup, cores, peak_rss,
-                      turns_in_window * 44 / (end - start) / threads, len(proposed))
+                      turns_in_window * TURN_NOTIFICATIONS / (end - start) / threads, len(proposed))
 
 
 def _in_scratch(threads: int, window: float, warmup: float, *, lockstep: bool = False) -> SizeResult:
