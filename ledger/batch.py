@@ -63,8 +63,7 @@ def prepare(
     seq, prev = head_seq, head_hash
     pending = list(batch)
     for env in pending:  # conflict records appended below are prepared in turn
-        if env.observed_at is None or env.at == 0.0 or env.observed_at == 0.0:
-            env = _stored_times(env, observed)
+        env = stored_times(env, observed)
         payload = _encode_event(env.event)
         digest = content_digest(env, payload)
         if known:
@@ -93,9 +92,16 @@ _INTENT_EVENTS = frozenset((IntentProposed, IntentTransition, IntentEvidence))  
 _encode_event = events.encode
 
 
-def _stored_times(env: Envelope, observed: float) -> Envelope:
+def none_stored(event_ids: Iterable[str]) -> dict[str, str]:
+    """The ``DigestLookup`` of ids the caller knows were never stored."""
+    return {}
+
+
+def stored_times(env: Envelope, observed: float) -> Envelope:
     """``observed_at`` filled in, and a zero time as SQLite reads it back (it stores -0.0
     as 0): digest and hash must be of the times as they read back."""
+    if env.observed_at is not None and env.at != 0.0 and env.observed_at != 0.0:
+        return env
     if env.observed_at is None:
         env = msgspec.structs.replace(env, observed_at=observed)
     if env.at == 0.0 or env.observed_at == 0.0:

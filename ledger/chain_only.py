@@ -1,6 +1,7 @@
-"""A ledger that keeps its chain head and what de-duplication needs, not its rows: the
-recorder for a replay whose ledger is thrown away at exit (``tillerman replay`` without
-``--ledger``), so a replay's memory does not grow with the events it records.
+"""A ledger that keeps its head (last seq and link) and what de-duplication needs, not
+its rows: the recorder for a replay whose ledger is thrown away at exit (``tillerman
+replay`` without ``--ledger``), so a replay's memory does not grow with the events it
+records.
 
 ``append`` works as in every backend (``tillerman.ledger.batch.prepare``: the same seqs,
 chain links and returned entries as ``tillerman.ledger.memory`` for the same batches) and
@@ -12,8 +13,13 @@ with rows names the whole digest. Rows it did not keep cannot be read: ``read`` 
 ``intent_entries`` raise ``RowsNotKept``, and ``verify`` reports the head it holds.
 
 Events its caller knows are new and will never be offered again are appended with
-``append_new``, which keeps no id for them: a replay of many session files, each read
-once, keeps ids only for what it records itself.
+``append_new``, which keeps no id for them (a replay of many session files, each read
+once, keeps ids only for what it records itself) and numbers them without chaining them:
+nothing of such a row is kept, shown or read back, so no link of its could ever be
+checked, and computing the links (a canonical encoding and two SHA-256 per event) was a
+third of an in-memory replay's own work. The head's link is then ``UNCHAINED``, until a
+row appended after them is chained on it, and ``verify`` counts the rows numbered so.
+``tillerman.ledger.load``, which writes those rows, chains them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from tillerman.ledger.batch import Prepared, prepare
+from tillerman.ledger.batch import Prepared, prepare, stored_times
 from tillerman.ledger.errors import RowsNotKept
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
@@ -31,6 +37,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.recorder import GENESIS, AppendResult, Recorder, VerifyReport
 
 DIGEST_PREFIX = 8  # hex digits of each event's content digest kept: 32 bits
+UNCHAINED = ""  # the link of a row numbered without a chain (``append_new``), and the head's after one
 _STATES = tuple(State)
 
 
@@ -41,13 +48,15 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         super().__init__()
         self._seq = 0
         self._head = GENESIS
+        self._unchained = 0  # rows ``append_new`` numbered
         self._event_digests = IdTable()  # event id -> the first 32 bits of its content digest
         self._intent_states = IdTable()  # intent id -> its state's index in State
         self._absent: dict[str, bytes] = {}  # the ids of the batch being prepared not in the table: their keys
 
     @property
     def head(self) -> tuple[int, str]:
-        """The last seq and its chain hash (``GENESIS`` before any)."""
+        """The last seq and its chain hash (``GENESIS`` before any, ``UNCHAINED`` once
+        ``append_new`` numbered rows without a chain)."""
         return self._seq, self._head
 
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
@@ -65,10 +74,17 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         offered again: the same rows and entries, but their ids are neither looked up
         nor kept. A replay that reads each session file once and no ledger (whose rows
         repeat the ids of the files it followed) appends their observations here: their
-        ids name the file (``file_event_id``), so the table would only grow with them."""
+        ids name the file (``file_event_id``), so the table would only grow with them.
+        The rows are numbered, not chained (see the module): each entry's links are
+        ``UNCHAINED``, and so is the head's hash from now on."""
         if not batch:
             return AppendResult()
-        return self._appended(prepare(batch, self._seq, self._head, time.time(), _none_kept, self._state), ())
+        observed, first = time.time(), self._seq + 1
+        entries = tuple(Entry(seq=seq, envelope=stored_times(env, observed), prev_hash=UNCHAINED, hash=UNCHAINED)
+                        for seq, env in enumerate(batch, first))
+        self._seq, self._head = entries[-1].seq, UNCHAINED
+        self._unchained += len(entries)
+        return AppendResult(entries)
 
     def _appended(self, prepared: Prepared, offsets: Sequence[FileOffset]) -> AppendResult:
         for intent_id, state in prepared.intent_states.items():
@@ -113,9 +129,6 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         return self._seq
 
     def verify(self) -> VerifyReport:
+        unchained = f", {self._unchained} of them numbered without a chain" if self._unchained else ""
         return VerifyReport(ok=True, rows=self._seq, last_seq=self._seq,
-                            notes=(f"rows not kept; chain head at seq {self._seq}: {self._head}",))
-
-
-def _none_kept(event_ids: Iterable[str]) -> dict[str, str]:
-    return {}
+                            notes=(f"rows not kept{unchained}; head at seq {self._seq}: {self._head or 'unchained'}",))

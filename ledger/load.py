@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import msgspec
 
 from tillerman.ledger import frames
-from tillerman.ledger.batch import Prepared, prepare, row_columns
+from tillerman.ledger.batch import Prepared, none_stored, prepare, row_columns
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.errors import LedgerError, OperationalError
 from tillerman.ledger.events import Envelope
@@ -89,6 +89,13 @@ class LedgerLoad(ChainOnlyRecorder):
         prepared = prepare(batch, *self.head, time.time(), self._stored, self._state)
         self._own.update((row.envelope.event_id, row.digest) for row in prepared.rows)
         return self._appended(prepared, ())
+
+    def append_new(self, batch: Sequence[Envelope]) -> AppendResult:
+        """Observations never offered again: their ids neither looked up nor kept, as in
+        memory, but their rows are written, so they are chained as ``append`` chains."""
+        if not batch:
+            return AppendResult()
+        return self._appended(prepare(batch, *self.head, time.time(), none_stored, self._state), ())
 
     def _stored(self, event_ids: Iterable[str]) -> dict[str, str]:
         own = self._own

@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from tillerman.ledger import events
-from tillerman.ledger.batch import Prepared, Row, prepare, row_columns
+from tillerman.ledger.batch import Prepared, Row, none_stored, prepare, row_columns
 from tillerman.ledger.errors import AnchorMismatch, IllegalTransition, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
@@ -84,10 +84,6 @@ def _key_the_unkeyed(db: sqlite3.Connection) -> None:
         key = event_key(event_id)
         if db.execute("SELECT 1 FROM events WHERE id_key = ?", (key,)).fetchone() is None:
             db.execute("UPDATE events SET id_key = ? WHERE seq = ?", (key, seq))
-
-
-def _none_stored(event_ids: Iterable[str]) -> dict[str, str]:
-    return {}
 
 
 def _translate(exc: sqlite3.Error) -> Exception:
@@ -308,7 +304,7 @@ class SQLiteRecorder(Recorder):
         assert bulk is not None
         try:
             if unseen:
-                prepared = prepare(batch, *bulk.head, time.time(), _none_stored,
+                prepared = prepare(batch, *bulk.head, time.time(), none_stored,
                                    lambda intent_id: self._intent_state(db, intent_id))
                 self._insert(db, prepared.rows)
             else:
@@ -340,7 +336,7 @@ class SQLiteRecorder(Recorder):
         observed = time.time()
         if self._expect_new:
             try:
-                prepared = prepare(batch, head_seq, head_hash, observed, _none_stored, stored_state)
+                prepared = prepare(batch, head_seq, head_hash, observed, none_stored, stored_state)
             except IllegalTransition:  # maybe an intent event offered again: stored, a duplicate
                 self._expect_new = False
             else:

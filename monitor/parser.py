@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import msgspec
 
-from tillerman.ledger.events import AgentMessage, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
+from tillerman.ledger.events import AgentMessage, AnyEvent, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.digest import digest, measure, payload
 from tillerman.monitor.lines import (
@@ -41,8 +41,10 @@ from tillerman.monitor.lines import (
 )
 
 
-class Parsed(msgspec.Struct, frozen=True):
-    event: Event
+class Parsed(msgspec.Struct, frozen=True, array_like=True):
+    """An event of a record, where it came from; an array on a pipe (``ForkedFileReader``)."""
+
+    event: AnyEvent
     offset: int  # byte offset of the source record
     length: int  # byte length of the record, newline included
     index: int  # position among the events derived from the same record

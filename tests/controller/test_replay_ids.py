@@ -27,7 +27,7 @@ def test_session_files_read_once_leave_only_replays_own_ids():
     rows = rows_by_source(keeping)
     assert rows["file"] > 0 and rows["tillerman"] > 0
     assert recorder.ids_kept() == rows["tillerman"]  # its intents and decisions, not the files' observations
-    assert recorder.head == (keeping.max_seq(), list(keeping.read())[-1].hash)  # the same chain
+    assert recorder.head[0] == keeping.max_seq()  # the same rows, numbered alike (the files' not chained)
 
 
 def test_a_file_named_twice_keeps_its_ids_and_its_copy_is_dropped():

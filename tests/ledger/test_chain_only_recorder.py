@@ -3,7 +3,7 @@ import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, make_intent, moved, proposed, turn
 from tillerman.controller.replay import Replayer
-from tillerman.ledger.chain_only import ChainOnlyRecorder
+from tillerman.ledger.chain_only import UNCHAINED, ChainOnlyRecorder
 from tillerman.ledger.errors import IllegalTransition, RowsNotKept
 from tillerman.ledger.events import Conflict, Envelope, TurnStarted
 from tillerman.ledger.memory import MemoryRecorder
@@ -56,6 +56,24 @@ def test_without_conflicts_the_head_is_the_chain_of_a_ledger_with_rows():
         assert chain.append(batch) == rows.append(batch)
     last = list(rows.read())[-1]
     assert chain.head == (last.seq, last.hash)
+
+
+def test_rows_read_once_are_numbered_as_appended_but_not_chained():
+    """``append_new``: the seqs and envelopes ``append`` gives, links ``UNCHAINED`` and
+    no id kept; what is appended after chains on, and ``verify`` says the head is no
+    chain head."""
+    chain, rows = ChainOnlyRecorder(), MemoryRecorder()
+    observations = [msgspec.structs.replace(turn(i), observed_at=None if i == 2 else 1.0) for i in (1, 2, 3)]
+    numbered, appended = chain.append_new(observations), rows.append(observations)
+    assert [(e.seq, e.envelope.event_id, e.envelope.event) for e in numbered.entries] == \
+        [(e.seq, e.envelope.event_id, e.envelope.event) for e in appended.entries]
+    assert numbered.entries[1].envelope.observed_at is not None  # filled in, as every backend does
+    assert {(e.prev_hash, e.hash) for e in numbered.entries} == {(UNCHAINED, UNCHAINED)}
+    assert chain.head == (3, UNCHAINED) and chain.ids_kept() == 0
+    assert chain.verify().notes == ("rows not kept, 3 of them numbered without a chain; head at seq 3: unchained",)
+    (decision,) = chain.append([turn(4)]).entries
+    assert (decision.seq, decision.prev_hash) == (4, UNCHAINED) and decision.hash != UNCHAINED
+    assert chain.head == (4, decision.hash) and f"head at seq 4: {decision.hash}" in chain.verify().notes[0]
 
 
 def test_a_repeated_proposal_is_refused_as_by_every_backend():

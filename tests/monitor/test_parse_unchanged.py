@@ -28,6 +28,7 @@ import pytest
 
 from tillerman.ledger.events import Quarantined
 from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.parser import Parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = ROOT / "fixtures" / "sessions"
@@ -41,11 +42,15 @@ ROLLOUT_SOURCE = "rollout-2026-11-30T00-00-00-01a229c4-3717-7c10-9d2e-5b7f0c9e1a
 def parse_digest(fmt: str, data: bytes, chunk: int = 4096, source: str = ROLLOUT_SOURCE) -> str:
     parser = PARSERS[fmt](source=source)
     out = hashlib.sha256()
+
+    def digested(parsed: Parsed) -> None:  # by field name, whatever shape the Struct is encoded in
+        out.update(msgspec.json.encode(msgspec.structs.asdict(parsed)) + b"\n")
+
     for start in range(0, len(data), chunk):
         for parsed in parser.feed(data[start:start + chunk]):
-            out.update(msgspec.json.encode(parsed) + b"\n")
+            digested(parsed)
     for parsed in parser.close():
-        out.update(msgspec.json.encode(parsed) + b"\n")
+        digested(parsed)
     out.update(json.dumps([parser.records, sorted(parser.unknown_types.items())]).encode())
     return out.hexdigest()
 
