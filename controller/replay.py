@@ -310,7 +310,11 @@ class Replayer:
             self._waiting_read_once = read_once
         total = path.stat().st_size
         forked = self.parse_ahead and total >= PARSE_AHEAD_BYTES and _may_fork()
-        reader = (ForkedFileReader if forked else FileReader)(str(path), parser, identity, CHUNK)
+        if forked:  # the ids made where there is time for them: here unless the rows are chained here
+            chained = not (read_once and not self.recorder.chains_new)
+            reader = ForkedFileReader(str(path), parser, identity, CHUNK, ids_in_child=chained)
+        else:
+            reader = FileReader(str(path), parser, identity, CHUNK)
         untimed, advance, take = parser.untimed, self._advance, self._take
         aside = forked  # the log checkpointed on a thread once the child is forked
         try:

@@ -66,6 +66,8 @@ class LedgerLoad(ChainOnlyRecorder):
     writer process (see the module). Like ``ChainOnlyRecorder``, its rows cannot be read
     back here; they can from the ledger once ``close`` returns."""
 
+    chains_new = True  # its rows are written: every one is chained
+
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path

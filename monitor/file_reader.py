@@ -12,9 +12,10 @@ its observation time, which replay takes from its virtual clock.
 ``ForkedFileReader`` gives exactly what ``FileReader`` gives (the child runs one), with
 the reading and parsing on a second core: decoding each line, building its events and
 counting them are half of a replay's work, and the other half (fold, rules, chain,
-ledger) needs nothing but the events. Their ids (a SHA-256 each) are made here, not in
-the child: in memory, where nothing is chained, the child is the slower of the two
-(1M rollout lines: parsing alone takes longer than everything else a replay does). The child is forked (it has every module
+ledger) needs nothing but the events. Their ids (a SHA-256 each) are made on the side
+with time for them (``ids_in_child``): in the child where the replay chains the rows,
+here where it does not (in memory, a file read once: then parsing is the slower half).
+The child is forked (it has every module
 the parser runs imported already, and starts in about a millisecond), uses nothing of
 the parent's but the file and the parser, and leaves with ``os._exit``: no ``atexit``
 handler or finalizer of the parent's objects (an open SQLite ledger among them) runs in
@@ -44,8 +45,8 @@ from tillerman.monitor.identity import event_ids
 from tillerman.monitor.parser import Parsed, Parser
 
 
-class FileEvent(msgspec.Struct, frozen=True):
-    """A parsed event and its id (``file_event_id``)."""
+class FileEvent(msgspec.Struct, frozen=True, array_like=True):
+    """A parsed event and its id (``file_event_id``); an array on a pipe."""
 
     event_id: str
     event: AnyEvent
@@ -113,7 +114,12 @@ class FileReader:
 
 class _Chunk(msgspec.Struct, array_like=True, tag=True):
     done: int
-    events: list[Parsed]
+    events: list[Parsed]  # ids made by the reader
+
+
+class _NamedChunk(msgspec.Struct, array_like=True, tag=True):
+    done: int
+    events: list[FileEvent]  # ids made in the child
 
 
 class _End(msgspec.Struct, array_like=True, tag=True):
@@ -125,12 +131,17 @@ class _Failed(msgspec.Struct, array_like=True, tag=True):
     strerror: str
 
 
-_Message = _Chunk | _End | _Failed
+_Message = _Chunk | _NamedChunk | _End | _Failed
 _decode = msgspec.msgpack.Decoder(_Message).decode
 
 
 class ForkedFileReader(FileReader):
-    """The file read and parsed by a ``FileReader`` in a forked child (see the module)."""
+    """The file read and parsed by a ``FileReader`` in a forked child (see the module);
+    ``ids_in_child``: the child makes the events' ids too."""
+
+    def __init__(self, path: str, parser: Parser, identity: str, chunk: int, *, ids_in_child: bool = True) -> None:
+        super().__init__(path, parser, identity, chunk)
+        self.ids_in_child = ids_in_child
 
     def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
         read_fd, write_fd = os.pipe()
@@ -157,7 +168,9 @@ class ForkedFileReader(FileReader):
         try:
             with open(read_fd, "rb", buffering=frames.PIPE_BYTES) as pipe:
                 while (message := _receive(pipe)) is not None:
-                    if isinstance(message, _Chunk):
+                    if isinstance(message, _NamedChunk):
+                        yield message.done, message.events
+                    elif isinstance(message, _Chunk):
                         yield message.done, named(message.events)
                     elif isinstance(message, _End):
                         self.account = message.account
@@ -182,8 +195,12 @@ class ForkedFileReader(FileReader):
                 frames.send(pipe, encode(message))
 
             try:
-                for done, parsed in reader._parsed():
-                    send(_Chunk(done, parsed))
+                if self.ids_in_child:
+                    for done, events in reader.chunks():
+                        send(_NamedChunk(done, events))
+                else:
+                    for done, parsed in reader._parsed():
+                        send(_Chunk(done, parsed))
                 assert reader.account is not None
                 send(_End(reader.account))
             except BrokenPipeError:

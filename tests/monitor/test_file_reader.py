@@ -28,22 +28,24 @@ HOSTILE = (
 )
 
 
-def read(reader_type: type[FileReader], path: Path, chunk: int = 1 << 20, fmt: str = "codex-rollout"):
+def read(reader_type: type[FileReader], path: Path, chunk: int = 1 << 20, fmt: str = "codex-rollout", **options):
     parser = PARSERS[fmt](source=f"file:{path}")
-    reader = reader_type(str(path), parser, file_identity(path, read_first_line(path)), chunk)
+    reader = reader_type(str(path), parser, file_identity(path, read_first_line(path)), chunk, **options)
     chunks = list(reader.chunks())
     return chunks, reader.account
 
 
+@pytest.mark.parametrize("ids_in_child", [True, False])
 @pytest.mark.parametrize("chunk", [7, 4096, 1 << 20])
 @pytest.mark.parametrize("name", sorted(p.name for p in ROLLOUTS.glob("*.jsonl")) + ["hostile"])
-def test_a_file_read_in_a_child_reads_as_it_does_here(name, chunk, tmp_path):
+def test_a_file_read_in_a_child_reads_as_it_does_here(name, chunk, ids_in_child, tmp_path):
+    """Whichever side makes the ids."""
     path = ROLLOUTS / name
     if name == "hostile":
         path = tmp_path / "rollout-hostile.jsonl"
         path.write_bytes(HOSTILE)
     here, here_account = read(FileReader, path, chunk)
-    there, there_account = read(ForkedFileReader, path, chunk)
+    there, there_account = read(ForkedFileReader, path, chunk, ids_in_child=ids_in_child)
     assert there == here
     assert there_account == here_account
     assert here_account is not None and here_account.records > 0
