@@ -67,11 +67,6 @@ HEAD = 64 * 1024
 FORMATS = ("auto", *sorted(PARSERS), "ledger")
 BATCH = 512  # observations folded ahead of their append, appended together
 COMMIT_EVERY = 8192  # rows appended between commits, about: each costs a commit and an anchor move
-# Into a new ledger through its writer process (``Recorder.load``), less often: each
-# commit writes every page of the id index it touched to the log, and the ids' keys are
-# spread over all of it. The writer alone, on a 1M-line rollout's rows: 5.0-5.4 s
-# committing every 8,192 rows, 4.3 s every 32,768, 3.8-4.0 s every 65,536.
-LOAD_COMMIT_EVERY = 32768
 PARSE_AHEAD_BYTES = 4 * CHUNK  # smaller files are parsed here: a process would cost more than it saves
 LOAD_BYTES = 4 * CHUNK  # fewer bytes of input are written into a ledger here, for the same reason
 UNTIMED_STEP = 1.0  # seconds of virtual time per record when a format has no clock
@@ -200,7 +195,6 @@ class Replayer:
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
         self._uncommitted = 0
-        self._commit_every = COMMIT_EVERY
         # Observations folded ahead of their append (``_fold_ahead``): appended together
         # when BATCH of them wait, or before anything of replay's own is appended.
         self._waiting: list[Envelope] = []
@@ -283,11 +277,10 @@ class Replayer:
             return
         recorder = self.recorder
         with recorder.load() as self.recorder:
-            self._commit_every = LOAD_COMMIT_EVERY
             try:
                 yield
             finally:
-                self.recorder, self._commit_every = recorder, COMMIT_EVERY
+                self.recorder = recorder
 
     def _replay_file(self, path: Path) -> FileSummary:
         try:
@@ -505,7 +498,7 @@ class Replayer:
         if entries and self._next_seq is not None:
             self._next_seq = entries[-1].seq + 1
         self._uncommitted += len(entries)
-        if self._uncommitted >= self._commit_every:  # now and then: a reader sees progress, a crash loses little
+        if self._uncommitted >= COMMIT_EVERY:  # a commit now and then: a reader sees progress, a crash loses little
             self._uncommitted = 0
             self._bulk.close()
             self._bulk.enter_context(self.recorder.bulk())
