@@ -10,11 +10,11 @@ A ``FileEvent`` is what the live tailer's ``file_envelope`` makes of a parsed re
 its observation time, which replay takes from its virtual clock.
 
 ``ForkedFileReader`` gives exactly what ``FileReader`` gives (the child runs one), with
-the reading and parsing on a second core: decoding each line, building its events and
-counting them are half of a replay's work, and the other half (fold, rules, chain,
-ledger) needs nothing but the events. Their ids (a SHA-256 each) are made on the side
-with time for them (``ids_in_child``): in the child where the replay chains the rows,
-here where it does not (in memory, a file read once: then parsing is the slower half).
+the reading and parsing on a second core: decoding each line and building its events
+are half of a replay's work, and the other half (fold, rules, chain, ledger) needs
+nothing but the events. Their ids (a SHA-256 each) and counts are made on the side with
+time for them (``ids_in_child``): in the child where the replay chains the rows, here
+where it does not (in memory, a file read once: then parsing is the slower half).
 The child is forked (it has every module
 the parser runs imported already, and starts in about a millisecond), uses nothing of
 the parent's but the file and the parser, and leaves with ``os._exit``: no ``atexit``
@@ -34,7 +34,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import msgspec
 
@@ -76,40 +76,49 @@ class FileReader:
         self.account: FileAccount | None = None
 
     def chunks(self) -> Iterator[tuple[int, list[FileEvent]]]:
-        named = self._namer()
+        identify = _Identify(self.identity)
         for done, parsed in self._parsed():
-            yield done, named(parsed)
-
-    def _namer(self) -> Callable[[list[Parsed]], list[FileEvent]]:
-        event_id = event_ids(self.identity)
-
-        def named(parsed: list[Parsed]) -> list[FileEvent]:
-            return [FileEvent(event_id(p.offset, p.index), p.event, p.at, p.offset, p.length) for p in parsed]
-
-        return named
+            yield done, identify(parsed)
+        self.account = identify.account(*self._read())
 
     def _parsed(self) -> Iterator[tuple[int, list[Parsed]]]:
-        """The file's events chunk by chunk, counted: ``account`` is set at its end."""
+        """The file's events chunk by chunk (``_read`` once they are all read)."""
         parser = self.parser
-        counter = EventCounter()
-        count, threads = counter.add, set()
-
-        def counted(parsed: list[Parsed]) -> list[Parsed]:
-            for p in parsed:
-                event = p.event
-                count(event)
-                if event.thread_id is not None:
-                    threads.add(event.thread_id)
-            return parsed
-
         done = 0
         with open(self.path, "rb") as fh:
             while data := fh.read(self.chunk):
                 done += len(data)
-                yield done, counted(parser.feed(data))
-        yield done, counted(parser.close())
-        self.account = FileAccount(parser.records, dict(sorted(parser.unknown_types.items())),
-                                   counter.counts(), sorted(threads))
+                yield done, parser.feed(data)
+        yield done, parser.close()
+
+    def _read(self) -> tuple[int, dict[str, int]]:
+        """The records the file held and its unknown types, counted."""
+        return self.parser.records, dict(sorted(self.parser.unknown_types.items()))
+
+
+class _Identify:
+    """The events of one file given their ids (``file_event_id``), counted with the
+    threads they name, as they go by: one pass, on whichever side of the pipe makes
+    the ids."""
+
+    def __init__(self, identity: str) -> None:
+        self._event_id = event_ids(identity)
+        self._counter = EventCounter()
+        self._threads: set[str] = set()
+
+    def __call__(self, parsed: list[Parsed]) -> list[FileEvent]:
+        count, threads, event_id = self._counter.add, self._threads, self._event_id
+        out = []
+        for p in parsed:
+            event = p.event
+            count(event)
+            if event.thread_id is not None:
+                threads.add(event.thread_id)
+            out.append(FileEvent(event_id(p.offset, p.index), event, p.at, p.offset, p.length))
+        return out
+
+    def account(self, records: int, unknown_types: dict[str, int]) -> FileAccount:
+        return FileAccount(records, unknown_types, self._counter.counts(), sorted(self._threads))
 
 
 class _Chunk(msgspec.Struct, array_like=True, tag=True):
@@ -123,7 +132,12 @@ class _NamedChunk(msgspec.Struct, array_like=True, tag=True):
 
 
 class _End(msgspec.Struct, array_like=True, tag=True):
-    account: FileAccount
+    account: FileAccount  # after ``_NamedChunk``s
+
+
+class _Read(msgspec.Struct, array_like=True, tag=True):
+    records: int  # after ``_Chunk``s: the rest of the account is counted as they are named
+    unknown_types: dict[str, int]
 
 
 class _Failed(msgspec.Struct, array_like=True, tag=True):
@@ -131,13 +145,13 @@ class _Failed(msgspec.Struct, array_like=True, tag=True):
     strerror: str
 
 
-_Message = _Chunk | _NamedChunk | _End | _Failed
+_Message = _Chunk | _NamedChunk | _End | _Read | _Failed
 _decode = msgspec.msgpack.Decoder(_Message).decode
 
 
 class ForkedFileReader(FileReader):
     """The file read and parsed by a ``FileReader`` in a forked child (see the module);
-    ``ids_in_child``: the child makes the events' ids too."""
+    ``ids_in_child``: the child makes the events' ids too, and counts them."""
 
     def __init__(self, path: str, parser: Parser, identity: str, chunk: int, *, ids_in_child: bool = True) -> None:
         super().__init__(path, parser, identity, chunk)
@@ -164,16 +178,19 @@ class ForkedFileReader(FileReader):
                 os._exit(status)
         os.close(write_fd)
         reaped = False
-        named = self._namer()
+        identify = _Identify(self.identity)
         try:
             with open(read_fd, "rb", buffering=frames.PIPE_BYTES) as pipe:
                 while (message := _receive(pipe)) is not None:
                     if isinstance(message, _NamedChunk):
                         yield message.done, message.events
                     elif isinstance(message, _Chunk):
-                        yield message.done, named(message.events)
+                        yield message.done, identify(message.events)
                     elif isinstance(message, _End):
                         self.account = message.account
+                        return
+                    elif isinstance(message, _Read):
+                        self.account = identify.account(message.records, message.unknown_types)
                         return
                     else:
                         raise OSError(message.errno, message.strerror, self.path)
@@ -198,11 +215,12 @@ class ForkedFileReader(FileReader):
                 if self.ids_in_child:
                     for done, events in reader.chunks():
                         send(_NamedChunk(done, events))
+                    assert reader.account is not None
+                    send(_End(reader.account))
                 else:
                     for done, parsed in reader._parsed():
                         send(_Chunk(done, parsed))
-                assert reader.account is not None
-                send(_End(reader.account))
+                    send(_Read(*reader._read()))
             except BrokenPipeError:
                 return 1  # the reader is gone: nobody to tell
             except OSError as exc:
