@@ -310,8 +310,8 @@ class Replayer:
             self._waiting_read_once = read_once
         total = path.stat().st_size
         forked = self.parse_ahead and total >= PARSE_AHEAD_BYTES and _may_fork()
-        if forked:  # the ids made where there is time for them: here unless the rows are chained here
-            chained = not (read_once and not self.recorder.chains_new)
+        if forked:  # the ids made where there is time for them: in the child if the rows are chained here
+            chained = not read_once or self.recorder.chains_new
             reader = ForkedFileReader(str(path), parser, identity, CHUNK, ids_in_child=chained)
         else:
             reader = FileReader(str(path), parser, identity, CHUNK)

@@ -123,7 +123,7 @@ class _Identify:
 
 class _Chunk(msgspec.Struct, array_like=True, tag=True):
     done: int
-    events: list[Parsed]  # ids made by the reader
+    events: list[Parsed]  # ids made on the reading side
 
 
 class _NamedChunk(msgspec.Struct, array_like=True, tag=True):

@@ -4,10 +4,14 @@ when a ledger (which repeats the ids of the files it followed) is among the inpu
 
 from collections import Counter
 
+import pytest
+
+from tillerman.controller import replay
 from tillerman.controller.replay import Replayer
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.file_reader import ForkedFileReader
 from tillerman.rules.config import load_effective
 
 STUCK = "fixtures/disagreement/stuck/rollout-2026-10-21T14-00-00-0199b000-0000-7000-8000-00000000dd01.jsonl"
@@ -50,3 +54,31 @@ def test_with_a_ledger_among_the_inputs_its_copies_of_the_files_events_are_dropp
     assert summary == Replayer(keeping, ruleset).run(paths)
     assert recorder.head[0] == keeping.max_seq()
     assert rows_by_source(keeping)["file"] == Replayer(MemoryRecorder(), ruleset).run([STUCK]).events
+
+
+@pytest.mark.parametrize(("into", "ids_in_child"), [("memory", False), ("load", True), ("named twice", True)])
+def test_a_forked_reader_makes_the_ids_on_the_side_with_time_for_them(into, ids_in_child, monkeypatch, tmp_path):
+    """In memory, a file read once is numbered, not chained: the replay's process has time
+    for the ids, the parsing child has none. Where the replay chains the rows (a load into
+    a new ledger, a file named twice), the child makes them."""
+    made = []
+
+    class Recording(ForkedFileReader):
+        def __init__(self, *args, ids_in_child: bool) -> None:
+            made.append(ids_in_child)
+            super().__init__(*args, ids_in_child=ids_in_child)
+
+    monkeypatch.setattr(replay, "ForkedFileReader", Recording)
+    monkeypatch.setattr(replay, "PARSE_AHEAD_BYTES", 0)
+    monkeypatch.setattr(replay, "LOAD_BYTES", 0)
+    monkeypatch.setattr(replay, "_may_fork", lambda: True)
+    ruleset = load_effective(None, None).ruleset
+    paths = [STUCK, STUCK] if into == "named twice" else [STUCK]
+    expected = Replayer(MemoryRecorder(), ruleset).run(paths)
+    if into == "load":
+        with SQLiteRecorder(tmp_path / "ledger.sqlite3") as ledger:
+            summary = Replayer(ledger, ruleset, parse_ahead=True).run(paths)
+    else:
+        summary = Replayer(ChainOnlyRecorder(), ruleset, parse_ahead=True).run(paths)
+    assert summary == expected
+    assert made and set(made) == {ids_in_child}
