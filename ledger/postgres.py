@@ -234,6 +234,16 @@ class PostgresRecorder(Recorder):
             raise _translate(exc) from exc
 
     @contextlib.contextmanager
+    def _one_moment(self) -> Iterator[psycopg.Connection]:
+        """A read-only transaction whose every statement sees the same committed moment.
+        Under PostgreSQL's default (read committed) each statement sees its own, so a
+        writer committing between reading the head row and reading the table would show
+        rows past the head: the very sign of rows written around tillerman."""
+        with self._reading() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield conn
+
+    @contextlib.contextmanager
     def bulk(self) -> Iterator[None]:
         """Many appends in one transaction, which holds the head row's lock throughout
         (other writers wait until it ends). Each append is checked against the rows
@@ -424,7 +434,7 @@ class PostgresRecorder(Recorder):
         which never lags on PostgreSQL: rows past it were written around the recorder."""
         from tillerman.ledger.verify import verify_ledger
 
-        with self._reading() as conn, conn.transaction():
+        with self._one_moment() as conn:
             version = int(conn.execute("SELECT value FROM meta WHERE key = 'chain_version'").fetchone()[0])
             head = conn.execute("SELECT seq, hash FROM chain_head").fetchone()
             with conn.cursor(name="tillerman_verify") as rows:  # server-side: streamed, not all in memory
@@ -450,7 +460,7 @@ class PostgresRecorder(Recorder):
 
     def tail_problem(self) -> str | None:
         """What ``append`` would refuse over, without writing (None: nothing)."""
-        with self._reading() as conn, conn.transaction():
+        with self._one_moment() as conn:
             return self._anchor_problem(conn, conn.execute("SELECT seq, hash FROM chain_head").fetchone())
 
     def accept_tail(self, by: str) -> tuple[str, int]:

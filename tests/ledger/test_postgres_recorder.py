@@ -109,6 +109,34 @@ def test_rows_written_around_the_recorder_are_found(postgres_dsn):
         assert any("rows written around tillerman" in p for p in rec.verify().problems)
 
 
+def test_a_writer_committing_while_the_ledger_is_checked_is_not_taken_for_rows_around_it(
+        postgres_dsn, monkeypatch):
+    """Another daemon commits between the check's read of the head row and its read of the
+    table: both reads see one moment, so the check never finds rows past the head."""
+    with PostgresRecorder(postgres_dsn) as rec, PostgresRecorder(postgres_dsn) as other:
+        rec.append([turn(1)])
+        appended = iter(range(2, 100))
+        committing = []
+
+        def commit_first(original):
+            def run(*args, **kwargs):
+                if not committing:  # not inside the other's append, which checks its head too
+                    committing.append(True)
+                    other.append([turn(next(appended))])
+                    committing.clear()
+                return original(*args, **kwargs)
+            return run
+
+        monkeypatch.setattr(psycopg.ServerCursor, "execute", commit_first(psycopg.ServerCursor.execute))
+        monkeypatch.setattr(PostgresRecorder, "_anchor_problem",
+                            staticmethod(commit_first(PostgresRecorder._anchor_problem)))
+        report = rec.verify()
+        assert report.ok, report.problems
+        assert rec.tail_problem() is None
+        monkeypatch.undo()
+        assert rec.max_seq() == 3 and rec.verify().ok and rec.verify().rows == 3
+
+
 def test_a_reader_never_writes_and_needs_a_ledger(postgres_dsn):
     with pytest.raises(SchemaError, match="no tillerman ledger"):
         PostgresRecorder(postgres_dsn, readonly=True)
