@@ -23,6 +23,10 @@ recorder's own lookup would; the observations' ids are never looked up nor kept
 writes, seq for seq and link for link (tests/controller/test_replay_unchanged.py,
 tests/ledger/test_load.py).
 
+The writer drops the index of the ids' keys while it inserts and builds it when the pipe
+ends (``SQLiteRecorder.keys_indexed_last``): nothing looks an id up in the ledger during a
+load, and a random index written row by row costs more than one built from all the rows.
+
 The writer ignores SIGINT (Ctrl-C reaches the replay, which ends the load). When the
 pipe ends, with or without a last ``bulk()`` end, it commits what it was sent: whole
 prepared batches only, so what it committed is a prefix of the chain. A writer that
@@ -153,8 +157,8 @@ def _write(path: str) -> int:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with SQLiteRecorder(path) as recorder, open(sys.stdin.fileno(), "rb", buffering=frames.PIPE_BYTES,
-                                                    closefd=False) as pipe:
+        with SQLiteRecorder(path) as recorder, recorder.keys_indexed_last(), \
+                open(sys.stdin.fileno(), "rb", buffering=frames.PIPE_BYTES, closefd=False) as pipe:
             ended = False
             while not ended:
                 with recorder.bulk():

@@ -35,12 +35,13 @@ from pathlib import Path
 
 from tillerman.ledger import events
 from tillerman.ledger.batch import Prepared, Row, none_stored, prepare, row_columns
-from tillerman.ledger.errors import AnchorMismatch, IllegalTransition, IntegrityError, OperationalError, SchemaError
+from tillerman.ledger.errors import (AnchorMismatch, IllegalTransition, IntegrityError, LedgerError, OperationalError,
+                                     SchemaError)
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.load import LedgerLoad
-from tillerman.ledger.migrations import EVENT_COLUMNS, SCHEMA_VERSION, migrate
+from tillerman.ledger.migrations import EVENT_COLUMNS, KEY_INDEX, SCHEMA_VERSION, index_the_keys, migrate
 from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 from tillerman.ledger.recorder import (
@@ -155,6 +156,8 @@ class SQLiteRecorder(Recorder):
                         migrate(self._db)
                         if self.head_path is not None and self.head_path.exists():
                             self._mark_anchored(self._db)  # a ledger from before meta.anchored
+                elif not self._keys_indexed():  # a load stopped before it built the index
+                    self._index_keys()
                 if _meta(self._db, SEGMENT_META) is not None:
                     self._db.close()
                     raise SchemaError(f"{self.path} is an archive segment, history that is never written to;"
@@ -221,6 +224,35 @@ class SQLiteRecorder(Recorder):
             self._db.execute(f"PRAGMA cache_size = -{LOAD_CACHE_KIB}")  # from the next block on
         if failure is not None:
             raise failure
+
+    @contextlib.contextmanager
+    def keys_indexed_last(self) -> Iterator[None]:
+        """For a load into a ledger with no rows (``tillerman.ledger.load``): the index of
+        the ids' keys dropped while the rows go in and built over them when the block
+        ends. Inserted one by one, each row's key lands on a random page of that index,
+        and every commit wrote those pages to the log again: 1M rollout lines wrote 1.19 GB
+        for a 403 MB ledger, 0.82 GB with the index built last (a sort), and took 8% less
+        time. A load that stops before the end leaves the index unbuilt; whoever opens
+        the ledger next builds it (``__init__``). A ledger with rows keeps its index."""
+        if self.max_seq():
+            yield
+            return
+        with self._transaction() as db:
+            db.execute(f"DROP INDEX IF EXISTS {KEY_INDEX}")
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(LedgerError):
+                self._index_keys()  # or the next to open it will: the load's own failure is the one to raise
+            raise
+        self._index_keys()
+
+    def _keys_indexed(self) -> bool:
+        return bool(self._query("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (KEY_INDEX,)))
+
+    def _index_keys(self) -> None:
+        with self._transaction() as db:
+            index_the_keys(db)
 
     @contextlib.contextmanager
     def load(self) -> Iterator[Recorder]:

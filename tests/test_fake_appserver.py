@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 import types
 
 import pytest
@@ -30,10 +31,13 @@ class _Enough(Exception):
 
 
 def _turn_starts(monkeypatch, threads: int, *, lockstep: bool, seconds: float) -> list[float]:
-    """When each thread's first turn/started falls due, in seconds after the flood starts."""
+    """When each thread's first turn/started falls due, in seconds after the flood starts.
+    The server's clock is the flood's sleeps alone: a busy machine's own time passing
+    between two looks must not move a thread's start."""
+    elapsed = [0.0]
+    monkeypatch.setattr(fake_appserver, "time", types.SimpleNamespace(monotonic=lambda: elapsed[0], time=time.time))
     server = FakeAppServer(threads, RATE, lockstep=lockstep)
     starts: dict[str, float] = {}
-    elapsed = [0.0]
 
     async def notify(thread, method, params):
         if method == "turn/started":
@@ -41,7 +45,6 @@ def _turn_starts(monkeypatch, threads: int, *, lockstep: bool, seconds: float) -
 
     async def tick(seconds_asked):  # the flood's sleep: the clock moves on by one tick, at once
         elapsed[0] += seconds_asked
-        server.started -= seconds_asked
         if elapsed[0] >= seconds:
             raise _Enough
 

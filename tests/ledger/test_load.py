@@ -11,8 +11,12 @@ import msgspec
 import pytest
 
 from tests.ledger.recorder_contract import make_intent, proposed, turn
-from tillerman.ledger.errors import OperationalError
+from tillerman.ledger.batch import none_stored, prepare, row_columns
+from tillerman.ledger.errors import IntegrityError, OperationalError
+from tillerman.ledger.event_keys import event_key
+from tillerman.ledger.events import Envelope
 from tillerman.ledger.load import LedgerLoad
+from tillerman.ledger.recorder import GENESIS
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 
@@ -53,6 +57,63 @@ def test_the_load_writes_the_rows_the_sqlite_recorder_writes(tmp_path):
     assert len(loaded_rows) == 7 and loaded_rows[-1][7] == "conflict"
 
 
+def _indexes(path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+
+
+def _shared_key(i: int) -> Envelope:
+    """Observations whose ids share one key (``tillerman.ledger.event_keys``: their first 16 digits)."""
+    return msgspec.structs.replace(turn(i), event_id=f"f-0123456789abcdef{i:016x}")
+
+
+def test_the_load_builds_the_key_index_last_and_keys_a_shared_key_once(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        with ledger.load() as load:
+            with load.bulk():
+                load.append_new([_shared_key(1), _shared_key(2), turn(3)])
+            deadline = time.monotonic() + 30
+            while ledger.max_seq() < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ledger.max_seq() == 3 and "events_key" not in _indexes(path)  # not while rows go in
+        assert "events_key" in _indexes(path)
+        with sqlite3.connect(path) as db:
+            keys = [key for (key,) in db.execute("SELECT id_key FROM events ORDER BY seq")]
+        assert keys[0] == event_key(_shared_key(1).event_id) and keys[1] is None and keys[2] is not None
+        # both found again, by the key and by the id: duplicates, neither a conflict nor an error
+        again = ledger.append([_shared_key(1), _shared_key(2), turn(3)])
+        assert again.duplicates == 3 and not again.conflicts and ledger.verify().ok
+
+
+def test_a_load_that_fails_builds_the_key_index_and_raises_its_own_failure(tmp_path):
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        with pytest.raises(KeyError, match="the writer's own"):
+            with ledger.keys_indexed_last(), ledger.bulk():
+                ledger.insert_prepared([row_columns(row) for row in prepare(
+                    [_shared_key(1), _shared_key(2)], 0, GENESIS, 1.0, none_stored, lambda intent_id: None).rows])
+                assert "events_key" not in _indexes(path)
+                raise KeyError("the writer's own failure")
+        assert "events_key" in _indexes(path) and ledger.max_seq() == 2
+        assert ledger.append([_shared_key(2)]).duplicates == 1
+
+
+def test_a_ledger_with_one_id_stored_twice_is_refused_when_its_key_index_is_built(tmp_path):
+    """Written around tillerman: no shared key to leave unkeyed, an error that says so."""
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as ledger:
+        ledger.append([turn(1)])
+    with sqlite3.connect(path) as db:
+        db.execute("DROP INDEX events_key")
+        db.execute("INSERT INTO events SELECT seq + 1, event_id, at, observed_at, source, thread_id, turn_id, kind,"
+                   " intent_id, offset, length, payload, digest, prev_hash, hash, id_key FROM events")
+    with pytest.raises(IntegrityError, match="the id e1 is stored twice"):
+        SQLiteRecorder(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM events WHERE id_key IS NOT NULL").fetchone()[0] == 2
+
+
 def test_a_ledger_with_rows_is_loaded_by_the_recorder_itself(tmp_path):
     with SQLiteRecorder(tmp_path / "l.sqlite3") as ledger:
         ledger.append([turn(1)])
@@ -77,6 +138,10 @@ def test_a_killed_writer_is_raised_and_its_commits_stay(tmp_path):
                     load.append_new([turn(5)])
         report = ledger.verify()
         assert report.ok and ledger.max_seq() == 3
+        assert "events_key" not in _indexes(path)  # the writer stopped before it built it
+    with SQLiteRecorder(path) as again:  # the next to open the ledger builds it
+        assert "events_key" in _indexes(path)
+        assert again.append([turn(2)]).duplicates == 1 and again.verify().ok
 
 
 def test_rows_that_do_not_chain_to_the_ledger_are_refused(tmp_path):
@@ -91,6 +156,7 @@ def test_rows_that_do_not_chain_to_the_ledger_are_refused(tmp_path):
                                                    " another writer appended meanwhile"):
             load.close()
         assert ledger.max_seq() == 1 and ledger.verify().ok
+        assert "events_key" in _indexes(path)  # a ledger with rows keeps its index
 
 
 def test_what_was_sent_before_the_caller_failed_is_committed(tmp_path):

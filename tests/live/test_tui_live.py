@@ -94,11 +94,18 @@ async def tui_thread(s: Session) -> dict:
     return thread
 
 
-async def title_threads(s: Session) -> list[str]:
-    """The TUI's ephemeral title-generation threads (one or two per turn), still loaded."""
-    loaded = await s.harness.request("thread/loaded/list", {})
-    threads = [(await s.harness.request("thread/read", {"threadId": t}))["thread"] for t in loaded["data"]]
-    return [t["id"] for t in threads if t["ephemeral"] and t["threadSource"] == "thread_title"]
+async def title_threads(s: Session, timeout: float = 20.0) -> list[str]:
+    """The TUI's ephemeral title-generation threads (one or two per turn; they stay
+    loaded), once there is one: the TUI starts them beside its turn, and on a busy
+    machine the first may start after the turn has ended."""
+    with anyio.move_on_after(timeout):
+        while True:
+            loaded = await s.harness.request("thread/loaded/list", {})
+            threads = [(await s.harness.request("thread/read", {"threadId": t}))["thread"] for t in loaded["data"]]
+            if titles := [t["id"] for t in threads if t["ephemeral"] and t["threadSource"] == "thread_title"]:
+                return titles
+            await anyio.sleep(0.1)
+    return []
 
 
 async def server_user_messages(s: Session, thread_id: str, turn_id: str) -> list[dict]:
