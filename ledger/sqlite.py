@@ -66,6 +66,7 @@ PAGE_SIZE = 16384
 #: daemon's rounds are smaller and keep the default.
 LOAD_CACHE_KIB = 32768
 LOAD_ROWS = 4096
+SORT_CACHE_KIB = 2048  # SQLite's default cache: the runs an index build sorts in memory
 AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: a commit past this many log pages checkpoints
 _IN_CHUNK = 500  # bound on `IN (...)` parameters per query
 
@@ -251,8 +252,20 @@ class SQLiteRecorder(Recorder):
         return bool(self._query("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (KEY_INDEX,)))
 
     def _index_keys(self) -> None:
-        with self._transaction() as db:
-            index_the_keys(db)
+        """Build the key index in flat memory: SQLite sorts the keys in runs of at most
+        the page cache, spilled to a temporary file on disk (a load's 32 MiB cache and
+        memory for temporary files would hold every key: at 470k rows the writer's peak
+        grew by 19 MiB)."""
+        db = self._db
+        cache = db.execute("PRAGMA cache_size").fetchone()[0]
+        db.execute("PRAGMA temp_store = FILE")
+        db.execute(f"PRAGMA cache_size = -{SORT_CACHE_KIB}")
+        try:
+            with self._transaction() as db:
+                index_the_keys(db)
+        finally:
+            db.execute(f"PRAGMA cache_size = {cache}")
+            db.execute("PRAGMA temp_store = MEMORY")
 
     @contextlib.contextmanager
     def load(self) -> Iterator[Recorder]:

@@ -97,6 +97,8 @@ def test_a_load_that_fails_builds_the_key_index_and_raises_its_own_failure(tmp_p
                 raise KeyError("the writer's own failure")
         assert "events_key" in _indexes(path) and ledger.max_seq() == 2
         assert ledger.append([_shared_key(2)]).duplicates == 1
+        # the build sorted on disk, in a small cache; the connection has its own settings back
+        assert ledger._query("PRAGMA temp_store") == [(2,)] and ledger._query("PRAGMA cache_size") == [(-2000,)]
 
 
 def test_a_ledger_with_one_id_stored_twice_is_refused_when_its_key_index_is_built(tmp_path):
