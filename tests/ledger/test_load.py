@@ -101,6 +101,19 @@ def test_a_load_that_fails_builds_the_key_index_and_raises_its_own_failure(tmp_p
         assert ledger._query("PRAGMA temp_store") == [(2,)] and ledger._query("PRAGMA cache_size") == [(-2000,)]
 
 
+def test_a_writer_appending_while_a_load_holds_the_key_index_back_looks_every_id_up(tmp_path):
+    """A daemon with the ledger open since it was empty, while a replay loads into it: its
+    appends cannot count on the index to refuse a stored id, so they look each one up."""
+    path = tmp_path / "l.sqlite3"
+    with SQLiteRecorder(path) as daemon, SQLiteRecorder(path) as writer:
+        with writer.keys_indexed_last():
+            with writer.bulk():
+                writer.insert_prepared([row_columns(row) for row in prepare(
+                    [turn(1)], 0, GENESIS, 1.0, none_stored, lambda intent_id: None).rows])
+            assert daemon.append([turn(1)]).duplicates == 1  # no second row
+        assert writer.max_seq() == 1 and "events_key" in _indexes(path)
+
+
 def test_a_ledger_with_one_id_stored_twice_is_refused_when_its_key_index_is_built(tmp_path):
     """Written around tillerman: no shared key to leave unkeyed, an error that says so."""
     path = tmp_path / "l.sqlite3"
