@@ -234,7 +234,7 @@ class Replayer:
         # The files named once, read only where they matter: an in-memory ledger keeps no
         # ids for their observations, and a load needs every file to be one.
         asked = self.fmt != "ledger" and (may_load or isinstance(self.recorder, ChainOnlyRecorder))
-        read_once = _read_once(found) if asked else set()
+        read_once = files_read_once(found) if asked else set()
         with self._loading(may_load and len(read_once) == len(found)), self._bulk:
             self._bulk.enter_context(self.recorder.bulk())
             # Into an empty ledger, a file's observations cannot be duplicates (their ids
@@ -263,12 +263,7 @@ class Replayer:
         empty SQLite ledger, rows written by a process of their own): with a core to
         spare (``parse_ahead``) and LOAD_BYTES of input or more; every file must also be
         named once (``_run``)."""
-        if not self.parse_ahead:
-            return False
-        try:
-            return sum(path.stat().st_size for path in found) >= LOAD_BYTES
-        except OSError:
-            return False  # a file that vanished: its replay reports it
+        return self.parse_ahead and worth_loading(found)
 
     @contextlib.contextmanager
     def _loading(self, load: bool) -> Iterator[None]:
@@ -480,7 +475,7 @@ class Replayer:
             self._fold(entry)
 
     def _append(self, batch: list[Envelope], *, read_once: bool = False, unseen: bool = False) -> tuple[Entry, ...]:
-        """``read_once``: no id of the batch is ever offered again (``_read_once``);
+        """``read_once``: no id of the batch is ever offered again (``files_read_once``);
         ``unseen``: none is stored (observations folded ahead: ``_fold_ahead``)."""
         if not batch:
             return ()
@@ -555,7 +550,15 @@ def _may_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
-def _read_once(paths: list[Path]) -> set[str]:
+def worth_loading(paths: list[Path]) -> bool:
+    """Whether ``paths`` hold LOAD_BYTES of input or more, worth a load's writer process."""
+    try:
+        return sum(path.stat().st_size for path in paths) >= LOAD_BYTES
+    except OSError:
+        return False  # a file that vanished: its replay reports it
+
+
+def files_read_once(paths: list[Path]) -> set[str]:
     """The identities of the files named once among ``paths``, when none is a ledger: the
     ids of their observations name them (``file_event_id``), so once a file is read
     nothing later in the run can offer them again, and an in-memory ledger need not

@@ -67,8 +67,16 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         self._absent.clear()
         prepared = prepare(batch, self._seq, self._head, time.time(), self._digests, self._state)
         for row in prepared.rows:  # each was looked up by ``_digests`` and found absent
-            self._event_digests.add_key(self._absent[row.envelope.event_id], int(row.digest[:DIGEST_PREFIX], 16))
+            self._event_digests.add_key(self._absent[row.envelope.event_id], self._tag(row.digest))
         return self._appended(prepared, offsets)
+
+    def _tag(self, digest: str) -> int:
+        """What the table keeps of a stored row's content digest: its first 32 bits."""
+        return int(digest[:DIGEST_PREFIX], 16)
+
+    def _kept_digest(self, tag: int) -> str:
+        """The digest (or the prefix of it) a ``_tag`` stands for."""
+        return f"{tag:0{DIGEST_PREFIX}x}"
 
     def append_new(self, batch: Sequence[Envelope]) -> AppendResult:
         """``append`` of events the caller knows were never appended and will never be
@@ -107,7 +115,7 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
             if tag is None:
                 self._absent[event_id] = key  # kept for the row it becomes: one digest and search per id
             else:
-                found[event_id] = f"{tag:0{DIGEST_PREFIX}x}"
+                found[event_id] = self._kept_digest(tag)
         return found
 
     def _state(self, intent_id: str) -> State | None:

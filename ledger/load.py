@@ -15,13 +15,18 @@ flight. The writer is started, not forked: a process that opens a SQLite file mu
 be the fork of one that holds it open.
 
 It is only for a ledger with no rows, replaying files each named once
-(``Replayer._loading``): then no id can be offered twice but those the replay records
-itself (decisions, intents, reports), which are kept here with their whole content
-digests, so a duplicate is dropped and a conflict named exactly as the SQLite
-recorder's own lookup would; the observations' ids are never looked up nor kept
-(``append_new``). So the rows are the rows a replay through ``SQLiteRecorder.append``
+(``Replayer._loading``, ``parallel_replay._appender``): then no id can be offered twice
+but those the replay records itself (decisions, intents, reports), which are kept here
+with their whole content digests, so a duplicate is dropped and a conflict named exactly
+as the SQLite recorder's own lookup would; the observations' ids are never looked up nor
+kept (``append_new``). So the rows are the rows a replay through ``SQLiteRecorder.append``
 writes, seq for seq and link for link (tests/controller/test_replay_unchanged.py,
-tests/ledger/test_load.py).
+tests/ledger/test_load.py). The ids are kept as ``ChainOnlyRecorder`` keeps them, in its
+compact table (64-bit name digests, about 13 bytes each), whose tag is here the place of
+the whole digest in one ``bytearray``: 57 bytes a record with the buffers' slack, where a
+``dict`` of the id and digest strings took about 280 (a replay of 550 rollouts records
+16,000 of them, and their ``dict`` was most of what grew in the parent of its workers). Two ids with one 64-bit digest would be taken
+for one, as in memory: about n² / 2⁶⁵ for n records.
 
 The writer drops the index of the ids' keys while it inserts and builds it when the pipe
 ends (``SQLiteRecorder.keys_indexed_last``): nothing looks an id up in the ledger during a
@@ -41,7 +46,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -65,6 +70,9 @@ class _Commit(msgspec.Struct, array_like=True, tag=True):
 _decode = msgspec.msgpack.Decoder(_Rows | _Commit).decode
 
 
+DIGEST_BYTES = 32  # a content digest (SHA-256), kept whole: a conflict record names it
+
+
 class LedgerLoad(ChainOnlyRecorder):
     """Appends prepared here on the chain of an empty ledger at ``path``, written by the
     writer process (see the module). Like ``ChainOnlyRecorder``, its rows cannot be read
@@ -75,7 +83,9 @@ class LedgerLoad(ChainOnlyRecorder):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
-        self._own: dict[str, str] = {}  # ids ``append`` stored -> their content digests
+        # The content digests of the rows ``append`` stored, DIGEST_BYTES each, in the order
+        # stored: a row's place here is its tag in the id table.
+        self._digests_kept = bytearray()
         self._encode = msgspec.msgpack.Encoder().encode
         # Unbuffered: each message is one write, seen by the writer (or refused) at once.
         self._writer = subprocess.Popen([sys.executable, "-m", "tillerman.ledger.load", path],
@@ -90,11 +100,7 @@ class LedgerLoad(ChainOnlyRecorder):
                offsets: Sequence[FileOffset] = ()) -> AppendResult:
         if offsets:
             raise ValueError("a load writes events, not file offsets")
-        if not batch:
-            return AppendResult()
-        prepared = prepare(batch, *self.head, time.time(), self._stored, self._state)
-        self._own.update((row.envelope.event_id, row.digest) for row in prepared.rows)
-        return self._appended(prepared, ())
+        return super().append(batch)
 
     def append_new(self, batch: Sequence[Envelope]) -> AppendResult:
         """Observations never offered again: their ids neither looked up nor kept, as in
@@ -103,9 +109,13 @@ class LedgerLoad(ChainOnlyRecorder):
             return AppendResult()
         return self._appended(prepare(batch, *self.head, time.time(), none_stored, self._state), ())
 
-    def _stored(self, event_ids: Iterable[str]) -> dict[str, str]:
-        own = self._own
-        return {event_id: own[event_id] for event_id in event_ids if event_id in own}
+    def _tag(self, digest: str) -> int:
+        kept = self._digests_kept
+        kept += bytes.fromhex(digest)
+        return len(kept) // DIGEST_BYTES - 1
+
+    def _kept_digest(self, tag: int) -> str:
+        return self._digests_kept[tag * DIGEST_BYTES:(tag + 1) * DIGEST_BYTES].hex()
 
     def _appended(self, prepared: Prepared, offsets: Sequence[FileOffset]) -> AppendResult:
         if prepared.rows:

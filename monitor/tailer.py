@@ -59,6 +59,7 @@ log = logging.getLogger("tillerman.tailer")
 SUFFIX = ".jsonl"  # what is followed under a watched directory
 CHUNK = 1 << 20  # bytes read per step: memory stays flat in file size
 HEAD = 64 * 1024  # as much as replay looks at to tell a format
+FILE_SOURCE = "file:"  # what the source name of a file's events starts with
 
 # Reasons of the quarantine records the tailer itself writes (the parser writes the rest).
 FILE_DELETED = "file_deleted"
@@ -70,7 +71,12 @@ UNKNOWN_FORMAT = "unknown_format"
 
 def file_source(path: str | os.PathLike) -> str:
     """The source name of a file's events (replay and the tailer use the same)."""
-    return f"file:{path}"
+    return f"{FILE_SOURCE}{path}"
+
+
+def is_file_source(source: str) -> bool:
+    """Whether ``source`` names a file's events: an observation, not a record of tillerman's own."""
+    return source.startswith(FILE_SOURCE)
 
 
 def file_envelope(identity: str, source: str, parsed: Parsed, *, observed_at: float | None = None) -> Envelope:

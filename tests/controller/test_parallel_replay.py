@@ -18,6 +18,7 @@ from bench.sessions import rollout_name, write_rollout
 from tillerman.controller.cli import main
 from tillerman.controller import parallel_replay
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
+from tillerman.ledger.events import Envelope
 from tillerman.rules.files import default_ruleset
 from tests.controller.test_replay import STALL, replay, replay_json
 
@@ -58,7 +59,14 @@ def test_the_summary_is_the_same_for_any_number_of_jobs(sessions, jobs):
     assert replay_json("--jobs", jobs, *args) == one
 
 
-def test_the_ledger_is_the_same_for_any_number_of_jobs_and_its_decisions_are_the_digest(sessions, tmp_path):
+@pytest.mark.parametrize("load_bytes", [0, 10**12], ids=["loaded", "appended"])
+def test_the_ledger_is_the_same_for_any_number_of_jobs_and_its_decisions_are_the_digest(sessions, tmp_path,
+                                                                                         monkeypatch, load_bytes):
+    """With two jobs the parent writes the workers' rows through the new ledger's load
+    (``load_bytes`` 0: any input is enough) or appends them itself: the same rows as one job."""
+    from tillerman.controller import replay as replay_module
+
+    monkeypatch.setattr(replay_module, "LOAD_BYTES", load_bytes)
     exports, summaries = [], []
     for jobs in ("1", "2"):
         ledger = tmp_path / f"jobs-{jobs}.sqlite3"
@@ -261,11 +269,16 @@ def test_a_reader_that_dies_fails_the_replay_with_a_clear_error(tmp_path, monkey
     assert str(STALL_FILE) in result.output and "exit status 3" in result.output and "--jobs 1" in result.output
 
 
-@pytest.mark.parametrize(("jobs", "rows_first", "loaded"), [(2, False, True), (1, False, False), (2, True, False)])
-def test_a_new_ledger_is_loaded_by_a_writer_process_only_with_a_core_to_spare(tmp_path, monkeypatch, jobs,
-                                                                                rows_first, loaded):
-    """``--jobs 2`` into a new ledger writes through its load; ``--jobs 1`` replays in this
-    process, and a ledger that has rows is appended to by its recorder: both without one."""
+@pytest.mark.parametrize(("jobs", "rows_first", "many", "twice", "loaded"), [
+    (2, False, False, False, True), (1, False, False, False, False), (2, True, False, False, False),
+    (2, False, True, False, True), (2, False, True, True, False), (2, True, True, False, False),
+])
+def test_a_new_ledger_is_loaded_by_a_writer_process_only_with_a_core_to_spare(tmp_path, monkeypatch, sessions, jobs,
+                                                                                rows_first, many, twice, loaded):
+    """``--jobs 2`` into a new ledger writes through its load: one group's replay, or the
+    parent for the workers of ``many`` groups. ``--jobs 1`` replays in this process, a
+    ledger that has rows is appended to by its recorder, and a file named ``twice``
+    repeats its ids, which only the recorder's lookup drops: all three without one."""
     from tillerman.controller import replay as replay_module
     from tillerman.ledger import sqlite
     from tillerman.ledger.load import LedgerLoad
@@ -275,9 +288,56 @@ def test_a_new_ledger_is_loaded_by_a_writer_process_only_with_a_core_to_spare(tm
     loads = []
     monkeypatch.setattr(sqlite, "LedgerLoad", lambda path: loads.append(path) or LedgerLoad(path))
     settings = ReplaySettings(ruleset=default_ruleset())
+    paths = [str(STALL_FILE)]
+    if many:
+        paths += sorted(str(p) for p in sessions.iterdir())
+    if twice:
+        paths.append(paths[-1])
     with SQLiteRecorder(tmp_path / "ledger.sqlite3") as ledger:
         if rows_first:
-            replay_files([str(STALL)], settings, jobs=1, ledger=ledger)
-        replay_files([str(STALL)], settings, jobs=jobs, ledger=ledger)
+            replay_files([str(STALL_FILE)], settings, jobs=1, ledger=ledger)
+        replay_files(paths, settings, jobs=jobs, ledger=ledger)
         assert ledger.verify().ok and ledger.max_seq() > 0
     assert bool(loads) == loaded
+
+
+def _group_result(*envelopes) -> parallel_replay.GroupResult:
+    summary = parallel_replay.ReplaySummary(files=[], events=0, decisions=0, decisions_digest="", reports=0,
+                                            intents={}, overdue=[], ruleset_digest="")
+    return parallel_replay.GroupResult(summary, b"", [msgspec.msgpack.encode(list(envelopes))])
+
+
+def test_the_parent_loads_observations_without_keeping_their_ids_and_drops_a_record_met_twice(tmp_path,
+                                                                                               monkeypatch):
+    """Through the load, a group's observations go by ``append_new`` and what the workers
+    recorded by ``append``: a record two groups both made is stored once, as the recorder
+    itself stores it, and the load keeps the ids of those records only."""
+    from tillerman.ledger import events as ev
+    from tillerman.ledger import sqlite
+    from tillerman.ledger.load import LedgerLoad
+    from tillerman.ledger.sqlite import SQLiteRecorder
+    from tillerman.monitor.tailer import file_source
+
+    loads = []
+    monkeypatch.setattr(sqlite, "LedgerLoad", lambda path: loads.append(LedgerLoad(path)) or loads[-1])
+
+    def observed(name):
+        return Envelope(event_id=f"{name}:0", event=ev.TurnStarted(thread_id=name, turn_id="t"),
+                        source=file_source(f"/sessions/{name}.jsonl"), at=1.0, observed_at=1.0)
+
+    report = Envelope(event_id="report:shared", event=ev.Report(rule_id="r", rule_version=1, finding="f"),
+                      source="tillerman", at=2.0, observed_at=2.0)
+    groups = [_group_result(observed("a"), report), _group_result(observed("b"), report, observed("c"))]
+    rows = []
+    for load in (False, True):
+        path = tmp_path / f"load-{load}.sqlite3"
+        with SQLiteRecorder(path) as ledger:
+            with parallel_replay._appender(ledger, load) as append:
+                for group in groups:
+                    append(group)
+            assert ledger.verify().ok
+        with sqlite3.connect(path) as db:
+            rows.append(db.execute("SELECT seq, event_id, prev_hash, hash FROM events ORDER BY seq").fetchall())
+    assert [row[1] for row in rows[0]] == ["a:0", "report:shared", "b:0", "c:0"]
+    assert rows[1] == rows[0]
+    assert len(loads) == 1 and loads[0].ids_kept() == 1  # the report's: no observation's

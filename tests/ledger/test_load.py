@@ -57,6 +57,34 @@ def test_the_load_writes_the_rows_the_sqlite_recorder_writes(tmp_path):
     assert len(loaded_rows) == 7 and loaded_rows[-1][7] == "conflict"
 
 
+def test_the_load_keeps_under_60_bytes_for_each_record_of_the_callers_own(tmp_path):
+    """What ``append`` stores is kept to drop a duplicate and name a conflict whole: a
+    64-bit name digest in the compact id table and the 32-byte content digest. A ``dict``
+    of the id and digest strings held about 280 bytes a record. (Reports: an intent's
+    records keep its state too, in a table of its own.)"""
+    import tracemalloc
+
+    from tillerman.ledger.events import Report
+
+    def report(i: int) -> Envelope:
+        return Envelope(event_id=f"report:{i:020d}", event=Report(rule_id="r", rule_version=1, finding=f"f{i}"),
+                        source="tillerman", at=float(i))
+
+    records = 20_000
+    with SQLiteRecorder(tmp_path / "l.sqlite3") as ledger, ledger.load() as load, load.bulk():
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for start in range(0, records, 500):
+                load.append([report(i) for i in range(start, start + 500)])
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert load.ids_kept() == records
+        assert load.append([report(7)]).duplicates == 1  # found again
+    assert kept / records < 60, f"{kept / records:.0f} bytes a record"
+
+
 def _indexes(path) -> set[str]:
     with sqlite3.connect(path) as db:
         return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
