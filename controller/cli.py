@@ -335,10 +335,13 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
     from tillerman.monitor.appserver_client import JsonlTrace, TraceFileError
 
     if trace_path:
+        created = not os.path.lexists(trace_path)
         try:  # refused here in one line, not later inside the daemon's connection task
             JsonlTrace(trace_path).close()
         except TraceFileError as exc:
             raise Fail(str(exc)) from None
+        if created:  # only tried: the daemon creates it once the ledger opens, so an error there writes nothing
+            os.unlink(trace_path)
     options = DaemonOptions(url=target.url if target else None,
                             client_name=target.client_name if target else OWN_CLIENT_NAME,
                             default_socket=bool(target and target.default_socket),

@@ -290,3 +290,15 @@ def test_allow_remote_attaches_with_a_warning(ledger, started):
     assert result.exit_code == 0, result.output
     assert started[0].url == "ws://10.0.0.5:4500"
     assert "warning: ws://10.0.0.5:4500 is not on this machine" in result.stderr
+
+
+def test_run_with_a_trace_and_a_ledger_it_cannot_open_creates_no_trace(tmp_path):
+    """The trace file is only tried before the daemon starts (so a folder it cannot write is
+    one line at once); the daemon creates it, so a ledger refused first leaves no file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    trace = tmp_path / "t.jsonl"
+    result = CliRunner().invoke(main, ["run", "--no-codex", "--watch", str(tmp_path), "--ledger", str(fifo),
+                                       "--trace", str(trace)])
+    assert result.exit_code == 2 and "is not a regular file" in result.output, result.output
+    assert not trace.exists()
