@@ -163,9 +163,9 @@ def _appender(ledger: Recorder, load: bool) -> Iterator[Callable[[GroupResult], 
     → 22 s, and the parent's peak RSS no longer grows with the index pages each group's
     transaction dirtied: 1.37× that of 70 MB of them before). The observations go by
     ``append_new``: their ids name files read once, never offered again, so they are
-    neither looked up nor kept. What the
-    workers recorded themselves goes by ``append``, which keeps those ids, so one worker's
-    record met again from another is dropped as the ledger would drop it."""
+    neither looked up nor kept. What the workers recorded themselves goes by ``append``,
+    which keeps those ids, so one worker's record met again from another is dropped as
+    the ledger would drop it."""
     with ledger.load() if load else contextlib.nullcontext(ledger) as target:
         append_new = target.append_new if isinstance(target, ChainOnlyRecorder) else target.append
 

@@ -122,10 +122,6 @@ class ChainOnlyRecorder(InProcessExtras, Recorder):
         index = self._intent_states.get(intent_id)
         return None if index is None else _STATES[index]
 
-    def id_table_bytes(self) -> int:
-        """Memory the de-duplication table holds (for the benchmarks)."""
-        return self._event_digests.nbytes()
-
     # -- what cannot be read back -------------------------------------------------
 
     def read(self, after_seq: int = 0, limit: int | None = None) -> Iterator[Entry]:

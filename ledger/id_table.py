@@ -19,7 +19,6 @@ The table is a msgspec Struct, so a projection that holds one (a thread's ended 
 from __future__ import annotations
 
 import hashlib
-import sys
 
 import msgspec
 
@@ -71,11 +70,6 @@ class IdTable(msgspec.Struct):
         self._count += 1
         if self._count > SPLIT_AT << self._bits:
             self._split()
-
-    def nbytes(self) -> int:
-        """Memory the table holds (buckets, their list, and the table object)."""
-        return (sys.getsizeof(self) + sys.getsizeof(self._buckets)
-                + sum(sys.getsizeof(b) for b in self._buckets))
 
     def _bucket(self, key: bytes) -> bytearray:
         return self._buckets[int.from_bytes(key, "little") & ((1 << self._bits) - 1)]

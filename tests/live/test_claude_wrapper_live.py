@@ -292,11 +292,13 @@ def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdr
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        # The stale message expires 1.5 s after its proposal, well before the tool's turn
-        # ends (under load the wrapper's record of the turn may come seconds after its start).
-        session, turn = running_tool(harness, ledger, 7)
+        # The stale message expires 4 s after its proposal: time for the wrapper to queue it
+        # first, even under load (with 1.5 s, a whole suite on two cores once let it expire
+        # before it was queued, so nothing was withdrawn), and still well before the tool's
+        # turn ends (its record may come seconds after its start).
+        session, turn = running_tool(harness, ledger, 10)
         later = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: run me after", now=time.time())
-        stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=1.5,
+        stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=4.0,
                                now=time.time())
         withdrawn = wait_until(lambda: settled(ledger, stale), "the stale message to be withdrawn")
         ran = wait_until(lambda: settled(ledger, later), "the queued message to run", timeout=20)
