@@ -292,20 +292,19 @@ def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdr
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        # The stale message expires 4 s after its proposal: time for the wrapper to queue it
-        # first, even under load (with 1.5 s, a whole suite on two cores once let it expire
-        # before it was queued, so nothing was withdrawn), and still well before the tool's
-        # turn ends (its record may come seconds after its start).
-        session, turn = running_tool(harness, ledger, 10)
+        # The stale message expires 1.5 s after its proposal, well before the tool's turn
+        # ends (under load the wrapper's record of the turn may come seconds after its start).
+        session, turn = running_tool(harness, ledger, 7)
         later = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: run me after", now=time.time())
-        stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=4.0,
+        stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=1.5,
                                now=time.time())
         withdrawn = wait_until(lambda: settled(ledger, stale), "the stale message to be withdrawn")
         ran = wait_until(lambda: settled(ledger, later), "the queued message to run", timeout=20)
         harness.wait_for(lambda line: is_result(line) and len(harness.results()) == 2)
         assert harness.close() == 0
     assert ended(withdrawn) == ("expired", "expires_at_passed")
-    assert any(item.reason == "withdrawn" and item.evidence["cancelled"] is True for item in withdrawn.history)
+    assert any(item.reason == "withdrawn" and item.evidence["cancelled"] is True for item in withdrawn.history), \
+        [(item.state, item.reason, item.evidence) for item in withdrawn.history]
     assert ended(ran) == ("acknowledged", "queue_turn_started")
     first, second = harness.results()
     assert first["user_message_uuids"] == [turn]  # not folded into the running turn
