@@ -14,6 +14,7 @@ import logging
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,7 +27,8 @@ from tillerman.ledger.errors import OperationalError
 from tillerman.ledger.events import Envelope, NotificationFailed, NotificationSent
 from tillerman.ledger.recorder import Recorder
 from tillerman.monitor.appserver_client import backoff_delays
-from tillerman.rules.notify import NotifySink
+from tillerman.rules.errors import show
+from tillerman.rules.notify import NotifySink, is_loopback
 
 log = logging.getLogger("tillerman")
 
@@ -118,13 +120,42 @@ async def _send(sink: NotifySink, body: bytes) -> str | None:
     return None
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the sink's answer, not a hop to take: the loopback rule
+    (``tillerman.rules.notify.check_webhook``) judged the URL written in the config, and a
+    redirect would carry the notices (as a GET, the body dropped) to a host it never saw."""
+
+    def redirect_request(self, *args, **kwargs) -> None:
+        return None  # the opener then raises the 3xx as an HTTPError
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """No redirects; and for a loopback URL no proxy either (``$http_proxy`` would send
+    the notices off this machine as surely as a redirect)."""
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
+    if is_loopback(urllib.parse.urlsplit(url).hostname or ""):
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
+
+
 def _post(url: str, body: bytes, timeout: float) -> str | None:
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 (http(s) only: rules.notify)
+        with _opener(url).open(request, timeout=timeout) as answer:  # noqa: S310 (http(s) only: rules.notify)
             answer.read()
     except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code} {exc.reason}"
+        return _http_failure(exc.code, exc.reason, exc.headers.get("Location") if exc.headers else None)
     except (urllib.error.URLError, OSError) as exc:
         return f"cannot reach {url}: {getattr(exc, 'reason', exc)}"
     return None
+
+
+def _http_failure(code: int, reason: str, location: str | None) -> str:
+    """One line for an answer that is not a success; a redirect's target shown quoted and
+    escaped, like a reason that is not plain text (both came from the sink, and reach
+    logs and ``tillerman intents``)."""
+    reason = reason if reason.isprintable() else show(reason)
+    if 300 <= code < 400:
+        where = f" to {show(location)}" if location is not None else ""
+        return f"HTTP {code} {reason}: redirected{where}; redirects are not followed, write the final URL in the sink"
+    return f"HTTP {code} {reason}"

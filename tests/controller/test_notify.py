@@ -333,3 +333,79 @@ def test_a_webhook_sink_gets_the_group_posted_and_an_http_error_is_a_failure(mon
     _Hook.status = 500
     _deliver(rec, handover)
     assert [o.error for o in _outcomes(rec)[1:]] == ["HTTP 500 Internal Server Error"] * 2
+
+
+class _Elsewhere(http.server.BaseHTTPRequestHandler):
+    """Stands for the host a redirect or a proxy would carry the notices to: any request
+    it gets is a notice that left for where the config never named."""
+    got: list = []
+
+    def do_GET(self):  # noqa: N802 (the stdlib's name)
+        _Elsewhere.got.append(("GET", self.path))
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self):  # noqa: N802
+        _Elsewhere.got.append(("POST", self.path))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class _Redirecting(http.server.BaseHTTPRequestHandler):
+    status = 302
+    location = ""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(_Redirecting.status)
+        self.send_header("Location", _Redirecting.location)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve(handler):
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def elsewhere():
+    _Elsewhere.got = []
+    server = _serve(_Elsewhere)
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_webhook_redirect_is_a_failure_never_followed(monkeypatch, elsewhere, status):
+    monkeypatch.setattr(notify_sinks, "MAX_ATTEMPTS", 1)
+    _Redirecting.status, _Redirecting.location = status, f"http://{elsewhere}/stolen\x1b]52;c;aGk=\x07"
+    server = _serve(_Redirecting)
+    try:
+        rec = MemoryRecorder()
+        sink = NotifySink(name="hook", webhook=f"http://127.0.0.1:{server.server_address[1]}/t", group_window=1.0)
+        _deliver(rec, _handover(rec, sink))
+    finally:
+        server.shutdown()
+    (failed,) = _outcomes(rec)
+    assert isinstance(failed, NotificationFailed) and _Elsewhere.got == []
+    assert failed.error.startswith(f"HTTP {status} ") and "redirects are not followed" in failed.error
+    assert f"http://{elsewhere}/stolen\\u001b]52;c;aGk=\\u0007" in failed.error and "\x1b" not in failed.error
+
+
+def test_a_loopback_webhook_never_goes_through_a_proxy(monkeypatch, hook, elsewhere):
+    monkeypatch.setenv("http_proxy", f"http://{elsewhere}")
+    monkeypatch.setenv("no_proxy", "")
+    rec = MemoryRecorder()
+    _deliver(rec, _handover(rec, NotifySink(name="hook", webhook=hook, group_window=1.0)))
+    assert isinstance(_outcomes(rec)[-1], NotificationSent) and len(_Hook.bodies) == 1 and _Elsewhere.got == []
+
+
+def test_a_sinks_status_reason_is_shown_escaped(monkeypatch):
+    assert notify_sinks._http_failure(500, "Oops\x1b[2J", None) == 'HTTP 500 "Oops\\u001b[2J"'
