@@ -102,22 +102,70 @@ def _answer(event: str, text: str) -> dict:
                                    "permissionDecisionReason": text}}
 
 
-def main(argv: list[str]) -> int:
-    """Exits 0 whatever happens: a hook of ours never stops the agent (what went wrong
-    goes to stderr). A decision is printed only once the line that records it is kept."""
-    spool = Path(argv[argv.index("--spool") + 1]) if "--spool" in argv[:-1] else default_spool()
+class HookUsageError(ValueError):
+    """Options the hook cannot act on."""
+
+
+def spool_from(argv: list[str]) -> Path:
+    """The spool the options name (``--spool DIR``, ``--spool=DIR``; none: the default).
+    Parsed here rather than by click: click's usage error exits 2, which Claude Code
+    reads as "block this action", so a wrong option would stop the agent."""
+    spool = None
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
+        if arg.startswith("--spool="):
+            spool = arg.removeprefix("--spool=")
+        elif arg == "--spool":
+            if not rest:
+                raise HookUsageError("--spool needs a folder")
+            spool = rest.pop(0)
+        else:
+            raise HookUsageError(f"unknown option {arg!r}; the only one is --spool DIR")
+    if spool == "":  # Path("") is the working directory: the agent's project
+        raise HookUsageError("--spool '' names no folder")
+    return default_spool() if spool is None else Path(spool)
+
+
+def keep_and_answer(argv: list[str]) -> None:
+    """Keep the payload on stdin and print the decision, if any, once its line is kept."""
+    spool = spool_from(argv)
+    if sys.stdin is None:  # started with stdin closed
+        raise ValueError("no stdin to read it from")
+    payload = read_payload(sys.stdin.buffer.read(MAX_PAYLOAD + 1))
     try:
-        payload = read_payload(sys.stdin.buffer.read(MAX_PAYLOAD + 1))
-        try:
-            answer, record = deliver(payload, spool)
-        except Exception as exc:  # noqa: BLE001 - whatever broke, the agent goes on undisturbed
-            answer, record = None, {"fail_open": f"{type(exc).__name__}: {exc}"}
-        keep_payload({**payload, "tillerman": record} if record is not None else payload, spool)
-        if answer is not None:
-            print(json.dumps(answer))
-    except (OSError, ValueError, RecursionError) as exc:
-        print(f"tillerman hook claude: payload not kept ({exc}); the session goes on", file=sys.stderr)
+        answer, record = deliver(payload, spool)
+    except Exception as exc:  # noqa: BLE001 - a failed delivery still keeps the payload
+        answer, record = None, {"fail_open": f"{type(exc).__name__}: {exc}"}
+    keep_payload({**payload, "tillerman": record} if record is not None else payload, spool)
+    if answer is not None:
+        print(json.dumps(answer))
+
+
+def main(argv: list[str]) -> int:
+    """Exits 0 whatever happens, bad options included: Claude Code reads exit 2 as
+    "block this action", and a hook of ours never stops the agent. What went wrong is
+    one line on stderr."""
+    try:
+        keep_and_answer(argv)
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the agent goes on undisturbed
+        _say(f"tillerman hook claude: payload not kept ({_one_line(exc)}); the session goes on")
     return 0
+
+
+def _one_line(exc: Exception) -> str:
+    """The error as one printable line: control characters (a newline, an escape
+    sequence from a path) shown escaped, never acted on by a terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc) or type(exc).__name__)
+
+
+def _say(line: str) -> None:
+    if sys.stderr is None:  # started with stderr closed: nowhere to say it
+        return
+    try:
+        print(line, file=sys.stderr)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -68,6 +68,20 @@ def _where(claude: bool, project: str | None, user: bool) -> Path:
     return _settings_path(project)
 
 
+def _spool_made(spool: str | None) -> Path:
+    """The spool the hook will write, made now (0700: payloads hold prompts and
+    commands), so the folder the install tells you to watch exists before the first
+    hook runs. Refused before the settings are touched."""
+    if spool == "":  # Path("") is whatever directory the hook starts in: the agent's project
+        raise Fail("--spool '' names no folder: give the folder the hook should keep payloads in")
+    spool_dir = default_spool() if spool is None else Path(spool).resolve()
+    try:
+        spool_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise Fail(f"{spool_dir}: cannot make the spool folder ({exc.strerror or exc})") from exc
+    return spool_dir
+
+
 @click.group("hooks")
 def hooks() -> None:
     """Install or remove tillerman's hooks in an agent's settings."""
@@ -100,7 +114,7 @@ def install(claude, project, user, spool):
     Example: tillerman hooks install --claude --user
     """
     path = _where(claude, project, user)
-    spool_dir = Path(spool).resolve() if spool else default_spool()
+    spool_dir = _spool_made(spool)
     command = f"{shlex.quote(sys.executable)} -m {HOOK_MODULE} --spool {shlex.quote(str(spool_dir))}"
     try:
         merged = with_our_hooks(_read_settings(path), command)
@@ -134,13 +148,14 @@ def hook() -> None:
     """What an agent's hook runs (installed by `tillerman hooks install`)."""
 
 
-@hook.command("claude")
-@click.option("--spool", type=PathType(file_okay=False), help="Where payloads are kept"
-              " (default: $XDG_STATE_HOME/tillerman/claude-hooks).")
-def hook_claude(spool):
-    """Keep the hook payload on stdin as one line of <spool>/<session_id>.jsonl. Prints no
-    decision; exits 0 even when it cannot keep it (saying why on stderr).
+@hook.command("claude", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("options", nargs=-1, type=click.UNPROCESSED, metavar="[--spool DIR]")
+def hook_claude(options):
+    """Keep the hook payload on stdin as one line of <spool>/<session_id>.jsonl
+    (--spool DIR; default: $XDG_STATE_HOME/tillerman/claude-hooks). Prints no
+    decision; exits 0 even when it cannot keep it or its options are wrong (saying why
+    on stderr): Claude Code reads exit 2 as "block this action".
 
     Example: echo '{"session_id": "s1", "hook_event_name": "Stop"}' | tillerman hook claude
     """
-    claude_hook.main(["--spool", spool] if spool else [])
+    sys.exit(claude_hook.main(list(options)))  # its options are parsed there, never by click
