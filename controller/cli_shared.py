@@ -16,6 +16,7 @@ from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fa
 from tillerman.controller.timefmt import parse_time
 from tillerman.ledger.errors import SchemaError
 from tillerman.ledger.location import is_database_url, open_recorder, shown
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules.errors import RuleSetError
 
@@ -48,15 +49,16 @@ def ledger_url(path: str | None) -> str | None:
 
 
 def ledger_file(path: str | None, *, command: str | None = None) -> Path:
-    """The ledger's absolute path: resolved here, at the edge, because the daemon matches
-    it against the absolute paths the kernel reports for its WAL file. ``command``: one
+    """The ledger's real path: resolved here, at the edge, because the daemon matches it
+    against the absolute paths the kernel reports for its WAL file, and a symlink to the
+    ledger is the same ledger (``tillerman.ledger.paths``). ``command``: one
     that works on a SQLite file only, refusing a PostgreSQL URL by that name."""
     if (url := ledger_url(path)) is not None:
         raise Fail(f"{command or 'this command'} works on a SQLite ledger file, not on the database {shown(url)};"
                    " give --ledger the path of a SQLite file")
     if path is not None and not path.strip():
         raise Fail("--ledger is empty; give the path of the ledger file")
-    return (Path(path) if path else default_ledger_path()).absolute()
+    return Path(ledger_files(Path(path) if path else default_ledger_path()).path)
 
 
 def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> Recorder:

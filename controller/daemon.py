@@ -65,6 +65,7 @@ from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.lock import LedgerLock
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -809,7 +810,7 @@ async def ledger_writes(path: Path):
     """Yields whenever anyone writes the ledger (another process proposing an intent, a
     delivery task recording an answer): SQLite appends to its WAL file, and the kernel
     tells us. No busy polling, so an idle watcher costs almost nothing."""
-    wal = str(path) + "-wal"
+    wal = ledger_files(path).wal
     async for changes in watchfiles.awatch(path.parent, watch_filter=lambda change, name: name == wal,
                                            debounce=2 * LEDGER_STEP_MS, step=LEDGER_STEP_MS,
                                            rust_timeout=RUST_TIMEOUT_MS, yield_on_timeout=False, recursive=False):

@@ -13,6 +13,7 @@ from tillerman.controller.overdue import overdue
 from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.timefmt import iso
 from tillerman.ledger import projections
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import fold_reviews
 
@@ -93,7 +94,7 @@ def _running(recorder: Recorder, ledger_path: Path | str) -> bool:
     """A SQLite ledger's daemon holds its lock file; on a database, any daemon renewing."""
     if (held := getattr(recorder, "daemon_running", None)) is not None:
         return held()
-    return _lock_held(Path(f"{ledger_path}.lock"))
+    return _lock_held(Path(ledger_files(ledger_path).lock))
 
 
 def _codex(link: dict | None) -> dict | None:

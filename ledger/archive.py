@@ -37,6 +37,7 @@ from tillerman.ledger import projections
 from tillerman.ledger.errors import IntegrityError, LedgerError
 from tillerman.ledger.events import LedgerArchived
 from tillerman.ledger.lock import LedgerLock
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.segments import segment_dir, segment_name, write_segment
 from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -105,7 +106,7 @@ def archive(path: str | os.PathLike, before: float, *, dry_run: bool = False,
     """Archive the threads of the ledger at ``path`` closed before ``before`` (see the
     module docstring). Raises ``LedgerLocked`` while a daemon owns the ledger and
     ``IntegrityError`` when it does not verify; ``dry_run`` only plans (read-only)."""
-    path = os.path.abspath(path)
+    path = ledger_files(path).path  # the daemon's lock and the segments are named from the real path
     lock = LedgerLock(path, advice="stop it before archiving: the archive moves rows the daemon reads")
     if not dry_run:
         lock.acquire()
@@ -159,4 +160,4 @@ def _archive(recorder: SQLiteRecorder, before: float, dry_run: bool,
 
 def _size(path: str) -> int:
     """The ledger's bytes on disk: the file and its WAL."""
-    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+    return sum(os.path.getsize(p) for p in (path, ledger_files(path).wal) if os.path.exists(p))

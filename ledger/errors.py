@@ -50,3 +50,9 @@ class Fenced(LedgerError):
     """The caller's thread lease is no longer current (it lapsed, or another daemon took
     the thread): nothing was written, nothing may be sent. The caller reconciles instead
     of dispatching (``tillerman.ledger.leases``)."""
+
+
+class UnsafeOutput(LedgerError, ValueError):
+    """A file may not be written where a person pointed (a FIFO, a device, a directory,
+    a ledger or one of its files, a folder that does not exist): nothing was written.
+    The message is one line for that person (``tillerman.ledger.paths``)."""

@@ -15,12 +15,13 @@ import os
 from pathlib import Path
 
 from tillerman.ledger.errors import LedgerLocked
+from tillerman.ledger.paths import ledger_files
 
 
 class LedgerLock:
     def __init__(self, ledger_path: str | os.PathLike, *,
                  advice: str = "stop it first, or give this one its own --ledger") -> None:
-        self.path = Path(f"{ledger_path}.lock")
+        self.path = Path(ledger_files(ledger_path).lock)  # one lock whatever name the ledger is given
         self.advice = advice  # what the refusal tells the person to do
         self._fd: int | None = None
 

@@ -38,6 +38,7 @@ from tillerman.ledger import events
 from tillerman.ledger.errors import IntegrityError, LedgerError, OperationalError
 from tillerman.ledger.events import Entry, LedgerArchived
 from tillerman.ledger.migrations import migrate
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.recorder import Recorder, VerifyReport
 from tillerman.ledger.sqlite import COLUMNS, SEGMENT_META, SQLiteRecorder, entry_of
 from tillerman.ledger.verify import check_row
@@ -49,8 +50,8 @@ _seq = itemgetter(0)
 
 def segment_dir(ledger_path: str | os.PathLike) -> Path:
     """Where a ledger's segments live: ``LEDGER.segments/`` beside it (moved with it,
-    like ``LEDGER.head``)."""
-    return Path(f"{ledger_path}.segments")
+    like ``LEDGER.head``), named from its real path."""
+    return Path(ledger_files(ledger_path).segments)
 
 
 def segment_name(first_seq: int, last_seq: int, digest: str) -> str:

@@ -41,6 +41,7 @@ from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepte
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.load import LedgerLoad
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.migrations import EVENT_COLUMNS, KEY_INDEX, SCHEMA_VERSION, index_the_keys, migrate
 from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
@@ -112,11 +113,13 @@ def _translate(exc: sqlite3.Error) -> Exception:
 class SQLiteRecorder(Recorder):
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout_ms: int = BUSY_TIMEOUT_MS,
                  readonly: bool = False) -> None:
-        # Absolute from here on: a reader of the WAL's change events sees absolute paths,
-        # and a later chdir must not move the ledger.
+        # The real path from here on: a reader of the WAL's change events sees absolute
+        # paths, a later chdir must not move the ledger, and a symlink to it must name
+        # the same anchor and lock files (``tillerman.ledger.paths``).
         self.memory = str(path) == ":memory:"
-        self.path = str(path) if self.memory else os.path.abspath(path)
-        self.head_path = None if self.memory else Path(self.path + ".head")
+        self.files = None if self.memory else ledger_files(path)
+        self.path = str(path) if self.files is None else self.files.path
+        self.head_path = None if self.files is None else Path(self.files.head)
         self.readonly = readonly and not self.memory
         #: Why the last anchor write failed (its rows are committed); None once one succeeds.
         self.anchor_error: str | None = None
@@ -783,12 +786,13 @@ class SQLiteRecorder(Recorder):
         one (``force``: move it back, for ``accept_tail``). False, with ``anchor_error``
         set and no temporary file left, when the file system refuses."""
         assert self.head_path is not None
-        tmp = self.head_path.with_name(self.head_path.name + f".{os.getpid()}.tmp")
+        assert self.files is not None
+        tmp = Path(self.files.head_temporary(os.getpid()))
         try:
             # Writers serialize on a lock file of their own. Never a descriptor of the database
             # file: closing one drops every POSIX lock this process holds on it, SQLite's
             # included, and other connections then stop seeing this writer's commits.
-            fd = os.open(self.path + ".head.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(self.files.head_lock, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 current = self._read_anchor()
@@ -935,7 +939,7 @@ def _connect_readonly(path: str) -> tuple[sqlite3.Connection, str | None]:
         return db, None
     except sqlite3.OperationalError:
         db.close()
-        wal = path + "-wal"
+        wal = ledger_files(path).wal
         if os.path.exists(wal) and os.path.getsize(wal) > 0:
             raise
     except sqlite3.DatabaseError:

@@ -10,14 +10,12 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from tillerman.ledger.paths import NOT_A_FILE
 from tillerman.rules.errors import RuleSetError
 
 #: The most a rule or config file may hold. Real ones are a few KiB; the limit keeps a
 #: path that leads somewhere huge from filling memory while it is read.
 MAX_FILE_BYTES = 1 << 20
-#: What a path may lead to besides a regular file, by ``stat.S_IFMT``.
-_NOT_A_FILE = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-               stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
 def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> str:
@@ -38,7 +36,7 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
         raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
     try:
         st = os.fstat(fd)
-        kind = _NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
+        kind = NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
         if kind is not None:
             raise RuleSetError(f"{path}: {kind}, not a regular file; give the path of a rule or config file")
         problem = unsafe_problem(path, st)
