@@ -141,9 +141,10 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _translate(exc: psycopg.Error) -> Exception:
-    """The one place driver errors become the ledger's vocabulary."""
-    message = _first_line(exc)
+def _translate(exc: psycopg.Error, dsn: str) -> Exception:
+    """The one place driver errors become the ledger's vocabulary; with every credential
+    of ``dsn`` masked (``shown``), since libpq's text may quote the connection string."""
+    message = shown(_first_line(exc), dsn)
     if isinstance(exc, psycopg.errors.RaiseException | psycopg.IntegrityError):
         return IntegrityError(message)
     if isinstance(exc, psycopg.errors.UndefinedTable):
@@ -171,7 +172,8 @@ class PostgresRecorder(Recorder):
         try:  # one plain connection first: a wrong URL fails at once, not after the pool's retries
             psycopg.connect(dsn, connect_timeout=10).close()
         except psycopg.Error as exc:
-            raise OperationalError(f"cannot connect to the ledger database {self.path}: {_first_line(exc)}") from None
+            raise OperationalError(f"cannot connect to the ledger database {self.path}:"
+                                   f" {shown(_first_line(exc), dsn)}") from None
         try:
             # autocommit: a read is one statement; a write is an explicit transaction()
             self._pool = psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=POOL_SIZE,
@@ -180,7 +182,7 @@ class PostgresRecorder(Recorder):
             self._pool.open(wait=True, timeout=10)
         except psycopg_pool.PoolTimeout as exc:
             self._pool.close()
-            raise OperationalError(f"cannot connect to the ledger database {self.path}: {exc}") from None
+            raise OperationalError(f"cannot connect to the ledger database {self.path}: {shown(str(exc), dsn)}") from None
         try:
             self._check_schema(create=create and not readonly)
         except BaseException:
@@ -223,7 +225,7 @@ class PostgresRecorder(Recorder):
                     conn.execute("SET LOCAL synchronous_commit = on")
                 yield conn
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._dsn) from None
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[psycopg.Connection]:
@@ -231,7 +233,7 @@ class PostgresRecorder(Recorder):
             with self._pool.connection(timeout=30) as conn:
                 yield conn
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._dsn) from None
 
     @contextlib.contextmanager
     def _one_moment(self) -> Iterator[psycopg.Connection]:
@@ -285,7 +287,7 @@ class PostgresRecorder(Recorder):
                 return self._append_on(self._bulk, batch, offsets, fence)
             except psycopg.Error as exc:
                 self._bulk_broken = True
-                raise _translate(exc) from exc
+                raise _translate(exc, self._dsn) from None
         with self._transaction(durable) as conn:
             return self._append_on(conn, batch, offsets, fence, notify=True)
 
@@ -510,11 +512,12 @@ class ChangeListener:
     polling). Its own connection, outside the pool: it stays listening."""
 
     def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
         try:
             self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
             self._conn.execute(f"LISTEN {CHANNEL}")
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._dsn) from None
 
     def wait(self, timeout: float) -> int | None:
         """The last seq committed since the previous call, waiting up to ``timeout``
@@ -526,7 +529,7 @@ class ChangeListener:
             for note in self._conn.notifies(timeout=0):  # what else is already here
                 latest = max(latest or 0, int(note.payload))
         except psycopg.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self._dsn) from None
         return latest
 
     def close(self) -> None:

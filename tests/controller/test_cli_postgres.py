@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from tests.controller.test_recheck import supervised
@@ -121,3 +123,22 @@ def test_a_password_is_never_shown(postgres_dsn):
     with_password = postgres_dsn.replace("postgres@", "postgres:sekrit@")
     result = run("status", "--json", "--ledger", with_password)
     assert "sekrit" not in result.output
+
+
+def test_a_password_in_the_query_is_never_shown_by_status(postgres_dsn):
+    PostgresRecorder(postgres_dsn).close()  # the ledger's tables
+    result = run("status", "--json", "--ledger", f"{postgres_dsn}&password=s3kr1t-query")
+    assert result.exit_code == 0, result.output
+    assert "s3kr1t" not in result.output and json.loads(result.output)["ledger"].endswith("&password=***")
+
+
+@pytest.mark.parametrize("location", [
+    "postgresql://alice:s3kr1t%zz@/tm?host=/nonexistent",  # libpq's own error quotes this token
+    "postgresql://alice@/tm?host=/nonexistent&password=s3kr1t-query",
+    "postgresql://alice@/tm?host=/nonexistent&pass%77ord=s3kr1t-encoded",
+    "postgresql://alice:s3kr1t-userinfo@/tm?host=/nonexistent,/nowhere",
+])
+def test_a_connection_error_never_shows_the_password(location):
+    result = run("intents", "--ledger", location)
+    assert result.exit_code != 0 and "cannot connect to the ledger database" in result.output, result.output
+    assert "s3kr1t" not in result.output and len(result.output.strip().splitlines()) == 1
