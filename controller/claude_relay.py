@@ -25,6 +25,13 @@ that turn; one sent while the model writes its last answer would become the next
 Our messages carry a uuid derived from the intent's client id (``message_uuid``), so a
 restarted wrapper recognizes them in the transcript; our request ids carry a prefix
 and a counter, and skip any id the harness has used.
+
+The relay is a pipe first: whatever the CLI prints reaches the harness. Every field it
+reads from a CLI line may hold any JSON value (``_text`` takes a string, nothing else,
+so an id of another type is simply not one of ours), and a line too long to hold
+(``CliFramer``) goes on in pieces as it arrives, never decided on: no line of ours is
+that long. What the CLI wrote that tillerman cannot read is the stream-json parser's to
+quarantine.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ from __future__ import annotations
 import json
 import uuid as uuids
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+import msgspec
 
 from tillerman.ledger.events import Event, ItemCompleted, ItemStarted, TurnCompleted, TurnStarted
+from tillerman.monitor.lines import MAX_LINE, decode_json
 
 #: The uuid namespace of tillerman's messages (``message_uuid``).
 _NAMESPACE = uuids.UUID("6f1d2c3e-7a4b-5c6d-8e9f-0a1b2c3d4e5f")
@@ -92,14 +102,15 @@ class Relay:
 
     def from_harness(self, raw: bytes) -> None:
         """Learn the request ids the harness uses (ours must never equal one)."""
-        record = _record(raw)
-        if record.get("type") == "control_request" and isinstance(record.get("request_id"), str):
-            self.harness_request_ids.add(record["request_id"])
+        record = cli_record(raw)
+        request_id = _text(record.get("request_id"))
+        if record.get("type") == "control_request" and request_id is not None:
+            self.harness_request_ids.add(request_id)
 
     # -- the CLI's side -----------------------------------------------------------
 
     def from_cli(self, raw: bytes, events: list[Event]) -> FromCli:
-        record = _record(raw)
+        record = cli_record(raw)
         kind = record.get("type")
         echoes: list[Echo] = []
         withdraw: list[Ours] = []
@@ -113,11 +124,11 @@ class Relay:
             return self._lifecycle(record)
         if kind == "control_response":
             response = record.get("response") if isinstance(record.get("response"), dict) else {}
-            request_id = response.get("request_id")
-            if request_id in self.requests:
+            request_id = _text(response.get("request_id"))
+            if request_id is not None and request_id in self.requests:
                 self.requests.pop(request_id)
                 return FromCli(False, answers=((request_id, response),))
-        if kind == "user" and record.get("isReplay") and record.get("uuid") in self.ours:
+        if kind == "user" and record.get("isReplay") and _text(record.get("uuid")) in self.ours:
             return FromCli(False)
         return FromCli(True, tuple(echoes), withdraw=tuple(withdraw))
 
@@ -137,7 +148,7 @@ class Relay:
         return []
 
     def _lifecycle(self, record: dict) -> FromCli:
-        ours = self.ours.get(record.get("command_uuid"))  # type: ignore[arg-type]
+        ours = self.ours.get(_text(record.get("command_uuid")) or "")
         if ours is None:
             return FromCli(True)
         state = record.get("state")
@@ -154,8 +165,9 @@ class Relay:
         listed = record.get("user_message_uuids")
         found: list[Echo] = []
         for uuid in listed if isinstance(listed, list) else ():
-            if uuid in self.ours:
-                found += self._echo(self.ours[uuid], turn, via)
+            ours = self.ours.get(_text(uuid) or "")
+            if ours is not None:
+                found += self._echo(ours, turn, via)
         return found
 
     def _echo(self, ours: Ours, turn: str | None, via: str) -> tuple[Echo, ...]:
@@ -197,12 +209,69 @@ class Relay:
                                   "request": {"subtype": subtype, **fields}})
 
 
-def _record(raw: bytes) -> dict[str, Any]:
+class Piece(NamedTuple):
+    """Bytes of the CLI's stdout, in order: a ``whole`` line (its newline included) for
+    the relay to decide on, or a piece of a line too long to hold, which goes straight on."""
+
+    data: bytes
+    whole: bool
+
+
+class CliFramer:
+    """The CLI's stdout cut into pieces. A line whose body fits ``max_line`` bytes is held
+    until its newline arrives; a longer one is passed on as it arrives, so what is
+    held stays under ``max_line`` plus one chunk, whatever the CLI prints. ``max_line`` is
+    the stream-json parser's, so the lines held whole are the lines it reads, and the
+    ones passed on are the ones it quarantines as too long."""
+
+    def __init__(self, max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self._held = bytearray()
+        self._passing = False  # inside a line too long to hold
+
+    def feed(self, data: bytes) -> list[Piece]:
+        pieces: list[Piece] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline + 1
+            chunk = data[start:end]
+            body = len(self._held) + len(chunk) - (newline >= 0)
+            if self._passing or body > self.max_line:
+                pieces.append(Piece(bytes(self._held) + chunk, False))
+                self._held.clear()
+                self._passing = newline < 0
+            elif newline >= 0:
+                pieces.append(Piece(bytes(self._held) + chunk, True))
+                self._held.clear()
+            else:
+                self._held += chunk
+            start = end
+        return pieces
+
+    def close(self) -> bytes | None:
+        """The end of the output: a last line without its newline, if one is held."""
+        if not self._held:
+            return None
+        last = bytes(self._held)
+        self._held.clear()
+        return last
+
+
+def cli_record(raw: bytes) -> dict[str, Any]:
+    """A CLI line's JSON object; empty when it is none (not JSON, not an object, nested
+    too deep, not UTF-8): such a line is the harness's to make sense of."""
     try:
-        record = json.loads(raw)
-    except ValueError:
+        record = decode_json(raw)
+    except msgspec.DecodeError:
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    """A field read from a CLI line, when it is a string: ids of any other type are no
+    ids of ours (and a list or an object would not even look one up)."""
+    return value if isinstance(value, str) else None
 
 
 def _line(record: dict[str, Any]) -> bytes:

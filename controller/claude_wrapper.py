@@ -2,8 +2,9 @@
 ``claude -p --input-format stream-json --output-format stream-json``.
 
 It starts the CLI with the harness's arguments (adding the stream-json flags when
-they are missing), relays every line both ways unchanged, records what the CLI
-writes as normalized events (``tillerman.monitor.claude_stream``) under the source
+they are missing), relays every byte both ways unchanged (a line too long to hold
+whole, ``claude_relay.CliFramer``, goes on in pieces, quarantined), records what the
+CLI writes as normalized events (``tillerman.monitor.claude_stream``) under the source
 ``claude-wrapper:<run>``, which makes the session steerable, and carries out the
 intents the daemon decided for that session. The relay's state (turns, running
 tools, our messages and requests, what goes on to the harness) is
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import re
@@ -46,10 +46,9 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from tillerman.controller.adapter import GuardedAdapter
-from tillerman.controller.claude_relay import Echo, Ours, Relay, message_uuid
+from tillerman.controller.claude_relay import CliFramer, Echo, Ours, Piece, Relay, cli_record, message_uuid
 from tillerman.controller.daemon import ledger_writes
 from tillerman.controller.delivery import (
     Command, Delivery, Dispatch, Fact, Interrupt, ListTerminals, NoAnswer, Observed, QueueAdd, QueueList, ReadBack,
@@ -68,6 +67,8 @@ from tillerman.monitor import codex_wire as wire
 from tillerman.monitor.claude_stream import ClaudeStreamParser
 from tillerman.monitor.claude_transcript import ClaudeTranscriptParser
 from tillerman.monitor.digest import digest
+from tillerman.monitor.lines import MAX_LINE
+from tillerman.monitor.parser import Parsed
 from tillerman.monitor.tailer import file_envelope, file_source
 from tillerman.rules.ruleset import RuleSet, ruleset_from_text
 
@@ -76,7 +77,7 @@ log = logging.getLogger("tillerman")
 CLAUDE_BIN_ENV = "TILLERMAN_CLAUDE_BIN"
 ANSWER_TIMEOUT = 10.0  # seconds the CLI has to acknowledge a message or answer a request
 POLL_INTERVAL = 1.0  # the longest sleep between two looks at the ledger: a net under the watcher
-MAX_LINE = 1 << 26  # bytes: the longest line relayed (a whole file read by a tool fits)
+CHUNK = 1 << 16  # bytes read from the CLI's stdout at a time
 _STREAM_FLAGS = (("--input-format", "stream-json"), ("--output-format", "stream-json"))
 _PAST_EXPIRY = ("report_overdue", "expires_at_passed")  # the daemon's decision on a queued intent past expiry
 _OBSERVED = (ev.UserMessage, ev.AgentMessage, ev.TurnStarted, ev.TurnCompleted, ev.ItemStarted, ev.ItemCompleted)
@@ -156,13 +157,14 @@ class ClaudeAdapter(GuardedAdapter):
 
 class Wrapper:
     def __init__(self, recorder: Recorder, args: Sequence[str], *, retain_payloads: bool = False,
-                 clock=time.time) -> None:
+                 clock=time.time, max_line: int = MAX_LINE) -> None:
         self.recorder = recorder
         self.clock = clock
         self.relay = Relay()
         self.run_id = uuid.uuid4().hex
         self.source = f"{CLAUDE_WRAPPER_SOURCE}:{self.run_id}"
-        self.parser = ClaudeStreamParser(self.source, retain_payloads=retain_payloads)
+        self.parser = ClaudeStreamParser(self.source, retain_payloads=retain_payloads, max_line=max_line)
+        self.framer = CliFramer(max_line)
         self.session: str | None = resumed_session(args)
         self.resuming = self.session is not None
         self.cwd: str | None = None
@@ -217,21 +219,41 @@ class Wrapper:
 
     async def _cli_to_harness(self, tg) -> None:
         assert self._process is not None and self._process.stdout is not None
-        stream = BufferedByteReceiveStream(self._process.stdout)
         while True:
             try:
-                raw = await stream.receive_until(b"\n", MAX_LINE) + b"\n"
-            except (anyio.IncompleteRead, anyio.EndOfStream):
-                if stream.buffer:
-                    _to_harness(bytes(stream.buffer))
+                data = await self._process.stdout.receive(CHUNK)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 break
-            self._from_cli(tg, raw)
+            self.cli_output(tg, data)
+        self.cli_ended(tg)
+
+    def cli_output(self, tg, data: bytes) -> None:
+        """Bytes the CLI wrote: on to the harness, each whole line once the relay says so."""
+        for piece in self.framer.feed(data):
+            self._piece(tg, piece, self.parser.feed(piece.data))
+
+    def cli_ended(self, tg) -> None:
+        """The CLI's stdout closed: a last line without its newline goes on and is read."""
+        last = self.framer.close()
+        if last is not None:
+            self.parser.feed(last)  # held by the parser until it closes
+        closing = self.parser.close()
+        if last is not None:
+            self._from_cli(tg, last, closing)
+        else:  # at most the end of a line too long to hold, quarantined
+            self._append(self._envelopes(closing))
         self._cli_gone = True
         for event in [*self._acks.values(), *self._answers.values()]:
             event.set()  # nobody will answer now
 
-    def _from_cli(self, tg, raw: bytes) -> None:
-        parsed = self.parser.feed(raw)
+    def _piece(self, tg, piece: Piece, parsed: list[Parsed]) -> None:
+        if piece.whole:
+            self._from_cli(tg, piece.data, parsed)
+        else:  # part of a line too long to hold: never ours, so it goes on; the parser quarantines it
+            _to_harness(piece.data)
+            self._append(self._envelopes(parsed))
+
+    def _from_cli(self, tg, raw: bytes, parsed: list[Parsed]) -> None:
         events = [p.event for p in parsed]
         out = self.relay.from_cli(raw, events)
         if out.forward:
@@ -241,7 +263,7 @@ class Wrapper:
                 self._session_known(tg, event.thread_id)
             if isinstance(event, ev.TurnStarted) and self.cwd is None:
                 self.cwd = _init_cwd(raw)
-        envelopes = [file_envelope(self.run_id, self.source, p) for p in parsed]
+        envelopes = self._envelopes(parsed)
         envelopes += [self._echo_envelope(echo, self.source) for echo in out.echoes]
         self._append(envelopes)
         for message in out.accepted:
@@ -274,6 +296,9 @@ class Wrapper:
         except OperationalError as exc:  # the relay goes on: the harness never waits for the ledger
             log.error("ledger not writable (%s): %d event(s) of session %s not recorded",
                       exc, len(envelopes), self.session)
+
+    def _envelopes(self, parsed: list[Parsed]) -> list[Envelope]:
+        return [file_envelope(self.run_id, self.source, p) for p in parsed]
 
     def _echo_envelope(self, echo: Echo, source: str) -> Envelope:
         """Our message, where the CLI says it reached the model: the echo the delivery
@@ -429,11 +454,10 @@ class Wrapper:
         return transcript_path(self.home, self.cwd, self.session)
 
     def _record_answer(self, intent, reason: str, request_id: str, answer: dict[str, Any]) -> None:
-        response = answer.get("response") if isinstance(answer.get("response"), dict) else {}
+        response = _inner(answer)
         evidence = {"request_id": request_id, "subtype": str(answer.get("subtype")),
-                    "still_queued": len(response.get("still_queued") or ()),
-                    "cancelled": len(response.get("cancelled") or ()) if isinstance(
-                        response.get("cancelled"), list) else response.get("cancelled")}
+                    "still_queued": _count(response.get("still_queued")),
+                    "cancelled": _count(response.get("cancelled"))}
         # An answer comes only after the durable dispatch record; the fold may not have
         # read that record back yet, and must not date the answer before it.
         view = self.projection.intents.get(intent.id)
@@ -452,7 +476,7 @@ class Wrapper:
         view = self.projection.intents.get(ours.intent_id)
         if view is not None:
             self._record_answer(view.intent, "withdrawn", request_id,
-                                {**answer, "response": {**(answer.get("response") or {}), "why": why}})
+                                {**answer, "response": {**_inner(answer), "why": why}})
         self._changed.set()
 
     def _dropped(self, ours: Ours) -> None:
@@ -509,12 +533,19 @@ class Wrapper:
         return facts
 
 
+def _inner(answer: dict[str, Any]) -> dict[str, Any]:
+    """The CLI's own answer inside a control_response (any JSON value: an object counts)."""
+    inner = answer.get("response")
+    return inner if isinstance(inner, dict) else {}
+
+
+def _count(listed: Any) -> Any:
+    """How many ids an answer lists; a value that is no list, as the CLI wrote it."""
+    return len(listed) if isinstance(listed, list) else listed
+
+
 def _init_cwd(raw: bytes) -> str | None:
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    cwd = record.get("cwd") if isinstance(record, dict) else None
+    cwd = cli_record(raw).get("cwd")
     return cwd if isinstance(cwd, str) else None
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tillerman.controller.claude_relay import REQUEST_PREFIX, FromCli, Ours, Relay, message_uuid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tillerman.controller.claude_relay import REQUEST_PREFIX, CliFramer, FromCli, Ours, Relay, message_uuid
 from tillerman.monitor.claude_stream import ClaudeStreamParser
 
 RECORDED = Path(__file__).parents[2] / "fixtures" / "sessions" / "claude-live"
@@ -94,3 +97,83 @@ def test_a_message_of_ours_carries_a_uuid_of_its_intent_and_its_priority():
     assert (sent["uuid"], sent["priority"], sent["message"]["content"]) == (ours.uuid, "later", "LATER: after this")
     _, steer = relay.message("tillerman-in-5", "in-5", "STEER: x", expected_turn="t", priority=None)
     assert "priority" not in json.loads(steer)  # folded in at the next tool round
+
+
+# -- whatever the CLI prints: any JSON value in every field the relay reads -------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6)
+
+
+def cli_lines(value: st.SearchStrategy) -> st.SearchStrategy[dict]:
+    """A line of each kind the relay reads, with ``value`` in the field it reads."""
+    return st.one_of(
+        st.builds(lambda v, s: {"type": "command_lifecycle", "command_uuid": v, "state": s}, value, value),
+        st.builds(lambda v, r: {"type": "control_response", "response": {"request_id": v, "response": r}},
+                  value, value),
+        st.builds(lambda v, r: {"type": "control_response", "response": r | {"request_id": v}}, value,
+                  st.dictionaries(st.text(max_size=4), value, max_size=2)),
+        st.builds(lambda v, flag: {"type": "user", "isReplay": flag, "uuid": v, "message": {"content": "x"}},
+                  value, value),
+        st.builds(lambda v: {"type": "result", "user_message_uuids": v}, value),
+        st.builds(lambda v: {"type": "result", "user_message_uuids": [v, LATER]}, value),
+        st.builds(lambda v: {"type": "system", "subtype": "init", "user_message_uuids": [v]}, value),
+        st.builds(lambda v: {"type": "control_request", "request_id": v}, value),
+        st.builds(lambda v: {"type": v, "response": v, "command_uuid": v}, value),
+    )
+
+
+def held_back(record: dict, request_id: str | None) -> bool:
+    """Whether a line answers tillerman's own messages: only when the id it holds is
+    exactly one of ours (``request_id``: our request still unanswered, if any)."""
+    response = record.get("response")
+    if record["type"] == "control_response":
+        return request_id is not None and isinstance(response, dict) and response.get("request_id") == request_id
+    if record["type"] == "user":
+        return bool(record["isReplay"]) and record["uuid"] == LATER
+    return record["type"] == "command_lifecycle" and record["command_uuid"] == LATER
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(cli_lines(st.one_of(JSON, st.just(LATER), st.just(f"{REQUEST_PREFIX}1"))), max_size=6))
+def test_any_json_value_in_any_field_the_relay_reads_passes_the_line_on_unless_it_is_our_own_id(records):
+    """A list, an object or a number where an id belongs (``command_uuid``, a
+    ``request_id``, a ``user_message_uuids`` item, a replayed ``uuid``) once raised
+    ``TypeError: unhashable`` and cut the relay at its first line."""
+    relay, parser = Relay(), ClaudeStreamParser("claude-wrapper:test")
+    relay.ours[LATER] = Ours(LATER, "tillerman-in-6", "in-6", None)
+    request_id, _ = relay.control("interrupt")
+    for record in records:
+        raw = json.dumps(record).encode() + b"\n"
+        relay.from_harness(raw)
+        unanswered = request_id if request_id in relay.requests else None  # a second answer is not ours
+        out = relay.from_cli(raw, [p.event for p in parser.feed(raw)])
+        assert out.forward is not held_back(record, unanswered)
+
+
+def test_an_id_that_is_a_list_or_an_object_is_no_id_of_ours_and_the_line_goes_on():
+    relay = Relay()
+    relay.ours[LATER] = Ours(LATER, "tillerman-in-7", "in-7", None)
+    relay.control("interrupt")
+    for record in ({"type": "command_lifecycle", "command_uuid": [LATER], "state": "started"},
+                   {"type": "control_response", "response": {"request_id": {"id": 1}}},
+                   {"type": "result", "user_message_uuids": [[LATER], {"u": LATER}, 7, LATER]},
+                   {"type": "user", "isReplay": True, "uuid": [LATER]}):
+        assert relay.from_cli(json.dumps(record).encode() + b"\n", []).forward
+    assert relay.from_cli(b"[" * 100_000 + b"\n", []).forward  # too deep for json.loads: not ours either
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=12) | st.sampled_from([b"\n", b"a" * 20, b"b" * 9 + b"\n"]), max_size=12))
+def test_the_framer_hands_back_every_byte_in_order_and_holds_no_line_longer_than_its_limit(chunks):
+    framer, out = CliFramer(max_line=10), bytearray()
+    for chunk in chunks:
+        for piece in framer.feed(chunk):
+            out += piece.data
+            if piece.whole:
+                assert piece.data.endswith(b"\n") and len(piece.data) <= 11 and piece.data.count(b"\n") == 1
+        assert len(framer._held) <= 10
+    out += framer.close() or b""
+    assert bytes(out) == b"".join(chunks)

@@ -3,12 +3,16 @@ transcripts the real CLI 2.1.332 wrote, and who carries out a wrapped session's 
 
 from __future__ import annotations
 
+import itertools
+import json
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.controller.test_claude_relay import INJECT_TURN, INJECTED, LATER, LATER_TURN, RECORDED
-from tillerman.controller import intent_requests
+from tillerman.controller import claude_wrapper, intent_requests
 from tillerman.controller.claude_wrapper import (
     CLAUDE_BIN_ENV, WrapperError, claude_command, resumed_session, transcript_turns,
 )
@@ -18,6 +22,7 @@ from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.codex_wire import IN_PROGRESS
 from tillerman.rules.ruleset import Grant, build_ruleset
 
@@ -85,3 +90,70 @@ def test_an_app_server_thread_is_still_driven_by_the_daemon(tmp_path):
         daemon.projection = projections.load(recorder)
         assert not daemon.projection.threads["S"].wrapped
         assert len(driven(daemon, intent.id)) == 1
+
+
+# -- the relay is a pipe first ---------------------------------------------------------
+
+class Tasks:
+    """A task group that only counts what the wrapper would start."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple] = []
+
+    def start_soon(self, *args) -> None:
+        self.started.append(args)
+
+
+def relayed(monkeypatch, chunks: list[bytes], max_line: int) -> tuple[bytes, list[ev.Quarantined]]:
+    """What the wrapper passes on to the harness of the CLI's ``chunks``, and what it
+    quarantined."""
+    out = bytearray()
+    monkeypatch.setattr(claude_wrapper, "_to_harness", out.extend)
+    with SQLiteRecorder(":memory:") as recorder:
+        wrapper, tasks = claude_wrapper.Wrapper(recorder, [], max_line=max_line), Tasks()
+        for chunk in chunks:
+            wrapper.cli_output(tasks, chunk)
+        wrapper.cli_ended(tasks)
+        quarantined = [e.envelope.event for e in recorder.read() if isinstance(e.envelope.event, ev.Quarantined)]
+    return bytes(out), quarantined
+
+
+ODD_VALUES = st.one_of(st.none(), st.integers(), st.text(max_size=6), st.lists(st.text(max_size=4), max_size=2),
+                       st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+ODD_LINES = st.one_of(
+    st.builds(lambda v: {"type": "command_lifecycle", "command_uuid": v, "state": "queued"}, ODD_VALUES),
+    st.builds(lambda v: {"type": "control_response", "response": {"request_id": v}}, ODD_VALUES),
+    st.builds(lambda v: {"type": "system", "subtype": "init", "session_id": "S", "user_message_uuids": [v]},
+              ODD_VALUES),
+    st.builds(lambda v: {"type": "result", "session_id": "S", "user_message_uuids": [v, "u"]}, ODD_VALUES),
+    st.builds(lambda v: {"type": "user", "isReplay": True, "uuid": v, "message": {"content": "hi"}}, ODD_VALUES),
+).map(lambda record: json.dumps(record).encode())
+MAX = 64
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(ODD_LINES | st.binary(max_size=MAX).map(lambda b: b.replace(b"\n", b""))
+                      | st.integers(MAX + 1, 3 * MAX).map(lambda n: b'{"type":"result","x":"' + b"a" * n + b'"}'),
+                      max_size=8),
+       newline_at_end=st.booleans(), cuts=st.lists(st.integers(0, 1000), max_size=6))
+def test_whatever_the_cli_prints_reaches_the_harness_byte_for_byte_and_an_over_long_line_is_quarantined(
+        monkeypatch, lines, newline_at_end, cuts):
+    """Any JSON value in the fields the relay reads, arbitrary bytes, lines longer than
+    the limit and a last line without its newline, in chunks cut anywhere."""
+    printed = b"\n".join(lines) + (b"\n" if newline_at_end and lines else b"")
+    points = sorted({0, len(printed), *(c % (len(printed) + 1) for c in cuts)})
+    out, quarantined = relayed(monkeypatch, [printed[a:b] for a, b in itertools.pairwise(points)], MAX)
+    assert out == printed
+    too_long = sum(1 for line in lines if len(line) > MAX)
+    assert sum(1 for q in quarantined if q.reason == "line_too_long") == too_long
+
+
+def test_a_line_past_the_64_mib_limit_and_the_result_after_it_reach_the_harness(monkeypatch):
+    """The wrapper once stopped at such a line (``DelimiterNotFound``): neither it nor the
+    turn's ``result`` reached the harness."""
+    huge = b'{"type":"assistant","message":{"content":"' + b"a" * MAX_LINE + b'"}}\n'
+    result = b'{"type":"result","subtype":"success","session_id":"S"}\n'
+    chunks = [huge[i:i + (1 << 20)] for i in range(0, len(huge), 1 << 20)] + [result]
+    out, quarantined = relayed(monkeypatch, chunks, MAX_LINE)
+    assert len(out) == len(huge) + len(result) and out.endswith(result) and out[:len(huge)] == huge
+    assert [(q.offset, q.length, q.reason) for q in quarantined] == [(0, len(huge), "line_too_long")]
