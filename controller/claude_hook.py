@@ -2,8 +2,8 @@
 has put it in the settings: ``python -m tillerman.controller.claude_hook --spool DIR``
 (``tillerman hook claude`` does the same through the CLI). It keeps the payload and, as
 a rule, answers nothing, so the agent goes on as if no hook were there; it imports
-nothing beyond the standard library, because it starts once per event and Claude Code
-waits.
+nothing beyond the standard library (and ``tillerman.ledger.paths``, which is too),
+because it starts once per event and Claude Code waits.
 
 It speaks only to deliver what the daemon decided: at a ``Stop`` or a ``PreToolUse``,
 when the session's outbox (``tillerman.controller.hook_outbox``) holds an intent for
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, outbox_path, read_outbox
+from tillerman.ledger.paths import open_for_append
 
 MAX_PAYLOAD = 16 * 1024 * 1024
 CLAIM_BUDGET = 5.0  # seconds of claims per hook at most: Claude Code's limit for ours is 10
@@ -54,13 +55,14 @@ def session_name(payload: dict) -> str:
 
 def keep_payload(raw: bytes | dict, spool: Path) -> Path:
     """Appends the payload as one line (one write on an O_APPEND file: hooks that run at
-    once never interleave their lines). Returns the file."""
+    once never interleave their lines). Returns the file. A spool file that may not be
+    written (a FIFO, a symlink to a ledger …, ``tillerman.ledger.paths``) is refused."""
     payload = raw if isinstance(raw, dict) else read_payload(raw)
     name = session_name(payload)
     spool.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = spool / f"{name}.jsonl"
     line = json.dumps(payload, separators=(",", ":")).encode() + b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = open_for_append(path, "the spool file", mode=0o600)
     try:
         os.write(fd, line)
     finally:

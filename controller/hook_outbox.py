@@ -10,16 +10,21 @@ a hazard) it is taken out again. A hook reads only this file, never the ledger, 
 finds an intent for the point it runs at: then it claims it in the ledger
 (``tillerman.controller.hook_claim``) and prints the decision.
 
-Standard library only: the hook imports it at every event, and Claude Code waits.
+Standard library only (``tillerman.ledger.paths`` is too): the hook imports it at every
+event, and Claude Code waits.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tillerman.ledger.errors import UnsafeOutput
+from tillerman.ledger.paths import check_output, replace_file
+
+log = logging.getLogger(__name__)
 
 #: Where an intent is delivered: the Stop hook (a queued message, at the turn's end) or
 #: the PreToolUse hook (a steer that asked for ``deliver_at = "pre_tool_use"``).
@@ -53,19 +58,20 @@ def outbox_path(spool: Path, session_id: str) -> Path:
 
 
 def write_outbox(path: Path, outbox: Outbox) -> None:
-    """Replace the outbox atomically; an empty one is removed (a hook finds no file: the cheapest answer)."""
+    """Replace the outbox atomically; an empty one is removed (a hook finds no file: the
+    cheapest answer). Where the outbox may not be written (a FIFO, a symlink to a ledger
+    …, ``tillerman.ledger.paths``) it is not, and a warning says so: its intents then
+    expire undelivered, as they would with no hook at all."""
     if not outbox.parcels:
         path.unlink(missing_ok=True)
         return
     body = {"ledger": outbox.ledger, "parcels": [asdict(p) for p in outbox.parcels]}
-    fd, temp = tempfile.mkstemp(prefix=".outbox-", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+        target = check_output(path, "the outbox", ledgers=[outbox.ledger])
+    except UnsafeOutput as exc:
+        log.warning("%s", exc)
+        return
+    replace_file(target, lambda new: new.write_text(json.dumps(body)), mode=0o600)
 
 
 def read_outbox(path: Path) -> Outbox | None:

@@ -9,7 +9,6 @@ The I/O edge: reading the entries, printing, writing files. The figures are
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 import click
 
@@ -21,6 +20,7 @@ from tillerman.controller.report_account import BY_CHOICES, DEFAULT_BY, Account,
 from tillerman.controller.report_fold import Facts, fold_facts
 from tillerman.controller.timefmt import iso, parse_time
 from tillerman.ledger.memory import MemoryRecorder
+from tillerman.ledger.paths import check_output, replace_file
 
 
 def _time(ctx, param, value: str | None) -> float | None:
@@ -45,6 +45,12 @@ def _source_options(fn):
     )):
         fn = option(fn)
     return fn
+
+
+def _force_option(fn):
+    return click.option("--force", is_flag=True,
+                        help="Replace an existing ordinary file too (never a SQLite database that is not a"
+                             " report database, a ledger or its files, a FIFO, a device or a directory).")(fn)
 
 
 def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str | None,
@@ -75,10 +81,12 @@ def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str
 @click.option("--by", "by", type=click.Choice(BY_CHOICES),
               help="Group the intent figures by this label (default: by mode and task class).")
 @click.option("--db", "db_path", type=PathType(dir_okay=False),
-              help="Also write the account and its rows to this SQLite file (replaced; never the ledger).")
+              help="Also write the account and its rows to this SQLite file: a new one, or a report database"
+                   " tillerman wrote there before (replaced whole).")
+@_force_option
 @json_option
 @errors_to_exit_codes
-def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_path, as_json):
+def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_path, force, as_json):
     """The supervision account: what was proposed, dispatched, held and rejected, how
     precise and how fast delivery was, what was lost or duplicated, what work an
     interrupt cancelled, how often a person was called, what the reviewer cost, and how
@@ -86,13 +94,15 @@ def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_
 
     Example: tillerman report --ledger ledger.sqlite3 --by task_class --db account.db
     """
+    db_target = None
+    if db_path is not None:  # refused before any work is done
+        from tillerman.controller.report_db import is_report_db, write_db  # sqlite-utils only when asked for
+
+        db_target = check_output(db_path, "--db", ledgers=_ledgers(ledger_path), ours=is_report_db, force=force)
     facts = load_facts(ledger_path, sessions, rules_path, config_path)
     result = account(facts, since=since, until=until, by=(by,) if by else DEFAULT_BY)
-    if db_path is not None:
-        from tillerman.controller.report_db import write_db  # sqlite-utils only when asked for
-
-        _refuse_ledger_as_db(db_path, ledger_path)
-        write_db(Path(db_path), facts, result)
+    if db_target is not None:
+        replace_file(db_target, lambda new: write_db(new, facts, result))
     if as_json:
         print_json(result)
     else:
@@ -106,9 +116,11 @@ def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_
 @_source_options
 @click.option("--thread", "thread_id", help="Draw only this thread.")
 @click.option("--html", "html_path", type=PathType(dir_okay=False), required=True,
-              help="Write the page here (one self-contained HTML file).")
+              help="Write the page here (one self-contained HTML file): a new file, or a timeline page"
+                   " tillerman wrote there before.")
+@_force_option
 @errors_to_exit_codes
-def timeline_cmd(ledger_path, rules_path, config_path, since, sessions, thread_id, html_path):
+def timeline_cmd(ledger_path, rules_path, config_path, since, sessions, thread_id, html_path, force):
     """Draw a session as one self-contained HTML page: turns as bands, tool calls
     (critical ones marked), approval waits, queue entries, stalls, and each intent's
     journey through its states, with the evidence on hover or click.
@@ -117,37 +129,26 @@ def timeline_cmd(ledger_path, rules_path, config_path, since, sessions, thread_i
     """
     from tillerman.controller.timeline import render_html, timeline_data
 
+    target = check_output(html_path, "--html", ledgers=_ledgers(ledger_path), ours=is_timeline_page, force=force)
     facts = load_facts(ledger_path, sessions, rules_path, config_path)
     data = timeline_data(facts, thread_id=thread_id, since=since)
     if thread_id is not None and not data["threads"]:
         raise Fail(f"thread {thread_id} is not in the ledger; `tillerman status` lists the threads")
-    Path(html_path).write_text(render_html(data), encoding="utf-8")
+    page = render_html(data)
+    replace_file(target, lambda new: new.write_text(page, encoding="utf-8"))
     click.echo(f"{html_path}: {len(data['turns'])} turns, {len(data['calls'])} tool calls,"
                f" {len(data['intents'])} intents on {len(data['threads'])} threads")
 
 
-def _refuse_ledger_as_db(db_path: str, ledger_path: str | None) -> None:
-    target = Path(db_path).absolute()
-    if ledger_path is not None and target == Path(ledger_path).absolute():
-        raise Fail("--db names the ledger itself; give a separate file for the report database")
-    if target.exists() and target.is_file():
-        with target.open("rb") as handle:
-            header = handle.read(16)
-        if header.startswith(b"SQLite format 3") and _is_ledger(target):
-            raise Fail(f"{db_path} is a tillerman ledger; give --db a separate file for the report database")
+def _ledgers(ledger_path: str | None) -> list[str]:
+    """The ledger a command reads, protected from its output by name and by inode (the
+    output check also knows any SQLite file and its companions without being told)."""
+    return [] if ledger_path is None or "://" in ledger_path else [ledger_path]
 
 
-def _is_ledger(path: Path) -> bool:
-    import sqlite3
-
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        names = {row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")}
-    except sqlite3.DatabaseError:
-        return False
-    finally:
-        connection.close()
-    return "events" in names and "account" not in names
+def is_timeline_page(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a page ``timeline`` wrote."""
+    return head.startswith(b"<!doctype html>") and b"<title>tillerman timeline: " in head
 
 
 # -- text ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``tillerman report --db FILE``: the account and the rows under it as plain tables in
 a SQLite file of its own, built with sqlite-utils, for ``sqlite-utils query`` or
-Datasette. The ledger is never this file: the report database is thrown away and
-written again on every run.
+Datasette. The file is marked as a report database (SQLite's ``application_id``), so a
+later run recognises it and replaces it whole; nothing else is ever replaced by one
+(``tillerman.ledger.paths``).
 
 Tables: ``account`` (one row per figure), ``intents``, ``journeys`` (each intent's
 states, decisions and evidence, in seq order), ``turns``, ``tool_calls``,
@@ -22,10 +23,21 @@ from tillerman.controller.report_account import Account, Delays, Figure, Group
 from tillerman.controller.report_fold import Facts
 
 
+#: SQLite's ``application_id`` of a report database ("TlmR"), at byte 68 of its header.
+APPLICATION_ID = 0x546C6D52
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def is_report_db(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a report database ``write_db`` wrote."""
+    return head.startswith(_SQLITE_MAGIC) and head[68:72] == APPLICATION_ID.to_bytes(4, "big")
+
+
 def write_db(path: Path, facts: Facts, result: Account) -> None:
-    path.unlink(missing_ok=True)
+    """Fill ``path``, a new empty file."""
     db = sqlite_utils.Database(path)
     try:
+        db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         _tables(db, facts, result)
     finally:
         db.close()

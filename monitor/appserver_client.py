@@ -14,7 +14,6 @@ Runs on anyio's asyncio backend (websockets' client is asyncio-only).
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -28,6 +27,9 @@ from typing import Any, Literal
 import anyio
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from tillerman.ledger.errors import UnsafeOutput
+from tillerman.ledger.paths import open_for_append
 from websockets.protocol import State
 
 from tillerman.monitor.lines import valid_utf8
@@ -74,27 +76,19 @@ class JsonlTrace:
 
     The file is appended to (a daemon's restarts share one trace). It is created
     owner-only, and an existing one is made owner-only too: what it held before was
-    written under the same privacy policy, and what comes next may not be. A symlink is
-    refused (it may point anywhere, and the trace would be written there), and so is
-    anything but a regular file (a FIFO would block the daemon).
+    written under the same privacy policy, and what comes next may not be. Where it may
+    be written is the safe output rule's to say (``tillerman.ledger.paths``): never a
+    FIFO (it would block the daemon), a device, a ledger or a file of one; a symlink to
+    a file that may be written is written through.
     """
 
     def __init__(self, path: Path | str, redact: Callable[[Any], Any] | None = None):
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise TraceFileError(f"trace file {path} is a symlink: give the path of the file"
-                                                " itself") from None
-            if exc.errno == errno.ENXIO:  # a FIFO nobody reads
-                raise TraceFileError(f"trace file {path} is not a regular file: give a file path") from None
-            raise TraceFileError(f"cannot open trace file {path}: {exc.strerror}") from None
+            fd = open_for_append(path, "the trace file", mode=0o600)
+        except UnsafeOutput as exc:
+            raise TraceFileError(str(exc)) from None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise TraceFileError(f"trace file {path} is not a regular file: give a file path")
-            if stat.S_IMODE(st.st_mode) & 0o077:
+            if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
                 os.fchmod(fd, 0o600)
         except BaseException:
             os.close(fd)

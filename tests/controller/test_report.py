@@ -329,9 +329,9 @@ def test_db_holds_the_account_and_its_rows_and_answers_the_readme_query(tmp_path
                     {"task_class": "unlabeled", "mode": "queue", "intents": 1, "acknowledged": 0}]
     # the ledger is never the report database
     refused = CliRunner().invoke(main, ["report", "--ledger", str(ledger), "--db", str(ledger)])
-    assert refused.exit_code == 2 and "separate file" in refused.output
+    assert refused.exit_code == 2 and "it is the ledger" in refused.output
     other = CliRunner().invoke(main, ["report", "--ledger", str(ledger), "--db", str(_ledger_file([]))])
-    assert other.exit_code == 2 and "is a tillerman ledger" in other.output
+    assert other.exit_code == 2 and "SQLite database tillerman did not write" in other.output
     assert sqlite3.connect(ledger).execute("select count(*) from sqlite_master where name = 'account'").fetchone() == (0,)
 
 

@@ -142,20 +142,24 @@ def test_an_existing_trace_file_is_made_owner_only(tmp_path):
     assert _mode(path) == 0o600 and path.read_text().count("\n") == 1  # appended to, never truncated
 
 
-def test_a_symlinked_or_special_trace_path_is_refused_in_one_line(tmp_path):
+def test_a_special_trace_path_is_refused_in_one_line_and_a_symlink_to_a_file_written_through(tmp_path):
     target = tmp_path / "elsewhere.jsonl"
     target.write_text("")
     link = tmp_path / "trace.jsonl"
     link.symlink_to(target)
-    with pytest.raises(TraceFileError, match="is a symlink"):
-        JsonlTrace(link)
+    JsonlTrace(link)("in", {"x": 1})  # the link leads to a file that may be written: written there
+    assert link.is_symlink() and target.read_text().count("\n") == 1
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(TraceFileError, match="not a regular file"):
+    with pytest.raises(TraceFileError, match="FIFO"):
         JsonlTrace(fifo)  # refused at once: nothing reads it, and opening must not block
-    for path, words in ((link, "is a symlink"), (fifo, "not a regular file")):
+    ledger = tmp_path / "l.sqlite3"
+    SQLiteRecorder(ledger).close()
+    to_ledger = tmp_path / "to-ledger.jsonl"
+    to_ledger.symlink_to(ledger)
+    for path, words in ((fifo, "FIFO"), (to_ledger, "SQLite database")):
         result = CliRunner().invoke(main, ["run", "--no-codex", "--watch", str(tmp_path), "--ledger",
-                                           str(tmp_path / "l.sqlite3"), "--trace", str(path)])
+                                           str(ledger), "--trace", str(path)])
         assert result.exit_code == 2 and words in result.output, result.output
         assert result.output.count("\n") == 1 and "Traceback" not in result.output
-    assert target.read_text() == ""
+    assert target.read_text().count("\n") == 1
