@@ -69,12 +69,23 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
     return data
 
 
+#: What the HTML parser could read as markup inside a script element (``</script``,
+#: ``<!--``, ``-->``, an entity): written as JSON escapes, which decode to the same text.
+_MARKUP_IN_SCRIPT = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def script_json(data: dict) -> str:
+    """``data`` as JSON that a ``<script>`` element holds as plain text, whatever strings
+    the recorded session carries: no ``<``, ``>`` or ``&`` is left for the HTML parser
+    (``<!--<script`` would switch it into its double-escaped state and the page would draw
+    nothing), and every non-ASCII character, U+2028 and U+2029 too, is a ``\\u`` escape."""
+    return json.dumps(data, sort_keys=True, ensure_ascii=True).translate(_MARKUP_IN_SCRIPT)
+
+
 def render_html(data: dict) -> str:
-    # "</" cannot end the script element early once escaped; the JSON stays valid.
-    payload = json.dumps(data, sort_keys=True).replace("</", "<\\/")
     title = html.escape(f"tillerman timeline: {len(data['threads'])} threads, {len(data['turns'])} turns,"
                         f" {len(data['intents'])} intents")
-    return _PAGE.replace("__TITLE__", title).replace("__DATA__", payload)
+    return _PAGE.replace("__TITLE__", title).replace("__DATA__", script_json(data))
 
 
 _PAGE = """<!doctype html>

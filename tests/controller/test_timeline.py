@@ -1,6 +1,8 @@
 """``tillerman timeline``: the page for a recorded session, and for a session of 5,000
 turns, opened in real headless chromium (``tests.browser``): turn bands and intent
 markers are in the DOM, nothing is fetched from the network, and the DOM stays bounded.
+A session whose every recorded field carries markup an attacker would write still
+draws, shows that markup as text, and runs none of it.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from tests.browser import chromium_dom, chromium_evaluate, chromium_screenshot
+from tests.hostile import HTML, TERMINAL, hostile_session
 from tillerman.controller.cli import main
 from tillerman.controller.intent_requests import proposal_envelopes, transition_envelope
 from tillerman.controller.report_fold import fold_facts
@@ -34,7 +38,7 @@ def test_recorded_session_page_shows_turns_calls_and_the_intent(tmp_path: Path) 
     assert out.exit_code == 0, out.output
     text = page.read_text()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "the page must load nothing from a network"
-    data = json.loads(re.search(r'id="timeline-data">(.*?)</script>', text, re.S)[1].replace("<\\/", "</"))
+    data = embedded_data(text)
     assert data["intents"] and data["turns"] and data["calls"]
     dom = chromium_dom(page)
     assert dom.count('class="mark turn-band') == len(data["turns"])
@@ -43,6 +47,67 @@ def test_recorded_session_page_shows_turns_calls_and_the_intent(tmp_path: Path) 
     assert dom.count("journey-step") >= sum(len(i["steps"]) for i in data["intents"])
     assert "stall-marker" in dom and "tool-call" in dom
     chromium_screenshot(page, tmp_path / "recorded.png")
+
+
+def embedded_text(page: str) -> str:
+    return re.search(r'id="timeline-data">(.*?)</script>', page, re.S)[1]
+
+
+def embedded_data(page: str) -> dict:
+    return json.loads(embedded_text(page))
+
+
+def hostile_page(tmp_path: Path, strings: dict[str, str]) -> tuple[Path, dict]:
+    recorder = MemoryRecorder()
+    recorder.append(hostile_session(strings))
+    data = timeline_data(fold_facts(recorder.read()))
+    page = tmp_path / "hostile.html"
+    page.write_text(render_html(data), encoding="utf-8")
+    return page, data
+
+
+def test_the_embedded_data_holds_no_markup_and_reads_back_as_recorded(tmp_path: Path) -> None:
+    page, data = hostile_page(tmp_path, HTML | TERMINAL)
+    text = page.read_text(encoding="utf-8")
+    assert not set("<>&\u2028\u2029") & set(embedded_text(text)), "the HTML parser would read markup in the data"
+    assert embedded_data(text) == json.loads(json.dumps(data))
+    recorded = set(strings_in(data))
+    for hostile in (HTML | TERMINAL).values():  # every kind of field the page shows carries one
+        for field in (f"thread-{hostile}", f"turn-{hostile}", f"bash {hostile}", f"queued-{hostile}",
+                      f"turn x made no progress for 600s {hostile}", f"in-waiting-{hostile}", f"class-{hostile}",
+                      f"owner:{hostile}", f"reason-{hostile}", f"key-{hostile}"):
+            assert field in recorded, field
+
+
+def strings_in(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+
+
+@pytest.mark.parametrize("name", [*HTML, "all"])
+def test_the_page_draws_every_hostile_string_as_text_and_runs_none(tmp_path: Path, name: str) -> None:
+    # One string at a time too: a later "-->" would undo what an earlier "<!--<script>" did.
+    page, data = hostile_page(tmp_path, HTML | TERMINAL if name == "all" else {name: HTML[name]})
+    drawn = chromium_evaluate(page, """({
+        pwned: typeof window.pwned, scripts: document.scripts.length,
+        lanes: [...document.querySelectorAll('.lane-label')].map(e => e.textContent),
+        turns: document.querySelectorAll('.turn-band').length,
+        calls: [...document.querySelectorAll('.tool-call')].map(e => e.title),
+        intents: document.querySelectorAll('.intent-marker').length,
+        detail: (document.querySelector('.tool-call').click(), document.getElementById('detail').textContent),
+    })""", wait_for=".intent-marker")
+    assert drawn["pwned"] == "undefined" and drawn["scripts"] == 2, "a script ran from the recorded data"
+    assert drawn["lanes"] == data["threads"]
+    assert drawn["turns"] == len(data["turns"]) and drawn["intents"] == len(data["intents"])
+    assert sorted(drawn["calls"]) == sorted(f"{c['tool']} (critical): {c['status']}" for c in data["calls"])
+    assert json.loads(drawn["detail"])["tool"] in {c["tool"] for c in data["calls"]}
 
 
 def test_thread_filter_and_unknown_thread(tmp_path: Path) -> None:
