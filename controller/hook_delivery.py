@@ -3,7 +3,7 @@ outbox, and how a claimed intent settles from what the spool shows afterwards.
 
 A thread seen only through the hook spool (``ThreadSnapshot.hook_delivery``, no app-server)
 takes a queued message (at a Stop) and a steer that asked for ``deliver_at =
-"pre_tool_use"`` (``tillerman.rules.policy.hook_deliverable``). When the policy authorizes
+"pre_tool_use"`` (``tillerman.rules.policy.capabilities``). When the policy authorizes
 one, the daemon puts it in the session's outbox (``tillerman.controller.hook_outbox``);
 the hook claims it (``proposed → dispatch_unknown``, ``tillerman.controller.hook_claim``)
 and answers. From there the delivery machine's own states and reasons carry it: the
@@ -35,11 +35,14 @@ def is_hook_thread(snapshot: ThreadSnapshot) -> bool:
     return snapshot.hook_delivery and not snapshot.steerable
 
 
-def parcel(view: IntentView) -> Parcel:
+def parcel(view: IntentView, snapshot: ThreadSnapshot) -> Parcel:
+    """What the hook needs: a steer's expected turn under every id the sources give it
+    (the hook knows it by ``prompt_id``, the daemon may by the transcript's uuid)."""
     intent = view.intent
     at_tool = intent.mode == "steer" and intent.delivery_point is not None
+    turn_ids = snapshot.turn_ids(intent.expected_turn_id) if at_tool else ()
     return Parcel(intent_id=intent.id, at=AT_PRE_TOOL_USE if at_tool else AT_STOP, text=intent.delivered_text,
-                  expected_turn=intent.expected_turn_id if at_tool else None)
+                  expected_turn=turn_ids[0] if turn_ids else None, turn_aliases=turn_ids[1:])
 
 
 def hook_claim(view: IntentView) -> HistoryItem | None:
@@ -73,11 +76,11 @@ class Outboxes:
     def __init__(self, spools: tuple[str, ...], ledger: str) -> None:
         self.spools = tuple(Path(s) for s in spools)
         self.ledger = ledger
-        self._wanted: dict[str, dict[str, Parcel]] = {}  # thread -> intent id -> parcel
+        self._wanted: dict[str, dict[str, IntentView]] = {}  # thread -> intent id -> intent
         self._written: dict[str, tuple[Parcel, ...]] = {}
 
     def want(self, view: IntentView) -> None:
-        self._wanted.setdefault(view.intent.thread_id, {})[view.intent.id] = parcel(view)
+        self._wanted.setdefault(view.intent.thread_id, {})[view.intent.id] = view
 
     def drop(self, view: IntentView) -> None:
         self._wanted.get(view.intent.thread_id, {}).pop(view.intent.id, None)
@@ -85,11 +88,12 @@ class Outboxes:
     def flush(self, projection: Projection) -> None:
         """Write every outbox that changed; an intent no longer proposed (claimed,
         cancelled, expired) leaves its outbox."""
-        for thread_id, parcels in self._wanted.items():
-            for intent_id in [i for i in parcels if (v := projection.intents.get(i)) is None
+        for thread_id, wanted in self._wanted.items():
+            for intent_id in [i for i in wanted if (v := projection.intents.get(i)) is None
                               or v.state is not State.PROPOSED]:
-                del parcels[intent_id]
-            now = tuple(sorted(parcels.values(), key=lambda p: projection.intents[p.intent_id].intent.created_at))
+                del wanted[intent_id]
+            snapshot = projection.snapshot(thread_id)
+            now = tuple(parcel(view, snapshot) for view in sorted(wanted.values(), key=lambda v: v.intent.created_at))
             if now == self._written.get(thread_id, ()):
                 continue
             spool = self._spool_of(thread_id)

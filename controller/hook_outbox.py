@@ -40,6 +40,13 @@ class Parcel:
     at: str  # AT_STOP | AT_PRE_TOOL_USE
     text: str  # what the agent reads: the intent's delivered text
     expected_turn: str | None = None  # a steer: only in this turn (the payload's prompt_id)
+    # The other ids the session's sources give that turn (its transcript names it by a
+    # message uuid): a turn the daemon knew first by one of those is still the hook's turn.
+    turn_aliases: tuple[str, ...] = ()
+
+    def in_turn(self, prompt_id: str | None) -> bool:
+        return self.expected_turn is None or (prompt_id is not None
+                                              and prompt_id in (self.expected_turn, *self.turn_aliases))
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,7 @@ class Outbox:
 
     def for_event(self, event: str, prompt_id: str | None) -> list[Parcel]:
         """The parcels a hook running at ``event`` in turn ``prompt_id`` may deliver, oldest first."""
-        return [p for p in self.parcels
-                if p.at == event and (p.expected_turn is None or p.expected_turn == prompt_id)]
+        return [p for p in self.parcels if p.at == event and p.in_turn(prompt_id)]
 
 
 def outbox_path(spool: Path, session_id: str) -> Path:
@@ -79,7 +85,9 @@ def read_outbox(path: Path) -> Outbox | None:
     try:
         body = json.loads(path.read_bytes())
         parcels = tuple(Parcel(intent_id=str(p["intent_id"]), at=str(p["at"]), text=str(p["text"]),
-                               expected_turn=p.get("expected_turn")) for p in body["parcels"])
+                               expected_turn=p.get("expected_turn"),
+                               turn_aliases=tuple(str(a) for a in p.get("turn_aliases", ())))
+                        for p in body["parcels"])
         return Outbox(ledger=str(body["ledger"]), parcels=parcels)
     except (OSError, ValueError, KeyError, TypeError):
         return None

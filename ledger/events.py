@@ -54,6 +54,16 @@ class TurnStarted(Event, tag="turn_started"):
     pass
 
 
+class TurnAlias(Event, tag="turn_alias"):
+    """``turn_id`` (this source's id of a turn) and ``alias`` (the id another source
+    gives the same turn) name one turn: a Claude Code transcript names a turn by the
+    uuid of the message that opened it, as stream-json does, and knows its
+    ``promptId``, the hooks' ``prompt_id``. Written before the source's ``TurnStarted``
+    of that turn, so the fold never takes the two for consecutive turns."""
+
+    alias: str
+
+
 class TurnCompleted(Event, tag="turn_completed"):
     status: TurnStatus = "completed"
     duration_ms: int | None = None
@@ -372,6 +382,7 @@ class LedgerArchived(Event, tag="ledger_archived"):
 AnyEvent = (
     ThreadStarted
     | TurnStarted
+    | TurnAlias
     | TurnCompleted
     | ItemStarted
     | ItemCompleted
@@ -407,7 +418,7 @@ AnyEvent = (
 OBSERVATION_KINDS = frozenset(
     cls.__struct_config__.tag
     for cls in (
-        ThreadStarted, TurnStarted, TurnCompleted, ItemStarted, ItemCompleted,
+        ThreadStarted, TurnStarted, TurnAlias, TurnCompleted, ItemStarted, ItemCompleted,
         UserMessage, AgentMessage, ApprovalRequested, ApprovalResolved,
         QueueChanged, QueueEntryRemoved, StatusChanged, Error,
     )

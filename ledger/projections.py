@@ -8,7 +8,14 @@ fold only the tail instead of starting at seq 0.
 
 The same fact seen by two sources (the app-server connection and the rollout file)
 arrives as two events; every step here is idempotent per natural key (turn id,
-item id), so a turn is one turn.
+item id), so a turn is one turn. Where two sources give one turn different ids (a
+Claude Code transcript's message uuid, its hooks' ``prompt_id``), a ``TurnAlias``
+says so before the second id is used, and every step reads a turn id through
+``ThreadState.canonical_turn``: the thread knows the turn by the id seen first.
+A Claude Code session seen through its hooks (and not driven over a connection) is
+ended only by the hooks: a ``Stop`` the hook blocked continues the turn the
+transcript already shows finished, so another source's end is held
+(``ThreadState.held_end``) until the hooks end the turn or the next one starts.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v5"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v6"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -59,6 +66,9 @@ class ThreadState(msgspec.Struct):
     active_turn_started_at: float | None = None
     turn_states: dict[str, str] = {}  # the recent turns (at most RECENT_TURNS)
     earlier_turns: IdTable | None = None  # the older ones: state index by id digest
+    turn_aliases: dict[str, str] = {}  # another source's id of a recent turn -> the id the thread knows it by
+    hook_source: str | None = None  # the source of its hook spool: the one that ends its turns (module doc)
+    held_end: str | None = None  # how another source ended the active turn, while the hooks still run it
     last_event_at: float | None = None
     last_progress_at: float | None = None
     running: dict[str, RunningItem] = {}
@@ -71,7 +81,11 @@ class ThreadState(msgspec.Struct):
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
-        return turn_state(self.turn_states, self.earlier_turns, turn_id)
+        return turn_state(self.turn_states, self.earlier_turns, self.canonical_turn(turn_id))
+
+    def canonical_turn(self, turn_id: str | None) -> str | None:
+        """The id the thread knows ``turn_id``'s turn by (itself unless another source's)."""
+        return self.turn_aliases.get(turn_id, turn_id) if turn_id is not None else None
 
     def set_turn_state(self, turn_id: str, state: str) -> None:
         """Record ``turn_id``'s state; past RECENT_TURNS, the oldest ended turn moves
@@ -81,6 +95,8 @@ class ThreadState(msgspec.Struct):
         if len(self.turn_states) > RECENT_TURNS:
             oldest, ended = next((t, s) for t, s in self.turn_states.items() if s in ENDED_TURN_STATES)
             del self.turn_states[oldest]
+            for alias in [a for a, known in self.turn_aliases.items() if known == oldest]:
+                del self.turn_aliases[alias]
             if self.earlier_turns is None:
                 self.earlier_turns = IdTable()
             self.earlier_turns.put(oldest, TURN_STATES.index(ended))
@@ -162,6 +178,7 @@ class Projection(msgspec.Struct):
             active_turn_started_at=t.active_turn_started_at,
             turn_states=t.turn_states,
             earlier_turns=t.earlier_turns,
+            turn_aliases=t.turn_aliases,
             last_event_at=t.last_event_at,
             last_progress_at=t.last_progress_at,
             approval_pending=bool(t.approvals),
@@ -235,7 +252,7 @@ def _touch(p: Projection, e: ev.Event, at: float | None, source: str) -> ThreadS
 
 
 def _progress(t: ThreadState, e: ev.Event, at: float | None) -> None:
-    if e.turn_id is not None and e.turn_id == t.active_turn_id and at is not None:
+    if e.turn_id is not None and t.canonical_turn(e.turn_id) == t.active_turn_id and at is not None:
         t.last_progress_at = at
 
 
@@ -253,16 +270,50 @@ def _thread_started(p, e: ev.ThreadStarted, at, seq, source) -> None:
         t.cwd = e.cwd
     if t is not None and e.source_format == HOOK_FORMAT:
         t.hook_delivery = True
+        t.hook_source = source
+
+
+def _turn_alias(p, e: ev.TurnAlias, at, seq, source) -> None:
+    """Two sources' ids of one turn: the one the thread already knows stays its id."""
+    t = _touch(p, e, at, source)
+    if t is None or e.turn_id is None or e.alias == e.turn_id:
+        return
+    own, other = t.canonical_turn(e.turn_id), t.canonical_turn(e.alias)
+    if own == other:
+        return
+    if t.turn_state(other) is None:
+        t.turn_aliases[e.alias] = own
+    elif t.turn_state(own) is None:
+        t.turn_aliases[e.turn_id] = other
+    else:
+        _merge_turns(t, own, other)
+
+
+def _merge_turns(t: ThreadState, one: str, other: str) -> None:
+    """Two sources' turns, each started before the link between them was read, are one:
+    the running one keeps its id (intents may name it), and the turn ends as the
+    source that saw its end said ("unclosed" only when none did)."""
+    keep, drop = (other, one) if t.active_turn_id == other else (one, other)
+    states = {t.turn_state(keep), t.turn_state(drop)}
+    ended = sorted(states - {"active", "unclosed"})
+    merged = "active" if "active" in states else ended[0] if ended else "unclosed"
+    t.turn_states.pop(drop, None)  # an older turn's entry stays in earlier_turns, unreachable by the alias
+    for alias in [a for a, known in t.turn_aliases.items() if known == drop]:
+        t.turn_aliases[alias] = keep
+    t.turn_aliases[drop] = keep
+    t.turn_states[keep] = merged
 
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is None or e.turn_id is None or t.turn_state(e.turn_id) is not None:
         return  # a second source's copy, or a late start after the end: one turn
+    turn = t.canonical_turn(e.turn_id)
     if t.active_turn_id is not None:
-        t.set_turn_state(t.active_turn_id, "unclosed")
-    t.set_turn_state(e.turn_id, "active")
-    t.active_turn_id = e.turn_id
+        t.set_turn_state(t.active_turn_id, t.held_end or "unclosed")
+    t.held_end = None
+    t.set_turn_state(turn, "active")
+    t.active_turn_id = turn
     t.active_turn_started_at = at
     t.last_progress_at = at
     t.failures = {}
@@ -273,8 +324,13 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is None or e.turn_id is None or t.turn_state(e.turn_id) in ENDED_TURN_STATES:
         return
-    t.set_turn_state(e.turn_id, e.status)
-    if t.active_turn_id == e.turn_id:
+    turn = t.canonical_turn(e.turn_id)
+    if _held_for_the_hooks(t, turn, source):
+        t.held_end = e.status
+        return
+    t.set_turn_state(turn, e.status)
+    if t.active_turn_id == turn:
+        t.held_end = None
         t.active_turn_id = None
         t.active_turn_started_at = None
         t.approvals = {}  # the server resolves pending approvals when the turn ends
@@ -283,13 +339,19 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
             t.queue_paused = True  # the app-server stops draining after an interrupt
 
 
+def _held_for_the_hooks(t: ThreadState, turn: str, source: str) -> bool:
+    """Whether another source's end of the running turn waits for the hooks': in a
+    session delivered to through its hooks, only they know a Stop they blocked went on."""
+    return t.hook_source is not None and source != t.hook_source and not t.steerable and turn == t.active_turn_id
+
+
 def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is None:
         return
     _progress(t, e, at)
     if e.item_id not in t.running:
-        t.running[e.item_id] = RunningItem(e.turn_id, e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
+        t.running[e.item_id] = RunningItem(t.canonical_turn(e.turn_id), e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
 
 
 def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:
@@ -303,7 +365,7 @@ def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:
     args_digest = e.args_digest or (started.args_digest if started else None)
     tool = e.tool or (started.tool if started else None)
     failed = e.status == "failed" or (e.exit_code not in (None, 0))
-    if failed and e.turn_id == t.active_turn_id and args_digest:
+    if failed and t.canonical_turn(e.turn_id) == t.active_turn_id and args_digest:
         count, _, _ = t.failures.get(args_digest, (0, None, None))
         t.failures[args_digest] = (count + 1, tool, e.exit_code)
 
@@ -314,7 +376,7 @@ def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
         return
     _progress(t, e, at)
     if e.client_id and e.client_id.startswith("tillerman-"):
-        t.client_ids.setdefault(e.client_id, e.turn_id)
+        t.client_ids.setdefault(e.client_id, t.canonical_turn(e.turn_id))
 
 
 def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
@@ -408,6 +470,7 @@ _APPLY = {
     ev.Undecodable: _undecodable,
     ev.ThreadStarted: _thread_started,
     ev.TurnStarted: _turn_started,
+    ev.TurnAlias: _turn_alias,
     ev.TurnCompleted: _turn_completed,
     ev.ItemStarted: _item_started,
     ev.ItemCompleted: _item_completed,

@@ -29,6 +29,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     # Its older turns, all ended, by the digest of their id: their index in TURN_STATES
     # (``tillerman.ledger.projections.RECENT_TURNS`` says why).
     earlier_turns: IdTable | None = None
+    # Another source's id of a turn -> the id the thread knows it by (``TurnAlias``):
+    # a turn is found, and is the active one, under either.
+    turn_aliases: dict[str, str] = {}
     last_event_at: float | None = None
     last_progress_at: float | None = None  # last item/message activity in the active turn
     approval_pending: bool = False
@@ -42,8 +45,21 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     failures: dict[str, tuple[int, str | None, int | None]] = {}
 
     def turn_state(self, turn_id: str | None) -> str | None:
-        """The state of ``turn_id``: one of TURN_STATES, or None when never seen."""
-        return turn_state(self.turn_states, self.earlier_turns, turn_id)
+        """The state of ``turn_id`` (or of the turn it is another source's id of): one of
+        TURN_STATES, or None when never seen."""
+        return turn_state(self.turn_states, self.earlier_turns, self.turn_aliases.get(turn_id, turn_id))
+
+    def is_active(self, turn_id: str | None) -> bool:
+        """Whether ``turn_id`` names the running turn, under any source's id of it."""
+        return turn_id is not None and self.turn_state(turn_id) == "active"
+
+    def turn_ids(self, turn_id: str | None) -> tuple[str, ...]:
+        """Every id the sources give the turn ``turn_id`` names, that one first."""
+        if turn_id is None:
+            return ()
+        known = self.turn_aliases.get(turn_id, turn_id)
+        others = [a for a, k in self.turn_aliases.items() if k == known and a != turn_id]
+        return (turn_id, *([known] if known != turn_id else []), *others)
 
 
 class Watched(msgspec.Struct, frozen=True, kw_only=True):

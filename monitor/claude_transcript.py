@@ -7,7 +7,10 @@ Threads: the main conversation is the session (``sessionId``). Subagent traffic 
 agent), whose parent is the session.
 
 Turns: a user line whose content is text (not a tool result, not ``isMeta``, not a
-compaction summary) opens a turn; its id is that line's ``uuid``. The turn ends at
+compaction summary) opens a turn; its id is that line's ``uuid`` (the id stream-json
+gives it too). In 2.1.x files the line's ``promptId`` is the id Claude Code's hooks
+give the same turn (``prompt_id``): a ``TurnAlias`` before the ``TurnStarted`` says
+so, and the session seen through both is one set of turns. The turn ends at
 an assistant ``stop_reason: "end_turn"``, a ``system`` ``stop_hook_summary`` or
 ``turn_duration``, whichever comes first; an interrupt marker
 (``[Request interrupted by user…]``) ends it ``interrupted``, an API error (the
@@ -57,6 +60,7 @@ from tillerman.ledger.events import (
     QueueEntry,
     QueueEntryRemoved,
     ThreadStarted,
+    TurnAlias,
     TurnCompleted,
     TurnStarted,
 )
@@ -339,10 +343,12 @@ class ClaudeTranscriptParser(Parser):
         uuid = text(record, "uuid") or f"line@{self._offset}"
         # A new prompt opens the next turn. One still open was cut short for it (2.1.x
         # folds mid-turn input instead of writing a prompt line); older files leave it unclosed.
-        cut_short = self._end(thread_id, state, "interrupted") if text(record, "promptId") else []
+        prompt_id = text(record, "promptId")
+        cut_short = self._end(thread_id, state, "interrupted") if prompt_id else []
         state.turn = uuid
         ids = {"thread_id": thread_id, "turn_id": uuid}
-        return cut_short + [TurnStarted(**ids), self._user_message(prompt, item_id=uuid, **ids)]
+        alias = [TurnAlias(alias=prompt_id, **ids)] if prompt_id else []
+        return cut_short + alias + [TurnStarted(**ids), self._user_message(prompt, item_id=uuid, **ids)]
 
     def _tool_result(self, record: dict, block: dict, thread_id: str | None, state: _Thread) -> list[Event]:
         tool_use_id = text(block, "tool_use_id") or f"tool@{self._offset}"

@@ -32,7 +32,7 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                       steer/interrupt, another turn active             reconcile_turn    expected_turn_not_active
                       thread only followed through files (not replay)  escalate          not_steerable
                         (a Claude Code hook session takes a queue, and a
-                        steer with deliver_at=pre_tool_use: hook_deliverable)
+                        steer with deliver_at=pre_tool_use: takes)
                       producer is a rule not active (or expired)       escalate          rule_not_active
                       producer rule's version is not the active one    escalate          rule_version_changed
                       no grant for producer, mode, thread              escalate          no_grant
@@ -148,7 +148,7 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         turn_problem = _turn_problem(intent, snapshot)
         if turn_problem is not None:
             return Action.RECONCILE_TURN, turn_problem
-    if not snapshot.steerable and not intent.replayed and not hook_deliverable(intent, snapshot):
+    if not intent.replayed and not takes(intent, snapshot):
         # replay simulates supervision of a recorded session as if attached to it
         return Action.ESCALATE, "not_steerable"
     refusal = _refusal(intent, now, ruleset)
@@ -161,13 +161,29 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
     return Action(intent.mode), "authorized"
 
 
-def hook_deliverable(intent: Intent, snapshot: ThreadSnapshot) -> bool:
-    """Whether Claude Code's hooks can carry this intent to the thread: a queued message at
-    the turn's end (the Stop hook's block), a steer that asks for it before the next tool
-    call (PreToolUse's deny). An interrupt, or a steer into the running model call, cannot."""
-    if not snapshot.hook_delivery:
-        return False
-    return intent.mode == "queue" or (intent.mode == "steer" and intent.delivery_point == PRE_TOOL_USE)
+#: What a thread reached only through Claude Code's hooks can take: a queued message at
+#: the turn's end (the Stop hook's block), a steer before the next tool call
+#: (PreToolUse's deny). No hook reaches a running model call, and none can end a turn.
+STEER_AT_PRE_TOOL_USE = f"steer@{PRE_TOOL_USE}"
+_TRANSPORT_TAKES = ("steer", "queue", "interrupt")  # an app-server connection, ``tillerman claude``
+_HOOKS_TAKE = ("queue", STEER_AT_PRE_TOOL_USE)
+
+
+def capabilities(snapshot: ThreadSnapshot) -> tuple[str, ...]:
+    """The intents the thread can be sent (``tillerman status`` shows them; ``takes``
+    decides by them): everything over a connection that steers it, what the hooks
+    carry for a session seen through them, nothing for one only followed in files."""
+    if snapshot.steerable:
+        return _TRANSPORT_TAKES
+    return _HOOKS_TAKE if snapshot.hook_delivery else ()
+
+
+def takes(intent: Intent, snapshot: ThreadSnapshot) -> bool:
+    """Whether the thread can be sent this intent (``capabilities``); a steer that asks
+    for ``deliver_at = "pre_tool_use"`` is a steer to a thread that takes any."""
+    can = capabilities(snapshot)
+    return intent.mode in can or (intent.mode == "steer" and intent.delivery_point == PRE_TOOL_USE
+                                  and STEER_AT_PRE_TOOL_USE in can)
 
 
 def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:
@@ -190,7 +206,7 @@ def _turn_problem(intent: Intent, snapshot: ThreadSnapshot) -> str | None:
     """Why a steer or interrupt cannot target its expected turn right now."""
     if snapshot.active_turn_id is None:
         return "no_active_turn"
-    if snapshot.active_turn_id != intent.expected_turn_id:
+    if not snapshot.is_active(intent.expected_turn_id):  # under any source's id of the turn
         return "expected_turn_not_active"
     return None
 

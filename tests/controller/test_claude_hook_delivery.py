@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 import msgspec
 from click.testing import CliRunner
 
@@ -65,7 +66,7 @@ def fill_outbox(spool: Path, ledger: Path, *chosen: Intent) -> None:
     with SQLiteRecorder(ledger) as recorder:
         views = [intents.intent_view(recorder, i.id) for i in chosen]
     spool.mkdir(exist_ok=True)
-    write_outbox(outbox_path(spool, SESSION), Outbox(str(ledger), tuple(parcel(v) for v in views)))
+    write_outbox(outbox_path(spool, SESSION), Outbox(str(ledger), tuple(parcel(v, ThreadSnapshot(thread_id=SESSION)) for v in views)))
 
 
 def test_a_queued_intent_blocks_one_stop_and_is_claimed_once(tmp_path: Path) -> None:
@@ -231,3 +232,123 @@ def test_propose_records_cancel_queued_and_deliver_at_only_where_they_apply(tmp_
     assert b"cancel_queued" not in msgspec.json.encode(Intent(id="i", thread_id="t", mode="queue", text="t",
                                                               text_digest="d", created_at=0.0, ack_deadline=1.0,
                                                               expires_at=2.0))
+
+
+# -- the documented setup: the session's transcript and its hook spool watched together --
+
+UUID = "u-1"  # the transcript's id of the turn (its prompt line's uuid); PROMPT is the hooks'
+
+
+def transcript_line(kind: str, **fields) -> dict:
+    base = {"type": kind, "sessionId": SESSION, "cwd": "/ws", "timestamp": "2026-11-30T00:00:00.000Z"}
+    return base | fields
+
+
+PROMPT_LINE = transcript_line("user", uuid=UUID, promptId=PROMPT, message={"role": "user", "content": "hi"})
+END_TURN = transcript_line("assistant", uuid="a-1", message={
+    "role": "assistant", "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"})
+STOP_SUMMARY = transcript_line("system", uuid="s-1", subtype="stop_hook_summary")
+
+
+class Watched:
+    """A daemon following a transcript folder and a hook spool, as README's command does."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.ledger, self.spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+        projects = tmp_path / "projects"
+        (projects / "-ws").mkdir(parents=True)
+        self.spool.mkdir()
+        self.transcript = projects / "-ws" / f"{SESSION}.jsonl"
+        self.transcript.touch()
+        (self.spool / f"{SESSION}.jsonl").touch()
+        self.watch = (str(projects), str(self.spool))
+        self.seen = 0  # ledger rows of the session's events so far
+
+    def kinds(self) -> list[str]:
+        with SQLiteRecorder(self.ledger) as recorder:
+            return [type(e.envelope.event).__name__ for e in recorder.read() if e.envelope.event.thread_id == SESSION]
+
+    async def append(self, target: str, line: dict, *, events: int) -> None:
+        """Add a line to the transcript or the spool and wait for the daemon to record its events."""
+        path = self.transcript if target == "transcript" else self.spool / f"{SESSION}.jsonl"
+        with path.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+        self.seen += events
+        await until(lambda: len(self.kinds()) >= self.seen)
+
+    async def hook(self, event: dict, *, events: int) -> dict | None:
+        answer = await anyio.to_thread.run_sync(hook, self.spool, event)
+        self.seen += events
+        await until(lambda: len(self.kinds()) >= self.seen)
+        return answer
+
+
+def transitions(ledger: Path, intent_id: str) -> list[tuple[str, str]]:
+    return [(h.state, h.reason) for h in state(ledger, intent_id).history if h.kind == "transition"]
+
+
+def run_watched(tmp_path: Path, scenario) -> Watched:
+    watched = Watched(tmp_path)
+
+    async def run() -> None:
+        with SQLiteRecorder(watched.ledger) as recorder:
+            daemon = Daemon(recorder, load_effective(None, None).ruleset, DaemonOptions(watch=watched.watch))
+            async with anyio.create_task_group() as tg:
+                await tg.start(daemon.run)
+                await scenario(watched)
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    return watched
+
+
+def test_a_queued_intent_the_hook_delivers_is_acknowledged_though_the_transcript_ended_the_turn(tmp_path) -> None:
+    """The README's command: the transcript's turn is the hooks' turn (its ``promptId``),
+    and the transcript's end of it (the first ``end_turn``, before the Stop our hook
+    blocks) does not end it while the hooks still run it: the claim settles from the
+    spool's evidence, never ``expired: not_delivered``."""
+    async def scenario(w: Watched) -> None:
+        await w.append("spool", payload("UserPromptSubmit", prompt="hi"), events=3)  # thread, turn, message
+        await w.append("transcript", PROMPT_LINE, events=4)  # thread, alias, turn, message
+        intent = propose(w.ledger)
+        outbox = outbox_path(w.spool, SESSION)
+        await until(outbox.exists)
+        await w.append("transcript", END_TURN, events=2)  # the agent's message, the turn's end
+        assert (await w.hook(payload("Stop", stop_hook_active=False), events=0))["reason"] == intent.delivered_text
+        await w.append("transcript", STOP_SUMMARY, events=0)
+        await anyio.sleep(0.5)  # rounds enough for a verdict the transcript alone would give
+        assert state(w.ledger, intent.id).state is State.DISPATCH_UNKNOWN, transitions(w.ledger, intent.id)
+        await w.hook(payload("Stop", stop_hook_active=True), events=2)  # our message, the turn's end
+        await until(lambda: state(w.ledger, intent.id).state is State.ACKNOWLEDGED)
+        w.intent = intent
+
+    w = run_watched(tmp_path, scenario)
+    assert transitions(w.ledger, w.intent.id) == [("dispatch_unknown", "dispatching"), ("acknowledged", "echo")]
+    with SQLiteRecorder(w.ledger) as recorder:
+        thread = projections.load(recorder).threads[SESSION]
+    assert thread.turn_states == {PROMPT: "completed"} and thread.turn_state(UUID) == "completed"
+
+
+@pytest.mark.parametrize("first", ["spool", "transcript"])
+def test_a_steer_for_the_active_turn_is_delivered_at_the_hooks_pre_tool_use(tmp_path, first: str) -> None:
+    """``--expected-turn active`` names the turn by whichever id the ledger saw first; the
+    hook, which knows it by ``prompt_id``, finds it under either (the outbox carries
+    both), denies the next tool with the text and the spool's next event acknowledges it."""
+    async def scenario(w: Watched) -> None:
+        lines = {"spool": (payload("UserPromptSubmit", prompt="hi"), 3), "transcript": (PROMPT_LINE, 4)}
+        for target in (first, *({"spool", "transcript"} - {first})):
+            line, events = lines[target]
+            await w.append(target, line, events=events)
+        steer = propose(w.ledger, mode="steer", text="Use rg, not grep.", expected_turn="active",
+                        deliver_at="pre_tool_use")
+        assert steer.expected_turn_id == (PROMPT if first == "spool" else UUID)
+        await until(outbox_path(w.spool, SESSION).exists)
+        tool = {"tool_name": "Bash", "tool_input": {"command": "grep -r x"}, "tool_use_id": "toolu_1"}
+        answer = await w.hook(payload("PreToolUse", **tool), events=2)  # the call, declined
+        assert answer["hookSpecificOutput"]["permissionDecisionReason"] == steer.delivered_text
+        await w.hook(payload("Stop", stop_hook_active=False), events=2)  # our message, the turn's end
+        await until(lambda: state(w.ledger, steer.id).state is State.ACKNOWLEDGED)
+        w.intent = steer
+
+    w = run_watched(tmp_path, scenario)
+    assert transitions(w.ledger, w.intent.id) == [("dispatch_unknown", "dispatching"), ("acknowledged", "echo")]

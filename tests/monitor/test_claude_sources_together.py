@@ -1,0 +1,81 @@
+"""One Claude Code session seen through several sources at once is one thread with one
+set of turns. The recording ``fixtures/sessions/claude-live/hooks`` holds the same
+session (the real CLI 2.1.332) three ways: its transcript, its hook spool and its
+stream-json stdout. The transcript names a turn by the uuid of the message that opened
+it, as stdout does, and carries its ``promptId``, the hooks' ``prompt_id``: folded
+together in any order, the turns are the five the session had, each found under every
+id, none ``unclosed``."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.monitor.support import SESSIONS, parse
+
+from tillerman.ledger.events import Envelope, TurnCompleted, TurnStarted
+from tillerman.ledger.projections import Projection
+from tillerman.monitor.tailer import file_source
+
+RECORDED = SESSIONS / "claude-live" / "hooks"
+FILES = {"transcript": ("claude-transcript", "transcript.jsonl"), "hooks": ("claude-hooks", "hooks.jsonl"),
+         "stdout": ("claude-stream-json", "stdout.jsonl")}
+#: How the CLI's own ``result`` lines (and the hooks' Stop / StopFailure) ended the five turns.
+ENDED = ["completed", "completed", "completed", "interrupted", "failed"]
+
+
+def envelopes(name: str) -> list[Envelope]:
+    fmt, file = FILES[name]
+    source = file_source(RECORDED / file)
+    parsed, _ = parse(fmt, (RECORDED / file).read_bytes(), source=source)
+    return [Envelope(event_id=f"{name}-{i}", event=p.event, source=source, at=p.at) for i, p in enumerate(parsed)]
+
+
+def turn_ids(name: str) -> list[str]:
+    return [e.event.turn_id for e in envelopes(name) if isinstance(e.event, TurnStarted)]
+
+
+def fold(*streams: list[Envelope], by_turn: bool) -> Projection:
+    """The sources folded one after another (``by_turn`` False: each wholly before the
+    next, as when one file is read late), or turn by turn (each source's events up to
+    its next turn start, in turn)."""
+    projection, seq = Projection(), 0
+    if not by_turn:
+        order = [e for stream in streams for e in stream]
+    else:
+        turns = itertools.zip_longest(*map(_by_turn, streams), fillvalue=[])
+        order = [e for chunks in turns for e in itertools.chain(*chunks)]
+    for env in order:
+        seq += 1
+        projection.apply_envelope(env, seq)
+    return projection
+
+
+def _by_turn(stream: list[Envelope]) -> list[list[Envelope]]:
+    chunks: list[list[Envelope]] = [[]]
+    for env in stream:
+        if isinstance(env.event, TurnStarted):
+            chunks.append([])
+        chunks[-1].append(env)
+    return chunks
+
+
+def test_the_recording_has_the_five_turns_under_two_ids() -> None:
+    """The premise: stdout and the transcript share their ids, the hooks' are others."""
+    assert turn_ids("transcript") == turn_ids("stdout")
+    assert len(turn_ids("hooks")) == 5 and not set(turn_ids("hooks")) & set(turn_ids("transcript"))
+    assert [e.event.status for e in envelopes("stdout") if isinstance(e.event, TurnCompleted)] == ENDED
+
+
+@pytest.mark.parametrize("by_turn", [False, True], ids=["file-after-file", "turn-by-turn"])
+@pytest.mark.parametrize("names", [("transcript", "hooks"), ("hooks", "transcript"), ("transcript", "stdout"),
+                                   ("stdout", "transcript"), ("hooks", "transcript", "stdout"),
+                                   ("stdout", "hooks", "transcript")], ids="+".join)
+def test_sources_of_one_session_fold_into_one_set_of_turns(names: tuple[str, ...], by_turn: bool) -> None:
+    thread = fold(*map(envelopes, names), by_turn=by_turn).threads[envelopes("hooks")[0].event.thread_id]
+    assert len(thread.turn_states) == 5, thread.turn_states
+    assert "unclosed" not in thread.turn_states.values()
+    for name in names:  # every source's id finds its turn
+        assert [thread.turn_state(t) for t in turn_ids(name)] == ENDED
+    assert thread.active_turn_id is None and not thread.running
