@@ -247,6 +247,19 @@ def intents_list(state, as_json, ledger_path):
 # -- the daemon ------------------------------------------------------------------------
 
 
+def _watchable(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--watch directories: one that does not exist yet is waited for (a fresh HOME has
+    no ~/.claude/projects), one that never can (a file in the way) is refused."""
+    if not values:
+        return values
+    from tillerman.monitor.watch import never_a_folder
+
+    for value in values:
+        if (why := never_a_folder(value)) is not None:
+            raise Fail(f"--watch {value}: {why}; give a directory")
+    return values
+
+
 @main.command("run")
 @click.option("--codex", "url", metavar="URL",
               help="The app-server to attach to: unix://PATH or ws://HOST:PORT (default, and for a bare unix://:"
@@ -257,9 +270,10 @@ def intents_list(state, as_json, ledger_path):
 @click.option("--codex-bin", type=PathType(dir_okay=False),
               help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
                    " else the one of the openai-codex-cli-bin package).")
-@click.option("--watch", "watch_dirs", multiple=True, type=PathType(exists=True, file_okay=False),
+@click.option("--watch", "watch_dirs", multiple=True, type=PathType(file_okay=False), callback=_watchable,
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
-                   " (e.g. ~/.codex/sessions, ~/.claude/projects). Works with or without an app-server.")
+                   " (e.g. ~/.codex/sessions, ~/.claude/projects). One that does not exist yet is followed"
+                   " once it appears. Works with or without an app-server.")
 @click.option("--allow-remote", is_flag=True,
               help="Allow --codex ws://HOST on another machine (its WebSocket has no authentication by default).")
 @click.option("--client-name",
@@ -483,8 +497,11 @@ def _daemon_lines(daemon: dict) -> list[str]:
     elif codex:
         lines.append(f"codex: connecting to {codex['url']} since {codex['since']}"
                      + (f" (last try: {codex['error']})" if codex["error"] else ""))
-    if daemon.get("watch"):
-        lines.append(f"files: following {', '.join(daemon['watch'])} (file-only threads are not steerable)")
+    waiting = daemon.get("watch_waiting") or []
+    if following := [d for d in daemon.get("watch") or [] if d not in waiting]:
+        lines.append(f"files: following {', '.join(following)} (file-only threads are not steerable)")
+    if waiting:
+        lines.append(f"files: waiting for {', '.join(waiting)} to appear, then following it")
     return lines
 
 

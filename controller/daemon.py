@@ -148,6 +148,7 @@ class Daemon:
         self.tap = AppServerTap(options.url, patterns=options.patterns, retain_payloads=options.retain_payloads)
         self.adapter: GuardedAdapter | None = None
         self.tailer: Tailer | None = None  # set when --watch follows files
+        self.watcher: Watch | None = None  # with them: which --watch directories are not there yet
         self.machines: dict[str, Delivery] = {}
         self._verifying: set[str] = set()  # intents whose readback this run already asked for
         self._saved_seq = -1  # the seq of the last saved fold snapshot
@@ -355,7 +356,8 @@ class Daemon:
         steerable). Each batch goes through the brain like the connection's."""
         known = self.recorder.file_offsets()
         self.tailer = Tailer(known=known, patterns=self.options.patterns, retain_payloads=self.options.retain_payloads)
-        await Watch(self.options.watch, self.tailer, self._inbox_send.send).run()
+        self.watcher = Watch(self.options.watch, self.tailer, self._inbox_send.send)
+        await self.watcher.run()
 
     async def _resume(self, client, thread_id: str) -> None:
         # What a read of a thread that started before we attached says it is goes to the
@@ -456,6 +458,7 @@ class Daemon:
 
     def _heartbeat(self, now: float) -> None:
         beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "watch": list(self.options.watch),
+                "watch_waiting": self.watcher.waiting if self.watcher else [],
                 "codex": self.link.as_dict() if self.options.url else None}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:

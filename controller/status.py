@@ -86,6 +86,7 @@ def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
         "watch": info.get("watch", []),
+        "watch_waiting": info.get("watch_waiting", []),  # --watch directories that do not exist (yet)
         "codex": _codex(info.get("codex")),
     }
 

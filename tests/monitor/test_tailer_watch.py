@@ -1,12 +1,15 @@
 """The watchfiles driver (tillerman.monitor.watch) and ``tillerman run --watch``: files and
-directories that appear after start, deletion and rotation seen by the watcher, a
+directories that appear after start, a watched directory that does not exist yet (or is
+removed) followed once it appears, deletion and rotation seen by the watcher, a
 files-only daemon (no app-server) whose threads are not steerable, and live == replay
 through the whole daemon."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import time
 
 import anyio
@@ -22,7 +25,7 @@ from tests.monitor.tailer_support import (
     rollout_name,
     session_meta,
 )
-from tillerman.controller.cli import main
+from tillerman.controller.cli import _daemon_lines, main
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.status import ledger_status
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -39,8 +42,9 @@ async def _until(predicate, timeout: float = TIMEOUT) -> None:
             await anyio.sleep(0.02)
 
 
-def _watching(root, body, *, known=()):
-    """Run a Watch over ``root`` recording into a fresh ledger while ``body(ledger)`` runs."""
+def _watching(root, body, *, known=(), also=(), **options):
+    """Run a Watch over ``root`` (and the folders ``also``) recording into a fresh ledger
+    while ``body(ledger)`` runs."""
     ledger = SQLiteRecorder(root.parent / "ledger.sqlite3")
 
     async def send(batch):
@@ -48,7 +52,7 @@ def _watching(root, body, *, known=()):
 
     async def run():
         async with anyio.create_task_group() as tg:
-            watch = Watch([str(root)], Tailer(known=known or ledger.file_offsets()), send)
+            watch = Watch([str(root), *map(str, also)], Tailer(known=known or ledger.file_offsets()), send, **options)
             await tg.start(watch.run)
             await body(ledger)
             tg.cancel_scope.cancel()
@@ -91,6 +95,36 @@ def test_files_and_directories_that_appear_after_start_are_followed(tmp_path):
         assert facts(ledger) == replayed(path) + replayed(agent)
 
     _watching(root, body)
+
+
+def test_a_watched_directory_that_appears_after_start_is_followed_and_said_so_once(tmp_path, caplog):
+    spool = tmp_path / "spool"  # watched beside it, and there from the start
+    spool.mkdir()
+    root = tmp_path / "home" / ".claude" / "projects"  # a fresh HOME: not even ~/.claude yet
+    caplog.set_level(logging.WARNING, logger="tillerman.watch")
+
+    async def body(ledger):
+        await anyio.sleep(0.3)  # several looks find nothing
+        root.mkdir(parents=True)
+        path = root / rollout_name()
+        append(path, session_meta() + rollout_line(1))  # written at once, before any watch is on it
+        await _until(lambda: len(facts(ledger)) == 2)
+        append(path, rollout_line(2))  # and followed as it grows
+        await _until(lambda: len(facts(ledger)) == 3)
+        shutil.rmtree(root)  # removed: waited for again
+        await _until(lambda: "is gone" in caplog.text)
+        root.mkdir()
+        again = root / rollout_name("01a229c4-3717-7c10-9d2e-5b7f0c9e1a09")
+        append(again, session_meta("01a229c4-3717-7c10-9d2e-5b7f0c9e1a09"))
+        await _until(lambda: any(e.envelope.source == f"file:{again}" for e in ledger.read()))
+        await _until(lambda: caplog.text.count("appeared") == 2)  # a rescan may have read it first
+
+    _watching(spool, body, also=[root], appear_every=0.05)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"watch: {root} does not exist yet: following it once it appears",
+                    f"watch: {root} appeared: following it",
+                    f"watch: {root} is gone: following it once it appears",
+                    f"watch: {root} appeared: following it"]
 
 
 def test_the_watcher_sees_deletion_and_rotation(tmp_path):
@@ -176,9 +210,47 @@ def test_run_refuses_to_start_with_nothing_to_supervise():
     assert result.exit_code == 2 and "--watch DIR" in result.output
 
 
-def test_run_watch_needs_an_existing_directory(tmp_path):
-    result = CliRunner().invoke(main, ["run", "--watch", str(tmp_path / "missing")])
-    assert result.exit_code == 2
+def test_run_watch_waits_for_a_missing_directory_in_the_daemon_and_status(tmp_path):
+    root = tmp_path / "projects"
+
+    async def body(reader):
+        await _until(lambda: _daemon_status(reader, tmp_path)["watch_waiting"] == [str(root)])
+        assert f"files: waiting for {root} to appear, then following it" in _status_lines(reader, tmp_path)
+        root.mkdir()
+        path = root / rollout_name()
+        append(path, session_meta() + rollout_line(1))
+        await _until(lambda: len(facts(reader)) == 2)
+        assert facts(reader) == replayed(path)
+        await _until(lambda: _daemon_status(reader, tmp_path)["watch_waiting"] == [])
+        assert not any("waiting" in line for line in _status_lines(reader, tmp_path))
+
+    _daemon(tmp_path, root, body)
+
+
+def _daemon_status(reader, tmp_path) -> dict:
+    return ledger_status(reader, tmp_path / "ledger.sqlite3", time.time())["daemon"]
+
+
+def _status_lines(reader, tmp_path) -> list[str]:
+    """What ``tillerman status`` prints of the daemon (running: this test holds no lock file)."""
+    return _daemon_lines({**_daemon_status(reader, tmp_path), "running": True})
+
+
+def _run_context(args):
+    """``tillerman run ARGS`` parsed (its options' checks run), not started."""
+    parent = main.make_context("tillerman", ["run"])
+    return main.get_command(parent, "run").make_context("run", args, parent=parent)
+
+
+def test_run_watch_accepts_a_missing_directory_and_refuses_one_that_can_never_be(tmp_path):
+    missing = str(tmp_path / "not" / "yet")
+    assert _run_context(["--no-codex", "--watch", missing]).params["watch_dirs"] == (missing,)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for watched, why in ((blocker / "projects", f"{blocker} is a file, in the way of {blocker / 'projects'}"),
+                         (blocker, "is a file")):
+        result = CliRunner().invoke(main, ["run", "--no-codex", "--watch", str(watched)])
+        assert result.exit_code == 2 and why in result.output, result.output
 
 
 def test_latency_is_well_under_the_budget_for_a_trickle(tmp_path):
