@@ -51,7 +51,7 @@ from tillerman.ledger.reviews import Call
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.counts import Counts, EventCounter
-from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.formats import PARSERS, detect_format, layout_note
 from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.file_reader import FileReader, ForkedFileReader, ReaderDied
 from tillerman.monitor.tailer import file_source
@@ -288,7 +288,8 @@ class Replayer:
         if fmt == "auto":
             fmt = "ledger" if head.startswith(_SQLITE_MAGIC) else detect_format(head, str(path))
             if fmt is None:
-                raise ReplayError(f"{path}: cannot tell its format; give --format ({', '.join(FORMATS[1:])})")
+                why = layout_note(head) or f"cannot tell its format; give --format ({', '.join(FORMATS[1:])})"
+                raise ReplayError(f"{path}: {why}")
         self.now = None  # each file runs on its own source clock
         if fmt == "ledger":
             return self._replay_ledger(path)

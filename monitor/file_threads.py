@@ -9,7 +9,7 @@ Replay keeps the files of one thread family together (``tillerman.controller.rep
   2.1.x subagent file lives under it (``<sessionId>/subagents/agent-<id>.jsonl``);
 - ``codex exec --json`` output opens with ``thread.started{thread_id}``;
 - Claude Code's stream-json output and hook payloads name their session in every line
-  (``session_id``).
+  (``session_id``; a hook log's lines may hold the payload under ``payload``).
 
 Formats whose threads are named only deep inside (a TUI log, an app-server trace, a
 ledger) name none here. Pure: no I/O, the caller reads the opening.
@@ -67,12 +67,14 @@ def _exec(head: bytes, path: str) -> set[str]:
 
 
 def _claude_session(head: bytes, path: str) -> set[str]:
-    session = next(filter(None, (_text_at(record, "session_id") for record in _records(head))), None)
+    found = (_text_at(record, "session_id") or _text_at(record, "payload", "session_id") for record in _records(head))
+    session = next(filter(None, found), None)
     return {session} if session else set()
 
 
 _READERS = {"codex-rollout": _rollout, "claude-transcript": _claude, "codex-exec": _exec,
-            "claude-stream-json": _claude_session, "claude-hooks": _claude_session}
+            "claude-stream-json": _claude_session, "claude-hooks": _claude_session,
+            "claude-hook-log": _claude_session}
 
 
 def _records(head: bytes):

@@ -2,6 +2,8 @@
 
 ``detect_format(head, path)`` looks at the first bytes of a file (its first
 complete record when there is one) and at the path; ``None`` when nothing fits.
+``layout_note(head)`` then says in one line what such a file is, when it is a layout
+people commonly have that no format reads.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PARSERS: Mapping[str, type[Parser]] = _Parsers({
     "claude-transcript": "tillerman.monitor.claude_transcript:ClaudeTranscriptParser",
     "claude-stream-json": "tillerman.monitor.claude_stream:ClaudeStreamParser",
     "claude-hooks": "tillerman.monitor.claude_hooks:ClaudeHooksParser",
+    "claude-hook-log": "tillerman.monitor.claude_hook_log:ClaudeHookLogParser",
     "appserver-trace": "tillerman.monitor.appserver_trace:AppServerTraceParser",
 })
 
@@ -70,9 +73,17 @@ def parser_for(name: str) -> type[Parser]:
     return PARSERS[name]
 
 
+# A hook-logging script's line: the payload's fields (or the payload, under
+# ``payload``) wrapped with the hook's name and the time it ran.
+_HOOK_LOG_TIMES = ("ts", "timestamp")
+_HOOK_FIELDS = ("hook_event_name", "session_id")
+
+
 def detect_format(head: bytes, path: str = "") -> str | None:
     if _SUBAGENT_PATH.search(path):
         return "claude-transcript"
+    if _json_array(head):
+        return _format_of_path(path)  # no line of it is a record: only a file's name can still tell
     for line in head.split(b"\n")[:-1] or [head]:
         record = _record(line)
         name = _format_of(record) if record is not None else None
@@ -82,6 +93,34 @@ def detect_format(head: bytes, path: str = "") -> str | None:
         if pattern.search(head):
             return name
     return _format_of_path(path)
+
+
+def layout_note(head: bytes) -> str | None:
+    """What a file no format reads is, in one line, when it is a layout people commonly
+    have: a JSON array of Claude Code hook payloads, as hook-logging scripts keep one
+    file per hook type (``pre_tool_use.json``, ``stop.json``, ...)."""
+    if not _json_array(head):
+        return None
+    if re.search(rb'"hook_event_name"\s*:', head):
+        return ("a JSON array of Claude Code hook payloads (one file per hook type, as hook-logging scripts keep"
+                " them), which cannot be replayed as a session: the payloads carry no times to put the files'"
+                " records in order, and each file alone holds one hook's history; record hooks with"
+                " `tillerman hooks install --claude`, or log one JSON object a line with a time")
+    return "a JSON array, not JSON lines: tillerman reads one JSON object a line"
+
+
+def _json_array(head: bytes) -> bool:
+    """A JSON array spread over lines (pretty-printed), where a format's records are one
+    object a line: its first line opens an array it does not close. Told from the first
+    line alone, so more bytes never change the answer."""
+    first, newline, _ = head.lstrip().partition(b"\n")
+    if not newline or not first.startswith(b"["):
+        return False
+    try:
+        decode_json(first)
+    except msgspec.DecodeError:
+        return True
+    return False  # a whole value on one line: a bad line of a JSON-lines file
 
 
 def _record(line: bytes) -> dict | None:
@@ -104,6 +143,8 @@ def _format_of(record: dict) -> str | None:
         return "codex-rollout"
     if isinstance(kind, str) and (kind.split(".")[0] in ("thread", "turn", "item") and "." in kind):
         return "codex-exec"
+    if _hook_log(record):
+        return "claude-hook-log"
     if "hook_event_name" in record:
         return "claude-hooks"
     if kind in _STREAM_TYPES or ("session_id" in record and "sessionId" not in record and kind in _CLAUDE_TYPES):
@@ -111,6 +152,17 @@ def _format_of(record: dict) -> str | None:
     if kind in _CLAUDE_TYPES or "sessionId" in record:
         return "claude-transcript"
     return None
+
+
+def _hook_log(record: dict) -> bool:
+    """A hook payload as a logging script wraps it (``claude_hook_log``): a time, and the
+    hook's name beside the payload's fields or the payload under ``payload``."""
+    if "type" in record or not any(key in record for key in _HOOK_LOG_TIMES):
+        return False  # every other format's records with a time have a type
+    inner = record.get("payload")
+    if isinstance(inner, dict):
+        return any(key in inner for key in _HOOK_FIELDS)
+    return "hook_event_name" in record or isinstance(record.get("event"), str) and "session_id" in record
 
 
 def _format_of_path(path: str) -> str | None:

@@ -49,7 +49,7 @@ import msgspec
 from tillerman.ledger.events import Envelope, Quarantined, TurnCompleted, TurnStarted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
-from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.formats import PARSERS, detect_format, layout_note
 from tillerman.monitor.identity import FIRST_LINE_LIMIT, file_event_id, stat_identity
 from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.parser import Parsed, Parser
@@ -278,12 +278,13 @@ class Tailer:
             return gen, None
         fmt = detect_format(head, path)
         if fmt is None:
-            if len(head) < HEAD and not head.endswith(b"\n"):
+            note = layout_note(head)  # told from a whole first line: more bytes would not change it
+            if note is None and len(head) < HEAD and not head.endswith(b"\n"):
                 # More lines may still tell (replay looks at up to HEAD bytes).
                 self._pending[path] = _Pending(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                 return None, None
             self._ignored[path] = (st.st_dev, st.st_ino)
-            log.warning("%s: cannot tell its format: not followed", path)
+            log.warning("%s: %s: not followed", path, note or "cannot tell its format")
             event = Quarantined(source=file_source(path), offset=0, length=st.st_size, reason=UNKNOWN_FORMAT)
             env = Envelope(event_id=marker_id(identity, UNKNOWN_FORMAT, 0), event=event,
                            source=file_source(path), offset=0, length=st.st_size)

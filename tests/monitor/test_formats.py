@@ -32,8 +32,8 @@ def test_detect_format(head, path, expected):
 
 
 def test_registry_names_every_parser_by_its_format():
-    assert sorted(PARSERS) == ["appserver-trace", "claude-hooks", "claude-stream-json", "claude-transcript", "codex-exec",
-                              "codex-rollout", "codex-tui"]
+    assert sorted(PARSERS) == ["appserver-trace", "claude-hook-log", "claude-hooks", "claude-stream-json",
+                              "claude-transcript", "codex-exec", "codex-rollout", "codex-tui"]
     for name, parser in PARSERS.items():
         assert parser.format == name and parser_for(name) is parser
         assert parser.untimed == (name in ("codex-exec", "claude-hooks"))

@@ -27,6 +27,7 @@ FILES = {fmt: sorted((SESSIONS / fmt).rglob("*.jsonl")) for fmt in PARSERS}
 # The real CLI's stdout and hook payloads, recorded beside its transcripts.
 FILES["claude-stream-json"] = sorted((SESSIONS / "claude-live").rglob("stdout.jsonl"))
 FILES["claude-hooks"] = sorted((SESSIONS / "claude-live").rglob("hooks.jsonl"))
+FILES["claude-hook-log"] = [SESSIONS.parent / "hook-logs" / "hooks.jsonl"]  # kept apart: see its SOURCES row
 
 
 def _records(fmt: str) -> list:

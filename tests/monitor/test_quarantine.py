@@ -13,6 +13,7 @@ GOOD = {
     "claude-transcript": b'{"type":"user","sessionId":"s","uuid":"u","message":{"role":"user","content":"hi"}}',
     "claude-stream-json": b'{"type":"system","subtype":"init","session_id":"s","user_message_uuids":["u"]}',
     "claude-hooks": b'{"session_id":"s","hook_event_name":"UserPromptSubmit","prompt_id":"p","prompt":"hi"}',
+    "claude-hook-log": b'{"ts":"2026-12-01T09:00:00Z","event":"UserPromptSubmit","session_id":"s","prompt_id":"p","prompt":"hi"}',
     "appserver-trace": b'{"ts":1.0,"dir":"in","msg":{"method":"turn/started","params":{"threadId":"t","turn":{"id":"u"}}}}',
 }
 WRONG_TYPE = {
@@ -22,6 +23,7 @@ WRONG_TYPE = {
     "claude-transcript": b'{"type":"assistant","sessionId":"s","message":{"content":{"text":1}}}',
     "claude-stream-json": b'{"type":"assistant","session_id":"s","message":{"content":{"text":1}}}',
     "claude-hooks": b'{"session_id":"s","hook_event_name":"PreToolUse","tool_input":[1]}',
+    "claude-hook-log": b'{"ts":"2026-12-01T09:00:00Z","event":"PreToolUse","payload":{"session_id":"s","tool_input":[1]}}',
     "appserver-trace": b'{"ts":1.0,"dir":"in","msg":{"method":"turn/started","params":{"threadId":7}}}',
 }
 BAD_LINES = [
