@@ -26,6 +26,7 @@ from tillerman.controller.output import (
     errors_to_exit_codes,
     json_option,
     print_json,
+    print_line,
     print_table,
     warn_undecodable,
 )
@@ -182,7 +183,7 @@ def intent_cancel(intent_id, ledger_path):
             intent_lib.cancel(ledger, intent_id)
         except intent_lib.IntentError as exc:  # not proposed, or the daemon moved it first
             raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
-    click.echo(f"cancelled {intent_id}")
+    print_line(f"cancelled {intent_id}")
     report_anchor(ledger)
 
 
@@ -213,10 +214,10 @@ def _print_intent(view, as_json: bool, history: bool) -> None:
     for key in ("id", "thread", "expected_turn", "mode", "state", "owner", "ack_deadline",
                 "effect_deadline", "expires_at", "text"):
         if data.get(key) is not None:
-            click.echo(f"{key:>16}: {data[key]}")
+            print_line(f"{key:>16}: {data[key]}")
     for item in data.get("history", []):
         extra = " ".join(f"{k}={v}" for k, v in item["evidence"].items())
-        click.echo(f"  {item['at']}  {item['kind']:<10} {item['state']:<16} {item['reason']} {extra}".rstrip())
+        print_line(f"  {item['at']}  {item['kind']:<10} {item['state']:<16} {item['reason']} {extra}".rstrip())
 
 
 @main.command("intents")
@@ -460,13 +461,13 @@ def status_cmd(as_json, ledger_path):
         print_json(data)
         return
     for line in _daemon_lines(data["daemon"]):
-        click.echo(line)
+        print_line(line)
     for daemon in data["daemons"]:
         state = "renewing" if daemon["alive"] else "stopped renewing"
-        click.echo(f"daemon {daemon['id']}: host {daemon['host']}, pid {daemon['pid']}, {state},"
+        print_line(f"daemon {daemon['id']}: host {daemon['host']}, pid {daemon['pid']}, {state},"
                    f" last renewal {daemon['renewed_at']}, lease {format_duration(daemon['lease_seconds'])}")
     for lease in data["leases"]:
-        click.echo(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
+        print_line(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
                    f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
     print_table(data["threads"], ("thread", "steerable", "active_turn", "status", "approval_pending",
                                   "critical_tool", "external_effect_unknown", "queue"), "no threads")
@@ -474,7 +475,7 @@ def status_cmd(as_json, ledger_path):
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
     for name, probes in data["flagged_reviewers"].items():
-        click.echo(f"reviewer {name} FLAGGED: let {len(probes)} known-bad calibration probe(s) through"
+        print_line(f"reviewer {name} FLAGGED: let {len(probes)} known-bad calibration probe(s) through"
                    f" ({', '.join(probes)}); check its command and prompt before trusting its answers")
 
 
@@ -590,9 +591,9 @@ def ledger_verify(as_json, ledger_path):
         last = "last seq" if report.ok else "last good seq"
         click.echo(f"{'ok' if report.ok else 'DAMAGED'}: {report.rows} rows, {last} {report.last_seq}")
         for line in report.problems:
-            click.echo(f"problem: {line}")
+            print_line(f"problem: {line}")
         for line in report.notes:
-            click.echo(f"note: {line}")
+            print_line(f"note: {line}")
     if not report.ok:
         sys.exit(EXIT_CHECK_FAILED)
 
@@ -634,7 +635,7 @@ def ledger_accept_tail(by, ledger_path):
         raise Fail("--by names the person who accepts the shorter history: give a name")
     with open_ledger(ledger_path, must_exist=True) as recorder:
         problem, seq = recorder.accept_tail(by)
-    click.echo(f"accepted by {by} at seq {seq}: {problem}")
+    print_line(f"accepted by {by} at seq {seq}: {problem}")
 
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType
+from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType, print_line
 from tillerman.controller.timefmt import parse_time
 from tillerman.ledger.errors import SchemaError
 from tillerman.ledger.location import is_database_url, open_recorder, shown
@@ -124,4 +124,4 @@ def load_rules_or_fail(rules_path: str | None, config_path: str | None, *, refus
 
 def warn_unsafe(problem: str) -> None:
     """A command that only reads a rule or config file says what ``run`` would refuse."""
-    click.echo(f"warning: {problem}", err=True)
+    print_line(f"warning: {problem}", err=True)

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 
+from tillerman.controller.printable import printable
 from tillerman.controller.timefmt import check_time
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
@@ -268,9 +269,10 @@ def intent_view(recorder: Recorder, intent_id: str) -> IntentView:
     view = projection.intents.get(intent_id)
     if view is None and projection.undecodable:
         seq, why = min(projection.undecodable.items())
-        raise UnknownIntent(f"intent {intent_id}: its record at ledger seq {seq} cannot be decoded ({why})")
+        raise UnknownIntent(f"intent {printable(intent_id)}: its record at ledger seq {seq} cannot be decoded"
+                            f" ({printable(why)})")
     if view is None:
-        raise UnknownIntent(f"no intent {intent_id} in this ledger (list them with: tillerman intents)")
+        raise UnknownIntent(f"no intent {printable(intent_id)} in this ledger (list them with: tillerman intents)")
     return view
 
 

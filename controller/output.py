@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import click
 import msgspec
 
+from tillerman.controller.printable import printable
 from tillerman.ledger.errors import (
     AnchorMismatch,
     IntegrityError,
@@ -36,6 +37,11 @@ class Fail(click.ClickException):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def format_message(self) -> str:
+        # The message often quotes what it refuses (a path, an id, a line of a rule file);
+        # its own lines stay lines (a rule file's several problems, one a line).
+        return "\n".join(printable(line) for line in self.message.split("\n"))
+
 
 class PathType(click.Path):
     """``click.Path`` that answers a name the system cannot take (a NUL byte, a name
@@ -56,11 +62,18 @@ def print_json(value) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
 
 
+def print_line(line: object, *, err: bool = False) -> None:
+    """One line of human output that quotes outside text (a thread id, a file name, a
+    recorded reason): its control characters are shown as codes, so it stays one line
+    and nothing in it acts on the terminal."""
+    click.echo(printable(line), err=err)
+
+
 def print_table(rows: Sequence[dict], columns: Sequence[str], empty: str) -> None:
     if not rows:
         click.echo(empty)
         return
-    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    cells = [[("" if r.get(c) is None else printable(r.get(c))) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
@@ -71,7 +84,8 @@ def warn_undecodable(undecodable: Mapping[int, str], shown: int = 5) -> None:
     """One stderr line per ledger row the fold skipped because it does not decode (the
     first few): the rest of the ledger is still read and shown."""
     for seq in sorted(undecodable)[:shown]:
-        click.echo(f"warning: ledger seq {seq} cannot be decoded and was skipped ({undecodable[seq]})", err=True)
+        click.echo(f"warning: ledger seq {seq} cannot be decoded and was skipped ({printable(undecodable[seq])})",
+                   err=True)
     if len(undecodable) > shown:
         click.echo(f"warning: {len(undecodable) - shown} more ledger rows cannot be decoded and were skipped",
                    err=True)

@@ -20,9 +20,11 @@ from tillerman.controller.output import (
     errors_to_exit_codes,
     json_option,
     print_json,
+    print_line,
     print_table,
 )
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
+from tillerman.controller.printable import printable
 from tillerman.controller.replay import FORMATS, ReplayError, collect_files
 from tillerman.controller.timefmt import iso
 from tillerman.ledger.location import shown
@@ -96,14 +98,15 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
     print_table([msgspec.structs.asdict(f) for f in summary.files],
                 ("path", "format", "records", "events", "quarantined", "threads", "turns",
                  "interrupted_turns", "unclosed_turns"), "no files")
-    click.echo(f"\n{summary.events} events, {summary.decisions} decisions ({summary.decisions_digest[:19]}…),"
+    click.echo()
+    print_line(f"{summary.events} events, {summary.decisions} decisions ({summary.decisions_digest[:19]}…),"
                f" {summary.reports} reports")
     if summary.intents:
-        click.echo("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
+        print_line("intents: " + ", ".join(f"{k} {v}" for k, v in summary.intents.items()))
     for item in summary.overdue:
-        click.echo(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
+        print_line(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
     for kind, said in (summary.reviews or {}).items():
-        click.echo(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
+        print_line(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
 
 
 def _check(path: str, as_json: bool) -> None:
@@ -121,14 +124,14 @@ def _check(path: str, as_json: bool) -> None:
         print_json(result)
     else:
         for note in result.notes:
-            click.echo(f"note: {note}")
+            print_line(f"note: {note}")
         skipped = f"; {result.shadow_decisions} shadow decisions not decided again" if result.shadow_decisions else ""
         diff = result.first_difference
         if diff is None:
             click.echo(f"ok: {result.decisions} decisions decided again, all agree ({result.entries} entries,"
                        f" {result.rulesets} rule sets{skipped})")
         else:
-            click.echo(f"DIFFERS at seq {diff.seq}: intent {diff.intent} on thread {diff.thread} at {iso(diff.at)}:"
+            print_line(f"DIFFERS at seq {diff.seq}: intent {diff.intent} on thread {diff.thread} at {iso(diff.at)}:"
                        f" recorded {diff.recorded.action} ({diff.recorded.reason}), decided again"
                        f" {diff.redecided.action} ({diff.redecided.reason}) under rule set {diff.ruleset_digest};"
                        f" the {result.decisions - 1} decisions before it agree")
@@ -148,7 +151,7 @@ class _Progress:
         if now - self.last >= 0.2 or done >= total:
             self.last = now
             pct = 100 * done // total if total else 100
-            click.echo(f"\r{pct:3d}% {self.unit(done)}  {path[-60:]}", err=True, nl=False)
+            click.echo(f"\r{pct:3d}% {self.unit(done)}  {printable(path[-60:])}", err=True, nl=False)
 
     def done(self) -> None:
         click.echo("\r\033[K", err=True, nl=False)

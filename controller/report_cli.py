@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import click
 
 from tillerman.controller.cli_shared import CONFIG_HELP, load_rules_or_fail, open_intact_ledger
-from tillerman.controller.output import Fail, PathType, errors_to_exit_codes, json_option, print_json
+from tillerman.controller.output import Fail, PathType, errors_to_exit_codes, json_option, print_json, print_line
 from tillerman.controller.parallel_replay import ReplaySettings, replay_files
 from tillerman.controller.replay import ReplayError, collect_files
 from tillerman.controller.report_account import BY_CHOICES, DEFAULT_BY, Account, Delays, Figure, Group, account
@@ -107,9 +107,9 @@ def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_
         print_json(result)
     else:
         for line in render_text(result):
-            click.echo(line)
+            print_line(line)
     if not result.delivery.ok:
-        click.echo(f"WARNING: {_delivery_alarm(result)}", err=True)
+        print_line(f"WARNING: {_delivery_alarm(result)}", err=True)
 
 
 @click.command("timeline")
@@ -136,7 +136,7 @@ def timeline_cmd(ledger_path, rules_path, config_path, since, sessions, thread_i
         raise Fail(f"thread {thread_id} is not in the ledger; `tillerman status` lists the threads")
     page = render_html(data)
     replace_file(target, lambda new: new.write_text(page, encoding="utf-8"))
-    click.echo(f"{html_path}: {len(data['turns'])} turns, {len(data['calls'])} tool calls,"
+    print_line(f"{html_path}: {len(data['turns'])} turns, {len(data['calls'])} tool calls,"
                f" {len(data['intents'])} intents on {len(data['threads'])} threads")
 
 

@@ -16,7 +16,15 @@ import msgspec
 
 from tillerman.controller.cli_shared import CONFIG_HELP, ledger_option, load_rules_or_fail, open_intact_ledger
 from tillerman.controller.intent_requests import intent_view
-from tillerman.controller.output import EXIT_CHECK_FAILED, Fail, PathType, errors_to_exit_codes, json_option, print_json
+from tillerman.controller.output import (
+    EXIT_CHECK_FAILED,
+    Fail,
+    PathType,
+    errors_to_exit_codes,
+    json_option,
+    print_json,
+    print_line,
+)
 from tillerman.controller.review_packet import packet_for_intent
 from tillerman.controller.reviewer import ask
 from tillerman.ledger.reviews import Call, Escalate, Plan, Recorded, Refused, fold_reviews, plan_checkpoint
@@ -68,23 +76,24 @@ def review_try(name, checkpoint, intent_id, rules_path, config_path, as_json, le
                     "accepted": accepted, "outcome": asked.outcome, "consequence": then, "ledger": recorded})
     else:
         click.echo("packet:")
-        click.echo(msgspec.json.format(msgspec.json.encode(packet), indent=2).decode())
+        for line in msgspec.json.format(msgspec.json.encode(packet), indent=2).decode().splitlines():
+            print_line(line)
         if not asked.called:
             click.echo("not called: the packet was refused before the call")
         else:
-            click.echo(f"called {reviewer.name} ({asked.wall_ms} ms"
+            print_line(f"called {reviewer.name} ({asked.wall_ms} ms"
                        + (f", {asked.tokens} tokens)" if asked.tokens is not None else ")"))
         if accepted:
             answer = asked.outcome.answer
-            click.echo(f"answer: {answer.disposition}"
+            print_line(f"answer: {answer.disposition}"
                        + (f", recommends {answer.recommended_action}" if answer.recommended_action else "")
                        + f" (confidence {answer.confidence:g}): {answer.reason}")
             for number, item in enumerate(answer.required_corrections, 1):
-                click.echo(f"  correction {number}: {item.correction} (proof: {item.proof})")
+                print_line(f"  correction {number}: {item.correction} (proof: {item.proof})")
         else:
-            click.echo(f"failed closed: {asked.outcome.reason}: {asked.outcome.detail}")
-        click.echo(f"the controller would: {then.step}: {then.detail}")
-        click.echo(f"the ledger says of {packet.checkpoint_id}: {recorded}")
+            print_line(f"failed closed: {asked.outcome.reason}: {asked.outcome.detail}")
+        print_line(f"the controller would: {then.step}: {then.detail}")
+        print_line(f"the ledger says of {packet.checkpoint_id}: {recorded}")
     if not accepted:
         raise SystemExit(EXIT_CHECK_FAILED)
 

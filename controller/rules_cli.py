@@ -31,6 +31,7 @@ from tillerman.controller.output import (
     errors_to_exit_codes,
     json_option,
     print_json,
+    print_line,
     print_table,
 )
 from tillerman.controller.replay import ReplayError
@@ -90,14 +91,14 @@ def rules_validate(file, as_json):
         print_json(result)
     elif result["kind"] == "config":
         patterns = result["patterns"]
-        click.echo(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
+        print_line(f"{file}: valid config file: {result['grants']} grants, built-in owner grant"
                    f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
                    f" {patterns['external']} external"
                    + (f", {result['reviewers']} reviewers" if result["reviewers"] else "")
                    + (f", {result['notify']} notify sinks" if result["notify"] else ""))
     else:
         shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
-        click.echo(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")
+        print_line(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")
 
 
 # -- show ----------------------------------------------------------------------------
@@ -152,7 +153,7 @@ def rules_show(rules_path, config_path, now_text, as_json):
         print_json(data)
         return
     click.echo(f"rule set {ruleset.digest}")
-    click.echo(f"rules: {rules_path or 'built-in defaults'}; config: {_config_text(data)}")
+    print_line(f"rules: {rules_path or 'built-in defaults'}; config: {_config_text(data)}")
     rows = [dict(r, warning=r["warning"] or "", expires=r["expires"] or "") for r in data["rules"]]
     print_table(rows, ("id", "version", "status", "action", "condition", "owner", "review_by", "expires", "warning"),
                 "no rules")
@@ -167,9 +168,9 @@ def rules_show(rules_path, config_path, now_text, as_json):
     click.echo(f"patterns ({data['patterns']['source']}, {effective.patterns_digest}):")
     for kind in ("critical", "external"):
         for pattern in data["patterns"][kind]:
-            click.echo(f"  {kind:<8}  {pattern}")
+            print_line(f"  {kind:<8}  {pattern}")
     for r in data["reviewers"]:
-        click.echo(f"reviewer {r['name']}: {' '.join(r['command'])} (timeout {r['timeout']},"
+        print_line(f"reviewer {r['name']}: {' '.join(r['command'])} (timeout {r['timeout']},"
                    f" {r['max_per_intent']} per intent, {r['max_per_thread_per_hour']} per thread per hour)")
 
 
@@ -239,8 +240,8 @@ def _short(path: str, inputs: list[str]) -> str:
 
 
 def _print_diff(report: DiffReport, rules_path: str | None, against: str) -> None:
-    click.echo(f"active     {report.active_digest}  ({rules_path or 'built-in defaults'})")
-    click.echo(f"candidate  {report.candidate_digest}  ({against})")
+    print_line(f"active     {report.active_digest}  ({rules_path or 'built-in defaults'})")
+    print_line(f"candidate  {report.candidate_digest}  ({against})")
     disagree = report.only_active + report.only_candidate + report.changed
     click.echo(f"{len(report.inputs)} inputs: {report.acts['active']} acts by the active set, "
                f"{report.acts['candidate']} by the candidate; {report.agreements} agree, {disagree} disagree "
@@ -281,14 +282,14 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
     with open_ledger(ledger_path) as ledger:
         life, recorded = propose(ledger, rule, evidence=tuple(evidence), signature=signature, by=by, source_path=file)
     if not recorded:
-        click.echo(f"rule {rule.id} v{rule.version} is already proposed ({life.status}, {life.rule_digest})")
+        print_line(f"rule {rule.id} v{rule.version} is already proposed ({life.status}, {life.rule_digest})")
         return
     if as_json:
         print_json(_life_json(life))
     else:
-        click.echo(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {life.rule_digest}")
-        click.echo(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
-        click.echo(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id}"
+        print_line(f"proposed {rule.id} v{rule.version} ({rule.action.value}) {life.rule_digest}")
+        print_line(f"evidence: {', '.join(evidence) or 'none'}; signature: {signature or 'none'}")
+        print_line(f"next: tillerman rules diff --against {file} …, then tillerman rules promote {rule.id}"
                    " --to shadow")
     report_anchor(ledger)
 
@@ -323,13 +324,14 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
     if as_json:
         print_json(_life_json(done.life))
     else:
-        click.echo(f"promoted {rule_id} v{done.rule.version} {done.from_status} -> {to} by {by}"
+        print_line(f"promoted {rule_id} v{done.rule.version} {done.from_status} -> {to} by {by}"
                    f" ({done.life.rule_digest})")
         if done.installed:
-            click.echo(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
+            print_line(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
         else:
             click.echo("not installed: add this to the daemon's rule file (or give --rules PATH):")
-            click.echo(done.block.rstrip("\n"))
+            for line in done.block.rstrip("\n").split("\n"):  # the recorded rule, a line at a time
+                print_line(line)
     report_anchor(ledger)
 
 
