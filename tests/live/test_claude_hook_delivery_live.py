@@ -1,9 +1,12 @@
 """Delivery through Claude Code's hooks, against the real CLI 2.1.332 run headless in a
 scratch HOME with tillerman's hooks installed and ``tillerman run --no-codex --watch
-<spool>`` deciding: a queued intent reaches the agent once through the Stop hook and the
-agent acts on it; a steer for the next tool denies that tool with its text; a ledger held
-by a long write transaction does not stall the session. The scripted model's request log
-is the ground truth for what reached the model."""
+<spool>`` deciding — alone, and with the transcripts as README's command has it
+(``--watch ~/.claude/projects --watch <spool>``: one session seen through two sources
+that name its turns differently): a queued intent reaches the agent once through the
+Stop hook and the agent acts on it; a steer for the next tool denies that tool with its
+text; each is recorded acknowledged, never expired. A ledger held by a long write
+transaction does not stall the session. The scripted model's request log is the ground
+truth for what reached the model."""
 
 import json
 import os
@@ -32,17 +35,24 @@ from tillerman.rules.owner import local_login
 pytestmark = pytest.mark.live
 
 
+#: What the daemon follows: the hook spool alone, or README's command (transcripts and spool).
+WATCHED = pytest.mark.parametrize("transcripts", [False, True], ids=["spool", "transcripts+spool"])
+
+
 @contextmanager
-def supervised(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """Hooks installed in the scratch HOME, and the daemon following their spool: (spool, ledger)."""
+def supervised(tmp_path: Path, *, transcripts: bool = False) -> Iterator[tuple[Path, Path]]:
+    """Hooks installed in the scratch HOME, and the daemon following their spool (and, with
+    ``transcripts``, the HOME's ``.claude/projects`` first, as README's command): (spool, ledger)."""
     home, spool, ledger = tmp_path / "home", tmp_path / "spool", tmp_path / "ledger.sqlite3"
-    (home / ".claude").mkdir(parents=True)
+    projects = home / ".claude" / "projects"
+    projects.mkdir(parents=True)
     spool.mkdir()
+    watch = [*(["--watch", str(projects)] if transcripts else []), "--watch", str(spool)]
     installed = CliRunner(env={"HOME": str(home)}).invoke(
         main, ["hooks", "install", "--claude", "--user", "--spool", str(spool)])
     assert installed.exit_code == 0, installed.output
     SQLiteRecorder(ledger).close()
-    daemon = subprocess.Popen([sys.executable, "-m", "tillerman", "run", "--no-codex", "--watch", str(spool),
+    daemon = subprocess.Popen([sys.executable, "-m", "tillerman", "run", "--no-codex", *watch,
                                "--ledger", str(ledger)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")})
     try:
@@ -96,10 +106,11 @@ def held_turn(session: ClaudeSession, ledger: Path, release: Path) -> str:
     until(lambda: active_turn(ledger, session_id), "the daemon to see the turn")
     return session_id
 
+@WATCHED
 def test_a_queued_intent_reaches_the_agent_once_at_the_stop_and_the_agent_acts_on_it(
-        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path) -> None:
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, transcripts: bool) -> None:
     release = tmp_path / "release"
-    with supervised(tmp_path) as (spool, ledger), \
+    with supervised(tmp_path, transcripts=transcripts) as (spool, ledger), \
             ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
         since = len(anthropic_model.requests)
         session_id = held_turn(session, ledger, release)
@@ -114,12 +125,14 @@ def test_a_queued_intent_reaches_the_agent_once_at_the_stop_and_the_agent_acts_o
     assert len(requests_saying(anthropic_model, "RUN: echo acted-on-it", since)) == 1  # once, never again
     assert moves(ledger, queued) == [("dispatch_unknown", "dispatching", "claude-hook"), ("acknowledged", "echo", None)]
     assert answered(spool, session_id) == [("Stop", queued)]
+    assert turns(ledger, session_id) == ["completed"]  # one turn, whichever sources saw it
 
 
+@WATCHED
 def test_a_steer_for_the_next_tool_denies_it_with_the_intents_text(
-        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path) -> None:
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, transcripts: bool) -> None:
     release, acted = tmp_path / "release", tmp_path / "ws" / "acted.txt"
-    with supervised(tmp_path) as (spool, ledger), \
+    with supervised(tmp_path, transcripts=transcripts) as (spool, ledger), \
             ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
         since = len(anthropic_model.requests)
         session_id = held_turn(session, ledger, release)
@@ -136,12 +149,20 @@ def test_a_steer_for_the_next_tool_denies_it_with_the_intents_text(
     assert len(denied) == 1 and denied[0].tool_outputs[0].startswith("PreToolUse:Bash hook error:")
     assert not acted.exists()  # denied before it ran
     assert moves(ledger, steer) == [("dispatch_unknown", "dispatching", "claude-hook"), ("acknowledged", "echo", None)]
+    assert moves(ledger, queued) == [("dispatch_unknown", "dispatching", "claude-hook"), ("acknowledged", "echo", None)]
     assert answered(spool, session_id) == [("Stop", queued), ("PreToolUse", steer)]
+    assert turns(ledger, session_id) == ["completed"]
 
 
 def moves(ledger: Path, intent_id: str) -> list[tuple]:
     return [(h.state, h.reason, h.evidence.get("via")) for h in view(ledger, intent_id).history
             if h.kind == "transition"]
+
+
+def turns(ledger: Path, session_id: str) -> list[str]:
+    """The session's turns as the ledger's fold has them: how each ended."""
+    with SQLiteRecorder(ledger) as recorder:
+        return list(projections.load(recorder).threads[session_id].turn_states.values())
 
 
 def answered(spool: Path, session_id: str) -> list[tuple[str, str]]:
