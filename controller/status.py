@@ -14,8 +14,10 @@ from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.timefmt import iso
 from tillerman.ledger import projections
 from tillerman.ledger.paths import ledger_files
+from tillerman.ledger.projections import ThreadState
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import fold_reviews
+from tillerman.rules.policy import capabilities
 
 
 def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> dict:
@@ -29,7 +31,9 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
             continue
         threads.append({
             "thread": thread_id,
-            "steerable": snap.steerable,  # False: followed through files only, cannot be steered
+            "steerable": snap.steerable,  # a connection steers it (an app-server, tillerman claude)
+            "takes": list(capabilities(snap)),  # the intents it can be sent: the policy decides by the same
+            "via": _transport(projection.threads[thread_id]),
             "active_turn": snap.active_turn_id,
             "status": projection.threads[thread_id].status,
             "flags": list(projection.threads[thread_id].flags),
@@ -53,6 +57,15 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
         "daemons": [dict(d, since=iso(d["since"]), renewed_at=iso(d["renewed_at"])) for d in _daemons(recorder)],
         "leases": [dict(lease, expires_at=iso(lease["expires_at"])) for lease in _leases(recorder)],
     }
+
+
+def _transport(thread: ThreadState) -> str | None:
+    """What carries intents to the thread (None: followed through files only)."""
+    if thread.wrapped:
+        return "claude-wrapper"
+    if thread.steerable:
+        return "app-server"
+    return "claude-hooks" if thread.hook_delivery else None
 
 
 def flagged_reviewers(recorder: Recorder) -> dict[str, list[str]]:

@@ -22,7 +22,7 @@ from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.hook_delivery import parcel
 from tillerman.controller.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
 from tillerman.ledger import projections
-from tillerman.ledger.events import ItemCompleted, TurnCompleted, UserMessage
+from tillerman.ledger.events import Envelope, ItemCompleted, ThreadStarted, TurnCompleted, UserMessage
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.snapshot import ThreadSnapshot
@@ -30,7 +30,7 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.decision import Action
 from tillerman.rules.config import load_effective
 from tillerman.rules.owner import local_login
-from tillerman.rules.policy import decide
+from tillerman.rules.policy import capabilities, decide, takes
 
 SESSION = "5e551011-0000-4000-8000-000000000001"
 PROMPT = "p-1"
@@ -352,3 +352,34 @@ def test_a_steer_for_the_active_turn_is_delivered_at_the_hooks_pre_tool_use(tmp_
 
     w = run_watched(tmp_path, scenario)
     assert transitions(w.ledger, w.intent.id) == [("dispatch_unknown", "dispatching"), ("acknowledged", "echo")]
+
+
+def test_status_shows_what_each_thread_takes_and_through_what(tmp_path: Path) -> None:
+    """A hook session is not steerable, yet it takes a queue and a steer for the next
+    tool: status says so from the policy's own ``capabilities``, for every transport."""
+    ledger = tmp_path / "ledger.sqlite3"
+    seen = {"hooks": ("file:/spool/h.jsonl", "claude-hooks"), "wrapper": ("claude-wrapper:run-1", None),
+            "codex": ("appserver:ws://x", None), "files": ("file:/p/t.jsonl", "claude-transcript")}
+    with SQLiteRecorder(ledger) as recorder:
+        recorder.append([Envelope(event_id=f"e-{thread}", event=ThreadStarted(thread_id=thread, source_format=fmt),
+                                  source=source) for thread, (source, fmt) in seen.items()])
+        projection = projections.load(recorder)
+    result = CliRunner().invoke(main, ["status", "--ledger", str(ledger), "--json"])
+    assert result.exit_code == 0, result.output
+    shown = {t["thread"]: (t["takes"], t["via"], t["steerable"]) for t in json.loads(result.output)["threads"]}
+    assert shown == {"hooks": (["queue", "steer@pre_tool_use"], "claude-hooks", False),
+                     "wrapper": (["steer", "queue", "interrupt"], "claude-wrapper", True),
+                     "codex": (["steer", "queue", "interrupt"], "app-server", True),
+                     "files": ([], None, False)}
+    for thread in seen:  # what status lists is what the policy lets through
+        snapshot = projection.snapshot(thread)
+        for mode, fields in (("steer", {}), ("steer", {"deliver_at": "pre_tool_use"}), ("queue", {}),
+                             ("interrupt", {})):
+            intent = Intent(id="i", thread_id=thread, mode=mode, text="t", text_digest="d", created_at=0.0,
+                            ack_deadline=1.0, expires_at=2.0, **fields)
+            form = "steer@pre_tool_use" if fields and "steer" not in capabilities(snapshot) else mode
+            assert takes(intent, snapshot) == (form in shown[thread][0])
+    text = CliRunner().invoke(main, ["status", "--ledger", str(ledger)]).output
+    assert [line.split()[:3] for line in text.splitlines() if line.startswith(tuple(seen))] == [
+        ["codex", "steer,queue,interrupt", "app-server"], ["files", "-", "files"],
+        ["hooks", "queue,steer@pre_tool_use", "claude-hooks"], ["wrapper", "steer,queue,interrupt", "claude-wrapper"]]
