@@ -81,7 +81,14 @@ def reviewer_config(tmp_path: Path) -> Path:
 
 
 COMMANDS = ("status", "intents", "intent show", "intent show, unknown id", "overdue", "report", "timeline", "replay",
-            "rules proposals", "review try")
+            "rules proposals", "rules show", "review try")
+
+
+def patterns_config(tmp_path: Path) -> Path:
+    """A config file whose command pattern holds a title change (TOML's \\u escapes)."""
+    config = tmp_path / "patterns.toml"
+    config.write_text('[patterns]\ncritical = ["\\u001b]0;owned\\u0007\\u000aFORGED"]\nexternal = []\n')
+    return config
 
 
 def commands(tmp_path: Path) -> dict[str, list[list[str]]]:
@@ -99,6 +106,7 @@ def commands(tmp_path: Path) -> dict[str, list[list[str]]]:
         "timeline": [["timeline", "--html", str(tmp_path / f"page{TERMINAL['title']}{TERMINAL['forged']}.html")]],
         "replay": [["replay", str(session)]],
         "rules proposals": [["rules", "proposals"]],
+        "rules show": [["rules", "show", "--config", str(patterns_config(tmp_path))]],
         "review try": [["review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--intent", i,
                         "--config", str(reviewer_config(tmp_path))] for i in intent_ids("waiting")[:1]],
     }
@@ -144,3 +152,12 @@ def test_runs_text_log_shows_control_characters_as_codes_and_keeps_a_tracebacks_
     assert f"thread T\\n{FORGED}: turn {CLIPBOARD} ended" in text
     assert "Traceback (most recent call last):" in text.splitlines()  # a traceback still reads as one
     assert "ValueError: bad name \\x1b]0;owned\\x07\\x9b2J" in text
+
+
+def test_replays_progress_line_shows_a_hostile_file_name_as_codes(capsys):
+    from tillerman.controller.replay_cli import _Progress
+
+    _Progress()(f"/sessions/{TERMINAL['title']}{TERMINAL['forged']}.jsonl", 1 << 20, 2 << 20)
+    line = capsys.readouterr().err
+    assert line.startswith("\r") and RAW.search(line[1:]) is None and "\n" not in line
+    assert printable(TERMINAL["title"]) in line
