@@ -1,5 +1,6 @@
-"""How ``tillerman run`` writes its log: plain lines, or ``--log-format json`` for a
-log collector (journald, Loki, Vector): one JSON object per line, never a line split."""
+"""How ``tillerman run`` writes its log: plain lines (outside text in them with its
+control characters shown as codes), or ``--log-format json`` for a log collector
+(journald, Loki, Vector): one JSON object per line, never a line split."""
 
 from __future__ import annotations
 
