@@ -155,13 +155,20 @@ class Facts:
 
     # -- per kind ---------------------------------------------------------------
 
+    def _turn_id(self, e: ev.Event) -> str | None:
+        """The id the ledger's fold knows ``e``'s turn by: one turn however many sources
+        named it (a Claude Code transcript's uuid and its hooks' ``prompt_id``)."""
+        thread = self.projection.threads.get(e.thread_id) if e.thread_id is not None else None
+        return thread.canonical_turn(e.turn_id) if thread is not None else e.turn_id
+
     def _turn(self, e: ev.Event) -> Turn | None:
-        if e.thread_id is None or e.turn_id is None:
+        turn_id = self._turn_id(e)
+        if e.thread_id is None or turn_id is None:
             return None
-        key = (e.thread_id, e.turn_id)
+        key = (e.thread_id, turn_id)
         turn = self.turns.get(key)
         if turn is None:
-            turn = self.turns[key] = Turn(thread_id=e.thread_id, turn_id=e.turn_id)
+            turn = self.turns[key] = Turn(thread_id=e.thread_id, turn_id=turn_id)
         return turn
 
     def _turn_started(self, e: ev.TurnStarted, at, seq) -> None:
@@ -177,7 +184,7 @@ class Facts:
         if not turn.seq:
             turn.seq = seq
         for span in self.spans.values():  # the server resolves what waited in the turn
-            if span.kind == "approval" and span.thread_id == e.thread_id and span.turn_id == e.turn_id \
+            if span.kind == "approval" and span.thread_id == e.thread_id and span.turn_id == turn.turn_id \
                     and span.end is None:
                 span.end = at
 
@@ -187,7 +194,7 @@ class Facts:
             return
         key = (e.thread_id, e.item_id)
         if key not in self.calls:
-            self.calls[key] = ToolCall(thread_id=e.thread_id, turn_id=e.turn_id, item_id=e.item_id,
+            self.calls[key] = ToolCall(thread_id=e.thread_id, turn_id=self._turn_id(e), item_id=e.item_id,
                                        item_type=e.item_type, tool=e.tool, critical=e.critical,
                                        started_at=at, seq=seq)
 
@@ -198,7 +205,7 @@ class Facts:
         call = self.calls.get((e.thread_id, e.item_id))
         if call is None:  # a format that records only the end
             call = self.calls[(e.thread_id, e.item_id)] = ToolCall(
-                thread_id=e.thread_id, turn_id=e.turn_id, item_id=e.item_id, item_type=e.item_type,
+                thread_id=e.thread_id, turn_id=self._turn_id(e), item_id=e.item_id, item_type=e.item_type,
                 tool=e.tool, critical=e.critical, seq=seq)
         if call.status is None:
             call.status, call.ended_at, call.exit_code, call.ended_seq = e.status, at, e.exit_code, seq
@@ -210,17 +217,17 @@ class Facts:
 
     def _active(self, e: ev.Event, at, seq) -> None:
         if e.thread_id is not None and e.turn_id is not None:
-            self.activity.setdefault((e.thread_id, e.turn_id), []).append((at, seq))
+            self.activity.setdefault((e.thread_id, self._turn_id(e)), []).append((at, seq))
 
     def _user_message(self, e: ev.UserMessage, at, seq) -> None:
         intent_id = client_id_to_intent_id(e.client_id)
         if intent_id is not None:
-            self.echoes.setdefault(intent_id, set()).add((e.turn_id, e.item_id))
+            self.echoes.setdefault(intent_id, set()).add((self._turn_id(e), e.item_id))
 
     def _approval_requested(self, e: ev.ApprovalRequested, at, seq) -> None:
         if e.thread_id is not None:
             self.spans.setdefault(("approval", e.thread_id, e.item_id), Span(
-                kind="approval", thread_id=e.thread_id, turn_id=e.turn_id, key=e.item_id, start=at,
+                kind="approval", thread_id=e.thread_id, turn_id=self._turn_id(e), key=e.item_id, start=at,
                 detail=e.approval_kind))
 
     def _approval_resolved(self, e: ev.ApprovalResolved, at, seq) -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from tests.monitor.support import SESSIONS, parse
 
-from tillerman.ledger.events import Envelope, TurnCompleted, TurnStarted
+from tillerman.controller.report_fold import Facts
+from tillerman.ledger.events import Entry, Envelope, TurnCompleted, TurnStarted
 from tillerman.ledger.projections import Projection
 from tillerman.monitor.tailer import file_source
 
@@ -40,16 +41,17 @@ def fold(*streams: list[Envelope], by_turn: bool) -> Projection:
     """The sources folded one after another (``by_turn`` False: each wholly before the
     next, as when one file is read late), or turn by turn (each source's events up to
     its next turn start, in turn)."""
-    projection, seq = Projection(), 0
-    if not by_turn:
-        order = [e for stream in streams for e in stream]
-    else:
-        turns = itertools.zip_longest(*map(_by_turn, streams), fillvalue=[])
-        order = [e for chunks in turns for e in itertools.chain(*chunks)]
-    for env in order:
-        seq += 1
+    projection = Projection()
+    for seq, env in enumerate(interleaved(streams, by_turn), 1):
         projection.apply_envelope(env, seq)
     return projection
+
+
+def interleaved(streams: tuple[list[Envelope], ...], by_turn: bool) -> list[Envelope]:
+    if not by_turn:
+        return [e for stream in streams for e in stream]
+    turns = itertools.zip_longest(*map(_by_turn, streams), fillvalue=[])
+    return [e for chunks in turns for e in itertools.chain(*chunks)]
 
 
 def _by_turn(stream: list[Envelope]) -> list[list[Envelope]]:
@@ -79,3 +81,12 @@ def test_sources_of_one_session_fold_into_one_set_of_turns(names: tuple[str, ...
     for name in names:  # every source's id finds its turn
         assert [thread.turn_state(t) for t in turn_ids(name)] == ENDED
     assert thread.active_turn_id is None and not thread.running
+
+
+@pytest.mark.parametrize("by_turn", [False, True], ids=["file-after-file", "turn-by-turn"])
+def test_the_report_counts_each_turn_once(by_turn: bool) -> None:
+    """``tillerman report`` and the timeline read turns through the same fold."""
+    streams = (envelopes("hooks"), envelopes("transcript"))
+    facts = Facts().fold(Entry(seq=seq, envelope=env, prev_hash="", hash="")
+                         for seq, env in enumerate(interleaved(streams, by_turn), 1))
+    assert [turn.status for turn in facts.turns.values()] == ENDED
