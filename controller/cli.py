@@ -722,7 +722,7 @@ def claude_cmd(ledger_path, retain_payloads, claude_args):
     for it. Put the CLI's own arguments after `--`; the stream-json flags are added when
     missing. The binary is $TILLERMAN_CLAUDE_BIN, else `claude` on PATH.
 
-    Example: tillerman claude --ledger ~/.tillerman/ledger.db -- --permission-prompt-tool stdio
+    Example: tillerman claude -- --permission-prompt-tool stdio
     """
     from tillerman.controller.claude_wrapper import WrapperError, run_wrapper
 
