@@ -13,18 +13,18 @@ on stderr and still exits 0: a hook of ours never stops the agent.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 
 from tillerman.controller import claude_hook
 from tillerman.controller.claude_hook import default_spool
-from tillerman.controller.claude_settings import HOOK_MODULE, SettingsShapeError, with_our_hooks, without_our_hooks
+from tillerman.controller.claude_settings import (HOOK_MODULE, SettingsNotExact, SettingsShapeError, read_settings,
+                                                  settings_text, with_our_hooks, without_our_hooks)
 from tillerman.controller.output import Fail, PathType, errors_to_exit_codes
+from tillerman.ledger.paths import check_output, replace_file
 
 def _settings_path(project: str | None) -> Path:
     if project is not None:
@@ -32,32 +32,24 @@ def _settings_path(project: str | None) -> Path:
     return Path.home() / ".claude" / "settings.json"
 
 
-def _read_settings(path: Path) -> dict:
-    if not path.exists():
-        return {}
+def _read_settings(path: Path) -> tuple[Path, dict]:
+    """Where the settings are written (a symlinked ``settings.json`` leads to its file)
+    and what they hold; a file that may not be written, or whose settings could not be
+    written back exactly, is refused before anything changes."""
+    target = check_output(path, "the settings file")
     try:
-        settings = json.loads(path.read_text() or "{}")
+        text = target.read_text(encoding="utf-8") if target.exists() else ""
+        return target, read_settings(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise Fail(f"{path}: cannot read it as JSON ({exc}); fix or move it, then run this again") from exc
-    if not isinstance(settings, dict):
-        raise Fail(f"{path}: holds no JSON object; fix or move it, then run this again")
-    return settings
+    except (SettingsNotExact, SettingsShapeError) as exc:
+        raise Fail(f"{path}: {exc}, so it cannot be rewritten exactly; fix it, then run this again") from exc
 
 
-def _write_settings(path: Path, settings: dict) -> None:
+def _write_settings(target: Path, settings: dict) -> None:
     """Written beside and renamed into place: Claude Code never reads half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    fd, temp = tempfile.mkstemp(prefix=".settings-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(settings, out, indent=2)
-            out.write("\n")
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    text = settings_text(settings)
+    replace_file(target, lambda new: new.write_text(text, encoding="utf-8"), mode=0o600)
 
 
 def _where(claude: bool, project: str | None, user: bool) -> Path:
@@ -116,11 +108,13 @@ def install(claude, project, user, spool):
     path = _where(claude, project, user)
     spool_dir = _spool_made(spool)
     command = f"{shlex.quote(sys.executable)} -m {HOOK_MODULE} --spool {shlex.quote(str(spool_dir))}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    target, settings = _read_settings(path)
     try:
-        merged = with_our_hooks(_read_settings(path), command)
+        merged = with_our_hooks(settings, command)
     except SettingsShapeError as exc:
         raise Fail(f"{path}: {exc}; fix it, then run this again") from exc
-    _write_settings(path, merged)
+    _write_settings(target, merged)
     click.echo(f"installed tillerman's Claude Code hooks in {path}")
     click.echo(f"payloads go to {spool_dir}: follow them with tillerman run --watch {spool_dir}")
 
@@ -134,12 +128,15 @@ def uninstall(claude, project, user):
     Example: tillerman hooks uninstall --claude --user
     """
     path = _where(claude, project, user)
-    settings = _read_settings(path)
+    if not path.parent.is_dir():
+        click.echo(f"no tillerman hooks in {path}: nothing changed")
+        return
+    target, settings = _read_settings(path)
     kept = without_our_hooks(settings)
     if kept == settings:
         click.echo(f"no tillerman hooks in {path}: nothing changed")
         return
-    _write_settings(path, kept)
+    _write_settings(target, kept)
     click.echo(f"removed tillerman's Claude Code hooks from {path}")
 
 

@@ -655,7 +655,11 @@ def ledger_copy(source, target, as_json):
     Example: tillerman ledger copy ~/.local/state/tillerman/ledger.sqlite3 postgresql://tm@db/tillerman
     """
     from tillerman.ledger.copy import copy_ledger
+    from tillerman.ledger.paths import SQLITE_MAGIC, check_output
 
+    if ledger_url(target) is None:  # a file: a new one, or an empty ledger (a full one is refused below)
+        check_output(target, "the copy's target", ledgers=[] if ledger_url(source) else [source],
+                     ours=lambda head: head.startswith(SQLITE_MAGIC))
     with open_ledger(source, readonly=True) as src, open_ledger(target) as dst:
         result = copy_ledger(src, dst)
     if as_json:

@@ -23,6 +23,7 @@ import msgspec
 
 from tillerman.controller.intent_requests import SOURCE
 from tillerman.ledger.events import Envelope, RulePromoted, RuleProposed
+from tillerman.ledger.paths import check_output
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules import lifecycle
 from tillerman.rules.errors import RuleSetError
@@ -131,7 +132,7 @@ def stage_rule_file(path: Path, rule_id: str, block: str, *, on_unsafe: OnUnsafe
     in place; the caller renames it over the file, or over the file a symlink leads
     to). It keeps the file's mode and owner: a promotion must not open the rules to
     others. An invalid result is refused and nothing is written."""
-    target = Path(os.path.realpath(path))
+    target = check_output(path, "--rules")  # never a FIFO, a device, a ledger or one of its files
     try:
         existing = os.stat(target) if target.exists() else None
         text = read_file(path, on_unsafe=on_unsafe) if existing else ""

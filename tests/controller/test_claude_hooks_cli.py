@@ -4,6 +4,7 @@ touching the user's own hooks; ``tillerman hook claude`` keeps each payload as a
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from tillerman.controller.claude_hook import keep_payload
@@ -78,3 +79,38 @@ def test_the_hook_keeps_each_payload_as_a_line_and_fails_open(tmp_path: Path) ->
     result = runner.invoke(main, ["hook", "claude", "--spool", str(tmp_path)], input="{cut")
     assert result.exit_code == 0 and "payload not kept" in result.output
     assert keep_payload(b'{"session_id": "../../etc"}', tmp_path).name == "unknown-session.jsonl"
+
+
+def test_install_over_a_symlinked_settings_file_writes_through_to_its_target(tmp_path: Path) -> None:
+    dotfiles = tmp_path / "dotfiles" / "claude-settings.json"
+    dotfiles.parent.mkdir()
+    dotfiles.write_text(json.dumps(USERS))
+    link = tmp_path / ".claude" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(dotfiles)
+    result = CliRunner().invoke(main, ["hooks", "install", "--claude", "--project", str(tmp_path),
+                                       "--spool", str(tmp_path / "spool")])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and len(json.loads(dotfiles.read_text())["hooks"]["Stop"]) == 2
+    result = CliRunner().invoke(main, ["hooks", "uninstall", "--claude", "--project", str(tmp_path)])
+    assert result.exit_code == 0 and link.is_symlink() and json.loads(dotfiles.read_text()) == USERS
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("[" * 600 + "]" * 600, "nested deeper than"),
+    ('{"hooks": {}, "a": ' + "[" * 100 + "]" * 100 + "}", "nested deeper than"),
+    ('{"cleanupPeriodDays": 1e400}', "too large to write back"),
+    ('{"a": NaN}', "NaN is not a JSON number"),
+    ('{"model": "a", "model": "b"}', 'the key "model" appears twice'),
+    ('{"env": {"A": "1", "A": "2"}}', 'the key "A" appears twice'),
+])
+def test_settings_that_cannot_be_written_back_exactly_are_refused_and_left_as_they_were(
+        tmp_path: Path, text: str, words: str) -> None:
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(text)
+    for command in ("install", "uninstall"):
+        result = CliRunner().invoke(main, ["hooks", command, "--claude", "--project", str(tmp_path)])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.count("\n") == 1 and "Traceback" not in result.output
+        assert settings.read_text() == text

@@ -1,0 +1,240 @@
+"""Every command that writes a file writes it only where it is safe
+(tillerman.ledger.paths): pointed at the ledger, one of its companion files, a symlink to
+either, a FIFO, a device, a directory or a folder that does not exist, each one refuses
+in one line, exits 2 (the Claude Code hook: 0, with one stderr line) and changes nothing;
+none of them blocks on a FIFO."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.controller.test_rules_cli import PROPOSAL
+from tests.ledger.test_archive import history_ledger
+from tillerman.controller.cli import main
+from tillerman.controller.hook_outbox import Outbox, Parcel, write_outbox
+from tillerman.controller.report_cli import is_timeline_page
+from tillerman.controller.report_db import is_report_db
+from tillerman.ledger.errors import UnsafeOutput
+from tillerman.ledger.paths import check_output, ledger_files, open_for_append, replace_file
+
+#: A hostile output path, by name: what it is, made inside the test's folder.
+HOSTILE = ("ledger", "anchor", "lock", "wal", "link-to-ledger", "link-to-anchor", "fifo", "device", "directory",
+           "missing-folder")
+
+
+@contextlib.contextmanager
+def no_hang(seconds: int = 20):
+    """Fails the test instead of waiting forever (a FIFO opened for writing blocks)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"blocked for {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def place(tmp_path):
+    """A ledger with its anchor, a daemon's lock file and a WAL, and the hostile paths."""
+    ledger = history_ledger(tmp_path / "l.sqlite3")
+    files = ledger_files(ledger)
+    Path(files.lock).write_text("12345")
+    Path(files.wal).write_bytes(b"")
+    (tmp_path / "link-to-ledger").symlink_to(ledger)
+    (tmp_path / "link-to-anchor").symlink_to(files.head)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "directory").mkdir()
+    paths = {"ledger": ledger, "anchor": Path(files.head), "lock": Path(files.lock), "wal": Path(files.wal),
+             "link-to-ledger": tmp_path / "link-to-ledger", "link-to-anchor": tmp_path / "link-to-anchor",
+             "fifo": tmp_path / "fifo", "device": Path("/dev/null"), "directory": tmp_path / "directory",
+             "missing-folder": tmp_path / "nowhere" / "out"}
+    return tmp_path, ledger, paths
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every name under ``root`` with its type and, for a file, its content's digest."""
+    seen = {}
+    for path in sorted(root.rglob("*")):
+        st = os.lstat(path)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if stat.S_ISREG(st.st_mode) else None
+        seen[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), digest,
+                                              os.readlink(path) if path.is_symlink() else None)
+    return seen
+
+
+def _settings_link(root: Path, target: Path) -> list[str]:
+    """``hooks install`` writes DIR/.claude/settings.json: here a symlink to ``target``."""
+    project = root / "project"
+    (project / ".claude").mkdir(parents=True, exist_ok=True)
+    link = project / ".claude" / "settings.json"
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    return ["hooks", "install", "--claude", "--project", str(project), "--spool", str(root / "directory")]
+
+
+def _proposed(root: Path, ledger: Path) -> str:
+    """A rule proposed in the ledger, for ``rules promote`` to install; its id."""
+    proposal = root / "proposal.toml"
+    proposal.write_text(PROPOSAL)
+    result = CliRunner().invoke(main, ["rules", "propose", str(proposal), "--ledger", str(ledger)])
+    assert result.exit_code == 0, result.output
+    return "quiet-steer"
+
+
+def assert_one_error_line(result) -> None:
+    """Exit 2 and one ``Error:`` line (click adds its usage lines before a usage error's)."""
+    assert result.exit_code == 2, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [
+        result.output.splitlines()[-1]], result.output
+    assert result.output.startswith(("Error: ", "Usage: ")) and "Traceback" not in result.output, result.output
+
+
+#: Each command that writes a file, given the ledger and where to write.
+COMMANDS: dict[str, Callable[[Path, Path, Path], list[str]]] = {
+    "report --db": lambda root, ledger, out: ["report", "--ledger", str(ledger), "--db", str(out)],
+    "timeline --html": lambda root, ledger, out: ["timeline", "--ledger", str(ledger), "--html", str(out)],
+    "run --trace": lambda root, ledger, out: ["run", "--no-codex", "--watch", str(root / "directory"), "--ledger",
+                                              str(ledger), "--trace", str(out)],
+    "ledger copy": lambda root, ledger, out: ["ledger", "copy", str(ledger), str(out)],
+    "hooks install": lambda root, ledger, out: _settings_link(root, out),
+    "rules promote --rules": lambda root, ledger, out: [
+        "rules", "promote", _proposed(root, ledger), "--to", "shadow", "--by", "ann", "--evaluation", "e",
+        "--rollback-trigger", "r", "--rules", str(out), "--ledger", str(ledger)],
+}
+
+
+@pytest.mark.parametrize("target", HOSTILE)
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_file_writing_command_refuses_a_hostile_path_in_one_line_and_changes_nothing(
+        place, command, target, monkeypatch):
+    root, ledger, paths = place
+    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)  # never started
+    args = COMMANDS[command](root, ledger, paths[target])
+    before = snapshot(root)
+    with no_hang():
+        result = CliRunner().invoke(main, args)
+    assert_one_error_line(result)
+    assert snapshot(root) == before
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize("target", HOSTILE)
+def test_the_claude_code_hook_keeps_no_payload_where_its_spool_file_may_not_be_written(place, target):
+    """The hook's spool file is ``<spool>/<session_id>.jsonl``: here a symlink to each
+    hostile path (a FIFO would block Claude Code, which waits for the hook)."""
+    root, _ledger, paths = place
+    spool = root / "spool"
+    spool.mkdir()
+    (spool / "s1.jsonl").symlink_to(paths[target])
+    before = snapshot(root)
+    payload = json.dumps({"session_id": "s1", "hook_event_name": "PostToolUse"})
+    done = subprocess.run([sys.executable, "-m", "tillerman.controller.claude_hook", "--spool", str(spool)],
+                          input=payload.encode(), capture_output=True, timeout=20)
+    assert done.returncode == 0 and done.stdout == b""
+    assert done.stderr.count(b"\n") == 1 and b"payload not kept" in done.stderr, done.stderr
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("target", HOSTILE)
+def test_an_outbox_that_may_not_be_written_is_not(place, target, caplog):
+    root, ledger, paths = place
+    spool = root / "spool"
+    spool.mkdir()
+    (spool / "s1.outbox.json").symlink_to(paths[target])
+    before = snapshot(root)
+    with no_hang():
+        write_outbox(spool / "s1.outbox.json", Outbox(str(ledger), (Parcel("i1", "Stop", "hello"),)))
+    assert snapshot(root) == before
+    assert "cannot write the outbox" in caplog.text
+
+
+# -- the rule itself --------------------------------------------------------------------------
+
+
+def test_a_symlink_to_a_file_that_may_be_written_is_written_through(tmp_path):
+    target = tmp_path / "dotfiles" / "page.html"
+    target.parent.mkdir()
+    target.write_text("<!doctype html>\n<title>tillerman timeline: 0 threads</title>")
+    link = tmp_path / "page.html"
+    link.symlink_to(target)
+    real = check_output(link, "--html", ours=is_timeline_page)
+    replace_file(real, lambda new: new.write_text("new page"))
+    assert link.is_symlink() and target.read_text() == "new page"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["page.html"]  # nothing left beside it
+
+
+def test_an_ordinary_file_is_replaced_only_with_force_and_a_foreign_database_never(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    with pytest.raises(UnsafeOutput, match="not one tillerman wrote; give a new path, or --force"):
+        check_output(notes, "--db", ours=is_report_db)
+    assert check_output(notes, "--db", ours=is_report_db, force=True) == notes
+    foreign = tmp_path / "other.db"
+    foreign.write_bytes(b"SQLite format 3\x00" + bytes(200))
+    with pytest.raises(UnsafeOutput, match="SQLite database tillerman did not write"):
+        check_output(foreign, "--db", ours=is_report_db, force=True)
+
+
+def test_a_companion_is_known_without_being_told_which_ledger_and_a_hard_link_by_inode(place):
+    root, ledger, paths = place
+    for name in ("anchor", "lock", "wal"):
+        with pytest.raises(UnsafeOutput, match="of the SQLite database"):
+            check_output(paths[name], "--html")
+    hard = root / "hard-link-to-anchor"
+    os.link(paths["anchor"], hard)
+    with pytest.raises(UnsafeOutput, match="the same file under another name"):
+        check_output(hard, "--html", ledgers=[ledger])
+
+
+def test_a_failed_write_leaves_the_old_file_and_nothing_beside_it(tmp_path):
+    old = tmp_path / "account.db"
+    old.write_text("old")
+
+    def fail(new: Path) -> None:
+        new.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        replace_file(old, fail)
+    assert old.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["account.db"]
+
+
+def test_append_refuses_a_fifo_without_blocking_and_a_sqlite_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with no_hang(), pytest.raises(UnsafeOutput, match="FIFO"):
+        open_for_append(tmp_path / "fifo", "the trace file")
+    db = tmp_path / "x.db"
+    db.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    with pytest.raises(UnsafeOutput, match="SQLite database"):
+        open_for_append(db, "the trace file")
+
+
+def test_report_db_replaces_its_own_database_and_timeline_its_own_page(place):
+    root, ledger, _paths = place
+    for args in (["report", "--db", str(root / "account.db")], ["timeline", "--html", str(root / "t.html")]):
+        for _ in range(2):  # the second run recognises the first's file and replaces it
+            result = CliRunner().invoke(main, [args[0], "--ledger", str(ledger), *args[1:]])
+            assert result.exit_code == 0, result.output
+    assert is_report_db((root / "account.db").read_bytes()[:100])
+    assert is_timeline_page((root / "t.html").read_bytes()[:4096])
+    notes = root / "notes.txt"
+    notes.write_text("my notes")
+    refused = CliRunner().invoke(main, ["report", "--ledger", str(ledger), "--db", str(notes)])
+    assert refused.exit_code == 2 and notes.read_text() == "my notes"
+    forced = CliRunner().invoke(main, ["report", "--ledger", str(ledger), "--db", str(notes), "--force"])
+    assert forced.exit_code == 0 and is_report_db(notes.read_bytes()[:100])
