@@ -51,7 +51,7 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     def is_active(self, turn_id: str | None) -> bool:
         """Whether ``turn_id`` names the running turn, under any source's id of it."""
-        return turn_id is not None and self.turn_state(turn_id) == "active"
+        return turn_id is not None and self.active_turn_id == self.turn_aliases.get(turn_id, turn_id)
 
     def turn_ids(self, turn_id: str | None) -> tuple[str, ...]:
         """Every id the sources give the turn ``turn_id`` names, that one first."""
