@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, outbox_path, read_outbox
+from tillerman.controller.printable import printable
 from tillerman.ledger.paths import open_for_append
 
 MAX_PAYLOAD = 16 * 1024 * 1024
@@ -108,6 +109,10 @@ class HookUsageError(ValueError):
     """Options the hook cannot act on."""
 
 
+class AnswerNotWritten(OSError):
+    """The payload's line is kept, but Claude Code closed the pipe the answer goes to."""
+
+
 def spool_from(argv: list[str]) -> Path:
     """The spool the options name (``--spool DIR``, ``--spool=DIR``; none: the default).
     Parsed here rather than by click: click's usage error exits 2, which Claude Code
@@ -141,7 +146,10 @@ def keep_and_answer(argv: list[str]) -> None:
         answer, record = None, {"fail_open": f"{type(exc).__name__}: {exc}"}
     keep_payload({**payload, "tillerman": record} if record is not None else payload, spool)
     if answer is not None:
-        print(json.dumps(answer))
+        try:
+            print(json.dumps(answer), flush=True)
+        except OSError as exc:
+            raise AnswerNotWritten(exc.strerror or str(exc)) from exc
 
 
 def main(argv: list[str]) -> int:
@@ -150,15 +158,13 @@ def main(argv: list[str]) -> int:
     one line on stderr."""
     try:
         keep_and_answer(argv)
+    except AnswerNotWritten as exc:
+        _say(f"tillerman hook claude: payload kept, its answer not written ({printable(exc)}); the session goes on")
     except Exception as exc:  # noqa: BLE001 - whatever broke, the agent goes on undisturbed
-        _say(f"tillerman hook claude: payload not kept ({_one_line(exc)}); the session goes on")
+        # One line, whatever the error says: its control characters (a newline, an escape
+        # sequence from a path) are shown as codes, never acted on by a terminal.
+        _say(f"tillerman hook claude: payload not kept ({printable(exc) or type(exc).__name__}); the session goes on")
     return 0
-
-
-def _one_line(exc: Exception) -> str:
-    """The error as one printable line: control characters (a newline, an escape
-    sequence from a path) shown escaped, never acted on by a terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc) or type(exc).__name__)
 
 
 def _say(line: str) -> None:

@@ -84,6 +84,31 @@ def test_an_exception_anywhere_exits_0_with_one_escaped_line(tmp_path: Path, mon
     assert "\x1b" not in line and "first line\\nsecond line \\x1b]52" in line
 
 
+ANSWERING_HOOK = """
+import sys
+from tillerman.controller import claude_hook
+claude_hook.deliver = lambda payload, spool: ({"decision": "block", "reason": "x"}, {"delivered": "in-1"})
+sys.exit(claude_hook.main(sys.argv[1:]))
+"""
+
+
+def test_an_answer_claude_code_no_longer_reads_exits_0_with_one_line(tmp_path: Path) -> None:
+    """Claude Code closed our stdout before the decision was written: the payload's line
+    is kept (it says what was answered), the hook says the answer was lost, exit 0."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads the answer
+    try:
+        result = subprocess.run([sys.executable, "-c", ANSWERING_HOOK, "--spool", str(tmp_path)], input=PAYLOAD,
+                                stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0, result.stderr
+    [line] = result.stderr.decode().splitlines()
+    assert line.startswith("tillerman hook claude: payload kept, its answer not written (")
+    kept = json.loads((tmp_path / "s1.jsonl").read_bytes())
+    assert kept["tillerman"] == {"delivered": "in-1"}
+
+
 def test_install_refuses_an_empty_spool_and_leaves_the_settings_alone(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     settings = tmp_path / ".claude" / "settings.json"
