@@ -499,6 +499,9 @@ def _daemon_lines(daemon: dict) -> list[str]:
     elif codex:
         lines.append(f"codex: connecting to {codex['url']} since {codex['since']}"
                      + (f" (last try: {codex['error']})" if codex["error"] else ""))
+    if outage := daemon.get("ledger_outage"):
+        lines.append(f"ledger: unreachable since {outage['since']}" + (
+            f", reachable again at {outage['until']}" if outage["until"] else "") + f" ({outage['error']})")
     waiting = daemon.get("watch_waiting") or []
     if following := [d for d in daemon.get("watch") or [] if d not in waiting]:
         lines.append(f"files: following {', '.join(following)} (file-only threads are not steerable)")

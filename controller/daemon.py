@@ -49,6 +49,7 @@ from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
 from tillerman.controller.intent_requests import intent_view
 from tillerman.controller.leases_keeper import LeaseKeeper
+from tillerman.controller.ledger_health import LedgerHealth
 from tillerman.controller.ledger_gate import GatedRecorder
 from tillerman.controller.metrics import Metrics, TimedRecorder
 from tillerman.controller.notify import Notifier
@@ -102,6 +103,7 @@ LEDGER_STEP_MS = 30  # the ledger watcher checks for writes (and for being stopp
 BATCH = 512  # observations appended per transaction at most
 HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fold moved
 RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
+LEDGER_RETRY = 1.0  # seconds between two tries of a round the ledger refused
 ON_OVERDUE_TIMEOUT = 30.0  # seconds an --on-overdue command may take per notice
 _DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
                     ev.ItemCompleted)
@@ -179,6 +181,7 @@ class Daemon:
         leases = getattr(recorder, "leases", None) if options.lease else None
         self.keeper = LeaseKeeper(leases(), options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
+        self.health = LedgerHealth()  # an outage of the ledger said once, and shown by `status`
 
     # -- the task group ---------------------------------------------------------------
 
@@ -223,13 +226,46 @@ class Daemon:
     async def _listen_ledger(self, listener) -> None:
         """A database ledger tells of every commit (LISTEN/NOTIFY): wake the brain on each
         (another process proposing an intent). The wait runs on a worker thread, in
-        short slices so that stopping the daemon does not wait long."""
-        try:
-            while True:
-                if await anyio.to_thread.run_sync(listener.wait, LEDGER_STEP_MS / 1000 * 10) is not None:
-                    self.wake()
-        finally:
-            listener.close()
+        short slices so that stopping the daemon does not wait long. A lost connection
+        (the server restarted, failed over, or dropped it) is listened on again, with
+        backoff; the brain is woken then, for what was committed meanwhile unheard."""
+        while True:
+            try:
+                while True:
+                    if await anyio.to_thread.run_sync(listener.wait, LEDGER_STEP_MS / 1000 * 10) is not None:
+                        self.wake()
+            except OperationalError as exc:
+                self._ledger_failed(exc)
+            finally:
+                listener.close()
+            listener = await self._listen_again()
+            self.wake()
+
+    async def _listen_again(self):
+        """A new change listener, tried with backoff until the database answers."""
+        delays = backoff_delays(maximum=RECONNECT_MAX)
+        while True:
+            await anyio.sleep(next(delays))
+            try:
+                return await anyio.to_thread.run_sync(self.recorder.change_listener)
+            except OperationalError as exc:
+                self._ledger_failed(exc)
+
+    def _ledger_failed(self, exc: OperationalError) -> None:
+        """Said once per outage, whichever task meets it first; every task retries on its own."""
+        if self.health.failed(str(exc), self.clock()):
+            log.error("ledger not writable (%s): holding observations and every dispatch until it is;"
+                      " retrying", exc)
+            self._beat_now = True  # the heartbeat after it shows the outage
+        else:
+            log.info("ledger still not writable (%s); retrying", exc)
+
+    def _ledger_answered(self) -> None:
+        """The brain's round went through: an outage it ends is said, once."""
+        if (outage := self.health.recovered(self.clock())) is not None:
+            log.warning("ledger reachable again after %.1fs: held observations are recorded, decisions resume",
+                        outage.until - outage.since)
+            self._beat_now = True
 
     def wake(self) -> None:
         """Ask the brain to look at the ledger now."""
@@ -433,6 +469,7 @@ class Daemon:
                     await self._think(tg, pending, offsets)
                 pending = []
                 offsets = []
+                self._ledger_answered()
                 if self.recorder.anchor_error != anchor_error:  # said once, and once more when healed
                     anchor_error = self.recorder.anchor_error
                     log.warning("%s", f"committed, but {anchor_error}" if anchor_error else "head anchor caught up")
@@ -441,10 +478,12 @@ class Daemon:
                     self._heartbeat(last_beat)
             except OperationalError as exc:
                 # Never act without a record: hold the observations and every decision
-                # until the ledger takes writes again.
-                log.error("ledger not writable (%s): holding %d observations and every dispatch",
-                          exc, len(pending))
-                await anyio.sleep(1.0)
+                # until the ledger takes writes again (the inbox fills, and then the
+                # connection and the file followers wait for the brain). Tried again each
+                # second, not backing off: a held steer has only its turn to land in, and
+                # a try costs one statement (the connections themselves back off).
+                self._ledger_failed(exc)
+                await anyio.sleep(LEDGER_RETRY)
 
     def _ledger_changed(self) -> bool:
         """Whether the ledger gained rows the fold has not seen (another process's
@@ -459,7 +498,8 @@ class Daemon:
     def _heartbeat(self, now: float) -> None:
         beat = {"pid": os.getpid(), "since": self.started_at, "heartbeat": now, "watch": list(self.options.watch),
                 "watch_waiting": self.watcher.waiting if self.watcher else [],
-                "codex": self.link.as_dict() if self.options.url else None}
+                "codex": self.link.as_dict() if self.options.url else None,
+                "ledger_outage": self.health.last.as_dict() if self.health.last else None}
         self.recorder.save_snapshot(HEARTBEAT, self.projection.seq, msgspec.json.encode(beat))
         if self.projection.seq != self._saved_seq:
             projections.save(self.recorder, self.projection)
@@ -755,7 +795,11 @@ class Daemon:
                 try:
                     tick = keeper.tick(self._lease_candidates() if healthy else (), healthy=healthy)
                 except OperationalError as exc:  # not renewed: they lapse, and the fence holds
-                    log.error("ledger not reachable (%s): thread leases not renewed", exc)
+                    self._ledger_failed(exc)
+                    for thread_id in keeper.lapsed():  # surely gone by now: decide nothing for them
+                        log.warning("lost the lease on thread %s: not renewed within the lease while the ledger"
+                                    " was unreachable", thread_id)
+                        self._forget(thread_id)
                 else:
                     for thread_id in tick.lost:
                         log.warning("lost the lease on thread %s: another daemon may take it", thread_id)

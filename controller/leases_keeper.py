@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class LeaseKeeper:
         self.owner = owner or daemon_id()
         self._held: dict[str, Lease] = {}
         self._ready: set[str] = set()
+        # When the last round that renewed began (monotonic): every lease it renewed
+        # expires no sooner than ``ttl`` after it, and surely did once that is past.
+        self._renewed_at = time.monotonic()
 
     def holds(self, thread_id: str) -> bool:
         return thread_id in self._held
@@ -87,6 +91,7 @@ class LeaseKeeper:
         tick = Tick()
         if not healthy:
             return tick
+        started = time.monotonic()
         self.leases.beat(self.owner, socket.gethostname(), os.getpid(), self.ttl)
         for thread_id, lease in list(self._held.items()):
             if (renewed := self.leases.renew(lease, self.ttl)) is None:
@@ -101,7 +106,20 @@ class LeaseKeeper:
                 if (lease := self.leases.acquire(thread_id, self.owner, self.ttl)) is not None:
                     self._held[thread_id] = lease
                     tick.gained.append(thread_id)
+        self._renewed_at = started
         return tick
+
+    def lapsed(self, now: float | None = None) -> list[str]:
+        """After a round that could not reach the ledger: the leases no renewal can have
+        kept past now (the last successful round began more than ``ttl`` ago), given up
+        here. Their threads are decided for again only once taken anew and read back —
+        the fence would refuse their dispatches anyway; this stops the deciding too."""
+        if (time.monotonic() if now is None else now) - self._renewed_at < self.ttl:
+            return []
+        gone = sorted(self._held)
+        for thread_id in gone:
+            self.lost(thread_id)
+        return gone
 
     def leave(self) -> None:
         """A clean stop: every lease is given up at once, for the others to take."""

@@ -101,7 +101,16 @@ def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
         "watch": info.get("watch", []),
         "watch_waiting": info.get("watch_waiting", []),  # --watch directories that do not exist (yet)
         "codex": _codex(info.get("codex")),
+        "ledger_outage": _outage(info.get("ledger_outage")),
     }
+
+
+def _outage(outage: dict | None) -> dict | None:
+    """The daemon's latest time without its ledger (``tillerman.controller.ledger_health``):
+    since, until (None: still going on when it last beat), the first error."""
+    if not isinstance(outage, dict):
+        return None
+    return {"since": iso(outage.get("since")), "until": iso(outage.get("until")), "error": outage.get("error")}
 
 
 def _running(recorder: Recorder, ledger_path: Path | str) -> bool:

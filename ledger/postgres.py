@@ -63,6 +63,12 @@ _COPY_FROM = 16  # rows from which a batch is sent with COPY
 _PAGE = 1000  # rows per read round trip
 #: Connections per recorder: a ``bulk()`` block holds one while reads use another.
 POOL_SIZE = 4
+#: Seconds a statement waits for a pooled connection: while the server answers, long
+#: enough for any other statement of this process to finish; once it stopped answering
+#: (a restart, a failover, a dropped connection), short, so that the daemon's loop is
+#: never held by a wait whose answer is already known, and says so and retries instead.
+WAIT_FOR_CONNECTION = 30.0
+WAIT_WHILE_UNREACHABLE = 0.2
 
 SCHEMA = (
     """CREATE TABLE events (
@@ -164,6 +170,7 @@ class PostgresRecorder(Recorder):
         self.anchor_error = None
         self._bulk: psycopg.Connection | None = None  # inside ``bulk()``: its connection, in its transaction
         self._bulk_broken = False  # the database failed inside the block: it rolls back
+        self._unreachable = False  # the last statement lost its connection, or got none
 
         def configure(conn: psycopg.Connection) -> None:
             if readonly:
@@ -219,21 +226,33 @@ class PostgresRecorder(Recorder):
     def _transaction(self, durable: bool = False) -> Iterator[psycopg.Connection]:
         if self._bulk is not None:
             raise ValueError("inside bulk() only appends are made, and none durable")
-        try:
-            with self._pool.connection(timeout=30) as conn, conn.transaction():
-                if durable:  # whatever the server's default: on disk before the commit returns
-                    conn.execute("SET LOCAL synchronous_commit = on")
-                yield conn
-        except psycopg.Error as exc:
-            raise _translate(exc, self._dsn) from None
+        with self._connection() as conn, conn.transaction():
+            if durable:  # whatever the server's default: on disk before the commit returns
+                conn.execute("SET LOCAL synchronous_commit = on")
+            yield conn
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[psycopg.Connection]:
+        with self._connection() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection, its errors translated. A lost server (``OperationalError``:
+        the connection dropped, or none to be had) makes the next waits short, until a
+        statement gets through again; the pool replaces broken connections by itself."""
+        wait = WAIT_WHILE_UNREACHABLE if self._unreachable else WAIT_FOR_CONNECTION
         try:
-            with self._pool.connection(timeout=30) as conn:
+            with self._pool.connection(timeout=wait) as conn:
                 yield conn
         except psycopg.Error as exc:
-            raise _translate(exc, self._dsn) from None
+            raise self._failed(exc) from None
+        self._unreachable = False
+
+    def _failed(self, exc: psycopg.Error) -> Exception:
+        """``exc`` in the ledger's words; whether it says the server is lost noted."""
+        self._unreachable = isinstance(exc, psycopg.OperationalError)
+        return _translate(exc, self._dsn)
 
     @contextlib.contextmanager
     def _one_moment(self) -> Iterator[psycopg.Connection]:
@@ -287,7 +306,7 @@ class PostgresRecorder(Recorder):
                 return self._append_on(self._bulk, batch, offsets, fence)
             except psycopg.Error as exc:
                 self._bulk_broken = True
-                raise _translate(exc, self._dsn) from None
+                raise self._failed(exc) from None
         with self._transaction(durable) as conn:
             return self._append_on(conn, batch, offsets, fence, notify=True)
 

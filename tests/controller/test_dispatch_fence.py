@@ -108,3 +108,13 @@ def test_the_keeper_takes_free_threads_renews_them_and_loses_a_lapsed_one(ledger
     b.leave()
     assert {d["id"] for d in ledger.leases().daemons()} == {"host:1:a"}
     assert a.tick(["T"], healthy=True).gained == ["T"]  # given up at once by b's clean stop
+
+
+def test_leases_not_renewed_within_their_length_are_given_up_while_the_ledger_is_away(ledger):
+    keeper = LeaseKeeper(ledger.leases(), 10.0, owner="host:1:a")
+    started = time.monotonic()
+    keeper.tick(["T"], healthy=True)
+    keeper.reconciled(["T"])
+    assert keeper.lapsed(now=started + 9.0) == [] and keeper.ready("T")  # may still stand: kept
+    assert keeper.lapsed(now=started + 10.5) == ["T"]  # surely lapsed: nothing decided for it
+    assert not keeper.holds("T") and not keeper.ready("T") and keeper.fence("T") is None
