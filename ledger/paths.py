@@ -114,6 +114,8 @@ def check_output(path: str | os.PathLike, what: str, *, ledgers: Iterable[str | 
     tillerman wrote (``force``: any file that is not a SQLite database); a SQLite database
     only when ``ours`` recognises it."""
     given, real = _resolved(path, what)
+    if (role := _role(real, ledgers)) is not None:  # by name: a companion not there now still is one
+        raise UnsafeOutput(f"cannot write {what} {_shown(given, real)}: it is {role}; give another path")
     try:
         st = os.lstat(real)  # real: no symlink left to follow
     except FileNotFoundError:

@@ -7,6 +7,7 @@ around it are unchanged). ``FUZZ_EXAMPLES=N`` draws N command lines per command 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -31,11 +32,16 @@ URLS = ["postgresql://u@db/x", "sqlite:///x", "http://127.0.0.1:1", "ws://", "ws
 # Rule and config files are read by their loaders, which bound what they read themselves.
 PATHS = ["", " ", "missing/x", "nowhere.sqlite3", "dir", "/dev/null", "a" * 300, "x\x00y", "."]
 FILES = ["", "missing.toml", "dir", "/dev/null", "a" * 300]
+# Where a command writes a file (tillerman.ledger.paths): the ledger, its companions, a
+# symlink to either, a FIFO, a device, a folder, a missing folder — each refused.
+OUTPUTS = ["ledger.sqlite3", "ledger.sqlite3.head", "ledger.sqlite3.lock", "ledger.sqlite3-wal", "to-ledger",
+           "to-anchor", "fifo", "/dev/null", "dir", "missing/x", "", "x\x00y"]
 
 hostile = st.sampled_from(NUMBERS + DURATIONS + TIMES + TEXTS + URLS + PATHS) | st.text(max_size=30)
 durations = st.sampled_from(DURATIONS + NUMBERS) | hostile
 times = st.sampled_from(TIMES + NUMBERS) | hostile
 ledgers = st.sampled_from(PATHS + URLS + ["ledger.sqlite3", "fifo"])
+outputs = st.sampled_from(OUTPUTS) | hostile
 files = st.sampled_from(FILES) | hostile
 
 # command -> (fixed arguments, {option: strategy}); flags are drawn as booleans
@@ -59,7 +65,7 @@ COMMANDS: dict[str, tuple[list[str], dict[str, st.SearchStrategy]]] = {
     "run": (["run"], {"--codex": st.sampled_from(URLS) | hostile, "--no-codex": st.booleans(),
                       "--watch": st.sampled_from(["sessions", "fifo"]) | hostile, "--client-name": hostile,
                       "--allow-remote": st.booleans(), "--ledger": ledgers, "--rules": files, "--config": files,
-                      "--trace": st.sampled_from([*PATHS, "fifo"]) | hostile, "--on-overdue": hostile,
+                      "--trace": outputs, "--on-overdue": hostile,
                       "--codex-bin": files}),
     "shim": (["shim"], {"": st.sampled_from(["missing.sock", "fifo", "/dev/null"]) | hostile}),
     "rules-validate": (["rules", "validate"], {"": files}),
@@ -71,9 +77,26 @@ COMMANDS: dict[str, tuple[list[str], dict[str, st.SearchStrategy]]] = {
     "rules-promote": (["rules", "promote"], {"": st.sampled_from(["quiet"]) | hostile,
                                              "--to": st.sampled_from(["shadow", "active"]) | hostile,
                                              "--by": hostile, "--evaluation": hostile,
-                                             "--rollback-trigger": hostile, "--rules": files, "--ledger": ledgers}),
+                                             "--rollback-trigger": hostile, "--rules": files | outputs,
+                                             "--ledger": ledgers}),
     "rules-proposals": (["rules", "proposals"], {"--ledger": ledgers}),
+    "report": (["report"], {"--db": outputs, "--force": st.booleans(), "--ledger": ledgers}),
+    "timeline": (["timeline"], {"--html": outputs, "--force": st.booleans(), "--ledger": ledgers}),
+    "copy": (["ledger", "copy", "ledger.sqlite3"], {"": outputs}),
 }
+
+
+#: The option naming the file a command writes ("": its last argument).
+WRITES = {"report": "--db", "timeline": "--html", "run": "--trace", "copy": ""}
+
+
+def _writes_to_a_hostile_output(name: str, args: list[str]) -> bool:
+    option = WRITES.get(name)
+    if option is None:
+        return False
+    if option == "":
+        return len(args) > 3 and args[3] in OUTPUTS
+    return option in args[:-1] and args[args.index(option) + 1] in OUTPUTS
 
 
 def command_lines(name: str) -> st.SearchStrategy[list[str]]:
@@ -113,6 +136,9 @@ def place(tmp_path_factory, monkeypatch):
     (root / "sessions" / "s.jsonl").write_text("")
     (root / "dir").mkdir()
     os.mkfifo(root / "fifo")
+    (root / "ledger.sqlite3.lock").write_text("1")
+    (root / "to-ledger").symlink_to(root / "ledger.sqlite3")
+    (root / "to-anchor").symlink_to(root / "ledger.sqlite3.head")
     monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)
     monkeypatch.setattr("tillerman.controller.shim.run_shim", _no_shim)
     return root, intent.id
@@ -122,12 +148,17 @@ async def _no_shim(socket_path: str) -> None:
     raise OSError("the fuzz test starts no shim")
 
 
-def _state(root: Path) -> tuple[int, frozenset[str]]:
+def _state(root: Path) -> tuple[int, frozenset[str], bytes, bytes]:
+    """The ledger's last seq, the names in the folder, and its anchor and lock files' bytes."""
     with SQLiteRecorder(root / "ledger.sqlite3") as rec:
         last = rec.max_seq()
     names = frozenset(str(p.relative_to(root)) for p in root.rglob("*")
                       if not p.name.endswith(("-wal", "-shm", ".head", ".lock")))
-    return last, names
+    return last, names, (root / "ledger.sqlite3.head").read_bytes(), (root / "ledger.sqlite3.lock").read_bytes()
+
+
+def _blocked(signum, frame):
+    raise TimeoutError("the command blocked (a FIFO opened for writing?)")
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -140,10 +171,18 @@ def test_hostile_options_never_traceback_and_an_error_writes_nothing(place, name
     def check(args):
         args = [intent_id if a == "INTENT" else a for a in args]
         before = _state(root)
-        result = CliRunner().invoke(main, args)
+        previous = signal.signal(signal.SIGALRM, _blocked)
+        signal.alarm(30)
+        try:
+            result = CliRunner().invoke(main, args)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
         assert result.exception is None or isinstance(result.exception, SystemExit), (args, repr(result.exception))
         assert result.exit_code in (0, 1, 2), (args, result.exit_code, result.output)
         assert "Traceback" not in result.output, (args, result.output)
+        if _writes_to_a_hostile_output(name, args):
+            assert result.exit_code == 2, (args, result.output)
         if result.exit_code == 2:
             assert _state(root) == before, (args, result.output)
 

@@ -238,3 +238,15 @@ def test_report_db_replaces_its_own_database_and_timeline_its_own_page(place):
     assert refused.exit_code == 2 and notes.read_text() == "my notes"
     forced = CliRunner().invoke(main, ["report", "--ledger", str(ledger), "--db", str(notes), "--force"])
     assert forced.exit_code == 0 and is_report_db(notes.read_bytes()[:100])
+
+
+def test_a_companion_name_is_refused_while_no_such_file_is_there(place):
+    """A ledger's ``-wal`` comes and goes; written as a file, SQLite would take it for the log."""
+    root, ledger, paths = place
+    paths["wal"].unlink()
+    for name in ("-wal", "-shm", "-journal", ".head.lock"):
+        with pytest.raises(UnsafeOutput, match="of the SQLite database|of the ledger"):
+            check_output(f"{ledger}{name}", "--html")
+    result = CliRunner().invoke(main, ["ledger", "copy", str(ledger), f"{ledger}-wal"])
+    assert_one_error_line(result)
+    assert not Path(f"{ledger}-wal").exists()
