@@ -108,10 +108,9 @@ class Watch:
             await anyio.sleep(self.appear_every)
 
     async def _catch_up(self, roots: list[str]) -> None:
-        """Read what was written into directories that just appeared, now and once more
-        shortly after (as at start: their watch may not have been in place yet)."""
-        if not roots:
-            return
+        """After the watcher restarted: read what was written into directories that just
+        appeared, then, once the new watch is surely in place, whatever changed anywhere
+        while no watcher ran (as at start)."""
         async with self._lock:
             for path in scan(roots):
                 await self._poll(path)
