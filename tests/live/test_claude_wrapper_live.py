@@ -3,6 +3,9 @@ running daemon (files only, no app-server): the daemon decides, the wrapper carr
 
 The harness is `fixtures.claude_cli.ClaudeSession`, spawning the wrapper in place of the
 CLI; the wrapper runs the real CLI (``$TILLERMAN_CLAUDE_BIN``) against the scripted model.
+The daemon follows an empty folder, or (``TRANSCRIPTS``) the session's transcripts as
+README's wrapper example has it: the session seen through the wrapper and its transcript
+is one set of turns.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from tillerman.controller.claude_relay import message_uuid
 from tillerman.controller.intent_requests import propose
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State
-from tillerman.ledger.projections import IntentView
+from tillerman.ledger.projections import IntentView, ThreadState
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = pytest.mark.live
@@ -39,12 +42,19 @@ def ledger(tmp_path: Path) -> Path:
     return tmp_path / "ledger.db"
 
 
+#: Run a test with the daemon following the transcripts (``HOME/.claude/projects``) too.
+TRANSCRIPTS = pytest.mark.parametrize("daemon", ["files", "transcripts"], indirect=True)
+
+
 @pytest.fixture
-def daemon(tmp_path: Path, ledger: Path) -> Iterator[subprocess.Popen]:
-    """``tillerman run`` on the ledger, following no app-server: it only decides."""
-    config, watched = tmp_path / "config.toml", tmp_path / "watched"
+def daemon(tmp_path: Path, ledger: Path, request: pytest.FixtureRequest) -> Iterator[subprocess.Popen]:
+    """``tillerman run`` on the ledger, following no app-server: it only decides. It
+    watches an empty folder, or with the parameter "transcripts" the scratch HOME's
+    transcripts (``ClaudeSession`` runs the CLI in ``tmp_path/home``)."""
+    config = tmp_path / "config.toml"
+    watched = tmp_path / ("home/.claude/projects" if getattr(request, "param", "files") == "transcripts" else "watched")
     config.write_text(OWNER_GRANT)
-    watched.mkdir()
+    watched.mkdir(parents=True)
     process = subprocess.Popen([*TILLERMAN, "run", "--no-codex", "--watch", str(watched), "--ledger", str(ledger),
                                 "--config", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield process
@@ -72,6 +82,11 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -
 def view(ledger: Path, intent_id: str) -> IntentView:
     with SQLiteRecorder(ledger) as recorder:
         return projections.load(recorder).intents[intent_id]
+
+
+def thread(ledger: Path, thread_id: str) -> ThreadState:
+    with SQLiteRecorder(ledger) as recorder:
+        return projections.load(recorder).threads[thread_id]
 
 
 def steerable_turn(ledger: Path, thread_id: str, turn_id: str) -> bool:
@@ -110,8 +125,10 @@ def running_tool(harness: ClaudeSession, ledger: Path, seconds: int) -> tuple[st
     return session, turn
 
 
+@TRANSCRIPTS
 def test_a_steer_is_folded_into_its_turn_and_acknowledged_on_the_cli_s_evidence(
-        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon,
+        request: pytest.FixtureRequest) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
         session, turn = running_tool(harness, ledger, 3)
@@ -127,6 +144,9 @@ def test_a_steer_is_folded_into_its_turn_and_acknowledged_on_the_cli_s_evidence(
     assert moves(done)[-3:] == [("transition", "dispatch_unknown", "dispatching"),
                                 ("transition", "queued", "accepted"), ("transition", "acknowledged", "echo")]
     assert done.history[-1].evidence["turn_id"] == turn
+    if request.node.callspec.params["daemon"] == "transcripts":  # the transcript's turn is the wrapper's
+        wait_until(lambda: thread(ledger, session).turn_aliases, "the daemon to read the transcript's turn")
+    assert thread(ledger, session).turn_states == {turn: "completed"}  # one turn, not one per source
     # The harness saw none of the lifecycle of tillerman's message.
     ours = message_uuid(f"tillerman-{intent_id}")
     assert not [line for line in harness.lines if line.get("command_uuid") == ours]
@@ -165,6 +185,7 @@ def test_a_steer_for_a_turn_that_ended_is_not_injected_into_the_next(
     assert all(len(result["user_message_uuids"]) == 1 for result in harness.results())
 
 
+@TRANSCRIPTS
 def test_an_interrupt_kills_the_running_tool_and_is_recorded_as_separate_facts(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
