@@ -110,6 +110,8 @@ def errors_to_exit_codes(fn: Callable) -> Callable:
             raise Fail(str(exc)) from exc
         except ValueError as exc:  # our own validation (durations, times, intent requests)
             raise Fail(str(exc)) from exc
+        except BrokenPipeError:  # the reader went away (`| head`): click ends quietly, as cat would
+            raise
         except OSError as exc:  # a path the system refuses (too long, not permitted, …)
             raise Fail(f"{exc.filename!s:.80}: {exc.strerror or exc}" if exc.filename else str(exc)) from exc
 

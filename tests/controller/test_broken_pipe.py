@@ -1,0 +1,22 @@
+"""A reader that goes away (`tillerman ledger export | head -1`) ends the command quietly,
+as it ends cat: no ``Error: [Errno 32] Broken pipe`` line, no traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_reader_that_stops_reading_ends_the_command_without_an_error_line(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    session = ROOT / "fixtures" / "sessions" / "codex-rollout"
+    subprocess.run([sys.executable, "-m", "tillerman.controller", "replay", "--ledger", str(ledger), str(session)],
+                   check=True, capture_output=True)
+    export = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "ledger", "export", "--ledger", str(ledger)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert export.stdout.readline()  # one row read, then the reader goes away
+    export.stdout.close()
+    stderr = export.stderr.read().decode()
+    assert export.wait(timeout=60) != 0  # the rows were not all written: not a success
+    assert stderr == "", stderr
