@@ -11,7 +11,9 @@ delivered text read back from the spool (``tillerman.monitor.claude_hooks`` turn
 continued turn into a user message with our ``client_id``) is the echo that
 acknowledges it (``Delivery`` handles the ``Reconcile`` fact as after a restart); the
 turn the claim was made in ending without that echo is ``expired / not_delivered``:
-the spool holds every hook event of the session, so nothing can still arrive.
+the spool holds every hook event of the session, so nothing can still arrive. A
+steer's denied call that ran anyway (``DenyNotHonoured``) is evidence against delivery:
+``expired / deny_not_honoured`` at once, whatever else the turn shows.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def settle(projection: Projection, view: IntentView, now: float) -> list[Envelop
     claim = hook_claim(view)
     if claim is None or view.state is not State.DISPATCH_UNKNOWN:
         return []
+    refuted = not_honoured(projection, view, now)
+    if refuted:
+        return refuted
     output = Delivery.from_view(view).handle(reconcile_fact(projection, view, now))
     if output.envelopes:
         return list(output.envelopes)  # the machine's commands are an app-server's: none here
@@ -67,6 +72,18 @@ def settle(projection: Projection, view: IntentView, now: float) -> list[Envelop
         return []
     evidence = {"turn_id": turn, "turn_status": status, "via": VIA}
     return [transition_envelope(view.intent, State.DISPATCH_UNKNOWN, State.EXPIRED, "not_delivered", evidence, now)]
+
+
+def not_honoured(projection: Projection, view: IntentView, now: float) -> list[Envelope]:
+    """The call our hook denied to deliver the steer ran: the model got its output, not
+    our text, so the intent expires, never to be read as acknowledged."""
+    thread = projection.threads.get(view.intent.thread_id)
+    call = thread.not_honoured.get(view.intent.client_user_message_id) if thread else None
+    if call is None:
+        return []
+    evidence = {"tool_use_id": call, "via": VIA}
+    return [transition_envelope(view.intent, State.DISPATCH_UNKNOWN, State.EXPIRED, "deny_not_honoured", evidence,
+                                now)]
 
 
 class Outboxes:

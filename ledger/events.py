@@ -107,6 +107,17 @@ class AgentMessage(Event, tag="agent_message"):
     text: str | None = None  # only with --retain-payloads
 
 
+class DenyNotHonoured(Event, tag="deny_not_honoured"):
+    """A tool call a hook of ours denied to deliver a message ran anyway (Claude Code
+    reported its ``PostToolUse`` or ``PostToolUseFailure``): the deny, and the text it
+    carried, did not reach the model as the call's result. ``client_id`` is the
+    delivered intent's, ``item_id`` the call's ``tool_use_id``, ``status`` how it ended."""
+
+    item_id: str
+    client_id: str
+    status: str
+
+
 class ApprovalRequested(Event, tag="approval_requested"):
     item_id: str
     approval_kind: str = "command"
@@ -388,6 +399,7 @@ AnyEvent = (
     | ItemCompleted
     | UserMessage
     | AgentMessage
+    | DenyNotHonoured
     | ApprovalRequested
     | ApprovalResolved
     | QueueChanged
@@ -419,7 +431,7 @@ OBSERVATION_KINDS = frozenset(
     cls.__struct_config__.tag
     for cls in (
         ThreadStarted, TurnStarted, TurnAlias, TurnCompleted, ItemStarted, ItemCompleted,
-        UserMessage, AgentMessage, ApprovalRequested, ApprovalResolved,
+        UserMessage, AgentMessage, DenyNotHonoured, ApprovalRequested, ApprovalResolved,
         QueueChanged, QueueEntryRemoved, StatusChanged, Error,
     )
 )

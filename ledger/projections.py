@@ -31,7 +31,7 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v6"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v7"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -77,6 +77,8 @@ class ThreadState(msgspec.Struct):
     queue_paused: bool = False
     failures: dict[str, tuple[int, str | None, int | None]] = {}
     client_ids: dict[str, str | None] = {}  # our clientId echoes -> the turn they landed in
+    # our clientIds whose hook deny the CLI did not honour -> the call that ran anyway
+    not_honoured: dict[str, str] = {}
     cwd: str | None = None  # the working directory its session named (kept with --retain-payloads only)
 
     def turn_state(self, turn_id: str | None) -> str | None:
@@ -379,6 +381,12 @@ def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
         t.client_ids.setdefault(e.client_id, t.canonical_turn(e.turn_id))
 
 
+def _deny_not_honoured(p, e: ev.DenyNotHonoured, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        t.not_honoured.setdefault(e.client_id, e.item_id)
+
+
 def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
@@ -476,6 +484,7 @@ _APPLY = {
     ev.ItemCompleted: _item_completed,
     ev.UserMessage: _user_message,
     ev.AgentMessage: _agent_message,
+    ev.DenyNotHonoured: _deny_not_honoured,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalResolved: _approval_resolved,
     ev.QueueChanged: _queue_changed,

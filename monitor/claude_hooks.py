@@ -30,8 +30,12 @@ proves nothing; what the CLI does next does. The next hook event of the same tur
 ``prompt_id`` — comes only after the model was called again with our text (the
 feedback of a Stop block, or the denied call's result), so it is read as the delivered
 message: a user message with our ``client_id`` in that turn, which acknowledges the
-intent. A turn that ends otherwise (a new prompt, ``StopFailure``, ``SessionEnd``)
-leaves it unproven. ``{"fail_open": <why>}`` records a hook that answered nothing.
+intent. One exception: a ``PostToolUse`` or ``PostToolUseFailure`` of the very call our
+hook denied shows the call ran, so the deny was not honoured and the model got the
+call's output, not our text: that is a ``DenyNotHonoured`` (the delivery expires, never
+acknowledged), never an echo. A turn that ends otherwise (a new prompt, ``StopFailure``,
+``SessionEnd``) leaves it unproven. ``{"fail_open": <why>}`` records a hook that
+answered nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from typing import Any, ClassVar
 from tillerman.ledger.events import (
     ApprovalRequested,
     ApprovalResolved,
+    DenyNotHonoured,
     Error,
     Event,
     ItemCompleted,
@@ -57,11 +62,12 @@ _SHELL_TOOLS = frozenset({"Bash", "BashOutput", "PowerShell"})
 
 
 class _Session:
-    __slots__ = ("turn", "calls", "inputs", "asked", "delivered", "stopped")
+    __slots__ = ("turn", "calls", "inputs", "asked", "delivered", "denied", "stopped")
 
     def __init__(self) -> None:
         self.turn: str | None = None
         self.delivered: tuple[str, str] | None = None  # (intent id, text) our hook answered with, unproven
+        self.denied: str | None = None  # the call our hook denied to deliver ``delivered``
         self.stopped = False  # the turn reached a Stop our hook blocked: it completed, then went on
         self.calls = OpenCalls()
         self.inputs: dict[str, str] = {}  # open call id → digest of its tool input
@@ -104,9 +110,14 @@ class ClaudeHooksParser(Parser):
         if name == "Stop" and session.stopped and record.get("stop_hook_active") is not True:
             return []  # a Stop our hook blocked is followed by one that says so
         (intent_id, said), session.delivered = session.delivered, None
-        session.stopped = False
+        denied, session.denied, session.stopped = session.denied, None, False
+        client_id = f"tillerman-{intent_id}"
+        if denied is not None and name in _TOOL_ENDS and text(record, "tool_use_id") == denied:
+            status = "failed" if name == "PostToolUseFailure" else "completed"
+            return [DenyNotHonoured(item_id=denied, client_id=client_id, status=status, thread_id=thread_id,
+                                    turn_id=session.turn)]
         return [self._user_message(said, thread_id=thread_id, turn_id=session.turn,
-                                   client_id=f"tillerman-{intent_id}", item_id=f"hook:{intent_id}")]
+                                   client_id=client_id, item_id=f"hook:{intent_id}")]
 
     # -- turns -------------------------------------------------------------------
 
@@ -143,7 +154,7 @@ class ClaudeHooksParser(Parser):
             return []
         if session.stopped and status == "interrupted":
             status = "completed"  # it had stopped (our block was not taken up), not been cut short
-        session.delivered, session.stopped = None, False
+        session.delivered, session.denied, session.stopped = None, None, False
         events: list[Event] = []
         for tool_use_id, call in session.calls.abandon():
             refused = status != "interrupted" or tool_use_id in session.asked
@@ -174,7 +185,7 @@ class ClaudeHooksParser(Parser):
         delivered = _delivered(record)
         if delivered is None:
             return [started]
-        session.delivered = delivered  # our hook denied the call: it never runs
+        session.delivered, session.denied = delivered, started.item_id  # our hook denied the call: it should not run
         session.calls.finish(started.item_id, authoritative=True)
         session.inputs.pop(started.item_id, None)
         return [started, ItemCompleted(item_id=started.item_id, item_type=item_type, status="declined", tool=name,
@@ -225,7 +236,8 @@ def _delivered(record: dict) -> tuple[str, str] | None:
     return answer["delivered"], said if isinstance(said, str) else ""
 
 
-_CONTINUATIONS = frozenset({"Stop", "PreToolUse", "PostToolUse"})
+_TOOL_ENDS = frozenset({"PostToolUse", "PostToolUseFailure"})
+_CONTINUATIONS = frozenset({"Stop", "PreToolUse", *_TOOL_ENDS})
 _READERS = {
     "UserPromptSubmit": ClaudeHooksParser._prompt,
     "Stop": ClaudeHooksParser._stop,

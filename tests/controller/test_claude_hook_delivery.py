@@ -19,10 +19,12 @@ from tillerman.controller import intent_requests as intents
 from tillerman.controller.claude_settings import TIMEOUT_SECONDS
 from tillerman.controller.cli import main
 from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.hook_delivery import parcel
+from tillerman.controller.hook_delivery import parcel, settle
 from tillerman.controller.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
 from tillerman.ledger import projections
-from tillerman.ledger.events import Envelope, ItemCompleted, ThreadStarted, TurnCompleted, UserMessage
+from tillerman.ledger.events import (
+    DenyNotHonoured, Envelope, ItemCompleted, ThreadStarted, TurnCompleted, UserMessage,
+)
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.snapshot import ThreadSnapshot
@@ -383,3 +385,49 @@ def test_status_shows_what_each_thread_takes_and_through_what(tmp_path: Path) ->
     assert [line.split()[:3] for line in text.splitlines() if line.startswith(tuple(seen))] == [
         ["codex", "steer,queue,interrupt", "app-server"], ["files", "-", "files"],
         ["hooks", "queue,steer@pre_tool_use", "claude-hooks"], ["wrapper", "steer,queue,interrupt", "claude-wrapper"]]
+
+
+# -- a deny the CLI did not honour is evidence against delivery -----------------------
+
+DENIED = {"tool_name": "Bash", "tool_input": {"command": "grep -r x"}, "tool_use_id": "toolu_1"}
+
+
+@pytest.mark.parametrize("ran", ["PostToolUse", "PostToolUseFailure"])
+def test_the_denied_call_ending_is_no_echo_but_a_deny_not_honoured(ran: str) -> None:
+    """The call our PreToolUse hook denied reports its own end: it ran, so the model got
+    its output instead of our text. Neither that event nor any later one of the turn
+    reads as our message; a later call's events still would have, had the deny held."""
+    delivered = {"delivered": "in-1", "attempt": "a", "text": "Use rg, not grep."}
+    events = parse([payload("UserPromptSubmit", prompt="hi"), payload("PreToolUse", tillerman=delivered, **DENIED),
+                    payload(ran, tool_response={"stdout": "x"}, **DENIED),
+                    payload("PreToolUse", **(DENIED | {"tool_use_id": "toolu_2"})),
+                    payload("Stop", stop_hook_active=False)])
+    assert not [e for e in events if isinstance(e, UserMessage) and e.client_id]
+    refuted = [e for e in events if isinstance(e, DenyNotHonoured)]
+    assert [(e.client_id, e.item_id, e.turn_id, e.status) for e in refuted] == [
+        ("tillerman-in-1", "toolu_1", PROMPT, "failed" if ran == "PostToolUseFailure" else "completed")]
+    # Another call's end after the deny still follows the denied call's result.
+    events = parse([payload("UserPromptSubmit", prompt="hi"), payload("PreToolUse", tillerman=delivered, **DENIED),
+                    payload("PostToolUse", tool_response={}, **(DENIED | {"tool_use_id": "toolu_2"}))])
+    assert [e.client_id for e in events if isinstance(e, UserMessage)] == [None, "tillerman-in-1"]
+    assert not [e for e in events if isinstance(e, DenyNotHonoured)]
+
+
+def test_a_steer_whose_deny_was_not_honoured_expires_saying_so(tmp_path: Path) -> None:
+    """The claim, then the denied call running anyway, then the turn going on and ending
+    with a Stop (which alone would have acknowledged it): expired deny_not_honoured."""
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    steer = propose(ledger, mode="steer", text="Use rg, not grep.", expected_turn=PROMPT, deliver_at="pre_tool_use")
+    fill_outbox(spool, ledger, steer)
+    hook(spool, payload("UserPromptSubmit", prompt="hi"))
+    assert hook(spool, payload("PreToolUse", **DENIED))["hookSpecificOutput"]["permissionDecision"] == "deny"
+    hook(spool, payload("PostToolUse", tool_response={"stdout": "x"}, **DENIED))
+    hook(spool, payload("Stop", stop_hook_active=False))
+    source = f"file:{spool / f'{SESSION}.jsonl'}"
+    with SQLiteRecorder(ledger) as recorder:
+        recorder.append([Envelope(event_id=f"h-{i}", event=e, source=source)
+                         for i, e in enumerate(parse(spool_lines(spool)))])
+        projection = projections.load(recorder)
+    moves = settle(projection, projection.intents[steer.id], 10.0)
+    assert [(m.event.to_state, m.event.reason, m.event.evidence["tool_use_id"]) for m in moves] == [
+        ("expired", "deny_not_honoured", "toolu_1")]
