@@ -504,7 +504,10 @@ def _daemon_lines(daemon: dict) -> list[str]:
             f", reachable again at {outage['until']}" if outage["until"] else "") + f" ({outage['error']})")
     waiting = daemon.get("watch_waiting") or []
     if following := [d for d in daemon.get("watch") or [] if d not in waiting]:
-        lines.append(f"files: following {', '.join(following)} (file-only threads are not steerable)")
+        # A hook spool's sessions take queued messages and pre_tool_use steers: TAKES says
+        # what each thread takes; this line must not contradict it.
+        lines.append(f"files: following {', '.join(following)} (what a thread there can be sent: its TAKES;"
+                     " one only read from files takes nothing)")
     if waiting:
         lines.append(f"files: waiting for {', '.join(waiting)} to appear, then following it")
     return lines

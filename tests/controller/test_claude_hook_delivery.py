@@ -17,7 +17,7 @@ from tests.monitor.support import events
 
 from tillerman.controller import intent_requests as intents
 from tillerman.controller.claude_settings import TIMEOUT_SECONDS
-from tillerman.controller.cli import main
+from tillerman.controller.cli import _daemon_lines, main
 from tillerman.controller.daemon import Daemon, DaemonOptions
 from tillerman.controller.hook_delivery import parcel, settle
 from tillerman.controller.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
@@ -431,3 +431,12 @@ def test_a_steer_whose_deny_was_not_honoured_expires_saying_so(tmp_path: Path) -
     moves = settle(projection, projection.intents[steer.id], 10.0)
     assert [(m.event.to_state, m.event.reason, m.event.evidence["tool_use_id"]) for m in moves] == [
         ("expired", "deny_not_honoured", "toolu_1")]
+
+
+def test_the_files_line_of_status_agrees_with_takes() -> None:
+    """A daemon following a hook spool: its sessions take queued messages and
+    pre_tool_use steers (TAKES), so the line about the followed folders must not call
+    every thread read from files unsteerable."""
+    daemon = {"running": True, "pid": 1, "since": "t0", "heartbeat": "t1", "watch": ["/spool"], "watch_waiting": []}
+    [line] = [line for line in _daemon_lines(daemon) if line.startswith("files:")]
+    assert "/spool" in line and "TAKES" in line and "not steerable" not in line
