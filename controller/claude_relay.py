@@ -63,7 +63,9 @@ class Ours:
     uuid: str
     client_id: str
     intent_id: str
-    expected_turn: str | None  # a steer's turn; None for a queued message
+    # a steer's turn, under every id the session's sources give it (the relay knows it by
+    # stream-json's, the intent may by the hooks' prompt_id); empty for a queued message
+    expected_turns: tuple[str, ...]
     state: str = "sent"  # sent | queued | started | cancelled | completed
 
 
@@ -140,7 +142,7 @@ class Relay:
                 if event.turn_id == self.turn:
                     self.turn = None
                 self.tools = {k: t for k, t in self.tools.items() if t != event.turn_id}
-                return [o for o in self.ours.values() if o.state == "queued" and o.expected_turn == event.turn_id]
+                return [o for o in self.ours.values() if o.state == "queued" and event.turn_id in o.expected_turns]
             case ItemStarted():
                 self.tools[event.item_id] = event.turn_id
             case ItemCompleted():
@@ -178,18 +180,22 @@ class Relay:
 
     # -- what tillerman writes ----------------------------------------------------
 
-    def steer_ready(self, turn_id: str | None) -> bool:
-        """A steer for ``turn_id`` may go now: that turn runs a tool call, so the CLI folds
-        the message in at its result."""
-        return turn_id is not None and self.turn == turn_id and turn_id in self.tools.values()
+    def steer_ready(self, turn_ids: tuple[str, ...]) -> bool:
+        """A steer for the turn ``turn_ids`` name (every source's id of it) may go now: that
+        turn runs a tool call, so the CLI folds the message in at its result."""
+        return self.running(turn_ids) and self.turn in self.tools.values()
+
+    def running(self, turn_ids: tuple[str, ...]) -> bool:
+        """Whether the turn ``turn_ids`` name is the one running."""
+        return self.turn is not None and self.turn in turn_ids
 
     def queued(self) -> list[Ours]:
         return [o for o in self.ours.values() if o.state == "queued"]
 
-    def message(self, client_id: str, intent_id: str, text: str, *, expected_turn: str | None,
+    def message(self, client_id: str, intent_id: str, text: str, *, expected_turns: tuple[str, ...],
                 priority: str | None) -> tuple[Ours, bytes]:
         """A user message of ours, and the line that sends it."""
-        ours = Ours(message_uuid(client_id), client_id, intent_id, expected_turn)
+        ours = Ours(message_uuid(client_id), client_id, intent_id, expected_turns)
         self.ours[ours.uuid] = ours
         line: dict[str, Any] = {"type": "user", "message": {"role": "user", "content": text},
                                 "parent_tool_use_id": None, "session_id": "", "uuid": ours.uuid}

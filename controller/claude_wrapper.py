@@ -51,12 +51,12 @@ from tillerman.controller.adapter import GuardedAdapter
 from tillerman.controller.claude_relay import CliFramer, Echo, Ours, Piece, Relay, cli_record, message_uuid
 from tillerman.controller.daemon import ledger_writes
 from tillerman.controller.delivery import (
-    Command, Delivery, Dispatch, Fact, Interrupt, ListTerminals, NoAnswer, Observed, QueueAdd, QueueList, ReadBack,
+    Command, Delivery, Dispatch, Fact, Interrupt, ListTerminals, NoAnswer, QueueAdd, QueueList, ReadBack,
     Replied, Steer,
 )
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.intent_requests import evidence_envelope, intent_view, transition_envelope
-from tillerman.controller.reconcile import reconcile_fact, turn_items, under_way
+from tillerman.controller.reconcile import observed, reconcile_fact, turn_items, under_way
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import IllegalTransition, OperationalError
 from tillerman.ledger.events import Envelope
@@ -358,17 +358,23 @@ class Wrapper:
     def _ready(self, view: IntentView) -> bool:
         intent = view.intent
         if intent.mode == "steer":
-            return self.relay.steer_ready(intent.expected_turn_id)
+            return self.relay.steer_ready(self._turn_ids(intent.thread_id, intent.expected_turn_id))
         if intent.mode == "interrupt":
-            return self.relay.turn == intent.expected_turn_id
+            return self.relay.running(self._turn_ids(intent.thread_id, intent.expected_turn_id))
         return True
+
+    def _turn_ids(self, thread_id: str, turn_id: str | None) -> tuple[str, ...]:
+        """Every id the session's sources give ``turn_id``'s turn: the intent may name it by
+        the hooks' ``prompt_id``, stream-json names it by its first message's uuid."""
+        return self.projection.snapshot(thread_id).turn_ids(turn_id)
 
     def _observe(self, tg, events: list[ev.Event]) -> None:
         for event in events:
             if isinstance(event, _OBSERVED) and event.thread_id == self.session:
+                snapshot = self.projection.snapshot(event.thread_id)
                 for machine in list(self.machines.values()):
                     if not machine.finished:
-                        self._drive(tg, machine.intent.id, Observed(event, self.clock()))
+                        self._drive(tg, machine.intent.id, observed(snapshot, machine.intent, event, self.clock()))
 
     def _drive(self, tg, intent_id: str, fact: Fact) -> None:
         if intent_id not in self.machines:
@@ -402,9 +408,10 @@ class Wrapper:
         intent, now = view.intent, self.clock
         match command:
             case Steer() | QueueAdd():
+                steer = isinstance(command, Steer)
                 ours, line = self.relay.message(
-                    intent.client_user_message_id, intent.id, command.text, priority=None if isinstance(
-                        command, Steer) else "later", expected_turn=getattr(command, "expected_turn_id", None))
+                    intent.client_user_message_id, intent.id, command.text, priority=None if steer else "later",
+                    expected_turns=self._turn_ids(intent.thread_id, command.expected_turn_id) if steer else ())
                 waiting = self._acks.setdefault(ours.uuid, anyio.Event())
                 if not await self._write(line):
                     return NoAnswer(command, "disconnected", now(), {"detail": "the CLI's stdin is closed"})

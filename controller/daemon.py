@@ -44,7 +44,7 @@ from anyio.abc import TaskStatus
 from tillerman.controller.adapter import GuardedAdapter
 from tillerman.controller.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
 from tillerman.controller.collector import Collector
-from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, Observed, VerifyDue
+from tillerman.controller.delivery import READBACK_PAGE, Delivery, Dispatch, VerifyDue
 from tillerman.controller.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.hook_delivery import Outboxes, is_hook_thread, settle
 from tillerman.controller.intent_requests import intent_view
@@ -54,8 +54,8 @@ from tillerman.controller.ledger_gate import GatedRecorder
 from tillerman.controller.metrics import Metrics, TimedRecorder
 from tillerman.controller.notify import Notifier
 from tillerman.controller.notify_sinks import SinkRunner
-from tillerman.controller.reconcile import read_back, reconcile_fact, seen, turn_items, turns_to_read_back, \
-    under_way, verify_due
+from tillerman.controller.reconcile import observed, read_back, reconcile_fact, seen, turn_items, \
+    turns_to_read_back, under_way, verify_due
 from tillerman.controller.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.supervisor import Step
 from tillerman.controller.watches import Watches
@@ -632,9 +632,11 @@ class Daemon:
             if isinstance(event, ev.IntentProposed):
                 self._unjudged.add(event.intent.thread_id)
             if isinstance(event, _DELIVERY_EVENTS):
-                for machine in list(self.machines.values()):
-                    if machine.intent.thread_id == event.thread_id and not machine.finished:
-                        self._drive(tg, machine.intent.id, Observed(event, now))
+                waiting = [m for m in self.machines.values() if m.intent.thread_id == event.thread_id
+                           and not m.finished]
+                snapshot = self.projection.snapshot(event.thread_id) if waiting else None
+                for machine in waiting:
+                    self._drive(tg, machine.intent.id, observed(snapshot, machine.intent, event, now))
 
     def _next_due(self, now: float) -> float | None:
         """The earliest deadline of an open intent or rule timer of a thread after ``now``

@@ -19,7 +19,9 @@ In the order the daemon uses them when it attaches to a server:
    this covers a restart after it.
 
 ``turn_items`` (the processes an interrupt may end) also seeds a machine rebuilt from
-the ledger (``Delivery.from_view``).
+the ledger (``Delivery.from_view``). ``observed`` and ``as_intent_names`` hand a machine
+what the sources saw with each turn named as its intent names it: one turn can carry two
+sources' ids (``ThreadSnapshot.same_turn``), and the machine compares ids.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import get_args
 
-from tillerman.controller.delivery import Reconcile, ack_turn, behind_turn
+import msgspec
+
+from tillerman.controller.delivery import Observed, Reconcile, ack_turn, behind_turn
 from tillerman.ledger import events as ev
-from tillerman.ledger.events import Envelope
+from tillerman.ledger.events import Envelope, Event
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView, Projection
-from tillerman.ledger.snapshot import ENDED_TURN_STATES
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 from tillerman.monitor.codex_wire import Turn
 
 #: Intent states whose delivery is under way: sent or possibly sent, not settled.
@@ -50,7 +55,8 @@ def reconcile_fact(projection: Projection, view: IntentView, now: float) -> Reco
     thread = projection.threads.get(intent.thread_id)
     snapshot = projection.snapshot(intent.thread_id)
     echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
-    return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), echo, turn_items(projection, view),
+    return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), as_intent_names(snapshot, intent, echo),
+                     turn_items(projection, view),
                      echo_turn_state=snapshot.turn_state(echo),
                      behind_turn_state=snapshot.turn_state(behind_turn(view)))
 
@@ -60,7 +66,24 @@ def turn_items(projection: Projection, view: IntentView) -> frozenset[str]:
     may end only these processes)."""
     thread = projection.threads.get(view.intent.thread_id)
     running = thread.running.items() if thread else ()
-    return frozenset(item_id for item_id, item in running if item.turn_id == view.intent.expected_turn_id)
+    snapshot = projection.snapshot(view.intent.thread_id)
+    return frozenset(item_id for item_id, item in running
+                     if snapshot.same_turn(item.turn_id, view.intent.expected_turn_id))
+
+
+def as_intent_names(snapshot: ThreadSnapshot, intent: Intent, turn_id: str | None) -> str | None:
+    """``turn_id`` as the intent names that turn: its expected turn's own id when the two
+    are one turn under two sources' ids (a Claude Code transcript's uuid, its hooks'
+    ``prompt_id``), so the delivery machine, which compares ids, sees one turn."""
+    if turn_id != intent.expected_turn_id and snapshot.same_turn(turn_id, intent.expected_turn_id):
+        return intent.expected_turn_id
+    return turn_id
+
+
+def observed(snapshot: ThreadSnapshot, intent: Intent, event: Event, now: float) -> Observed:
+    """An observation for one intent's delivery machine, its turn named as the intent names it."""
+    turn_id = as_intent_names(snapshot, intent, event.turn_id)
+    return Observed(event if turn_id == event.turn_id else msgspec.structs.replace(event, turn_id=turn_id), now)
 
 
 def verify_due(projection: Projection, view: IntentView) -> bool:

@@ -53,6 +53,12 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
         """Whether ``turn_id`` names the running turn, under any source's id of it."""
         return turn_id is not None and self.active_turn_id == self.turn_aliases.get(turn_id, turn_id)
 
+    def same_turn(self, one: str | None, other: str | None) -> bool:
+        """Whether two ids name one turn (two sources' ids of it included): every check of
+        a turn id against an intent's expected turn asks this, never ``==``."""
+        return one is not None and other is not None and \
+            self.turn_aliases.get(one, one) == self.turn_aliases.get(other, other)
+
     def turn_ids(self, turn_id: str | None) -> tuple[str, ...]:
         """Every id the sources give the turn ``turn_id`` names, that one first."""
         if turn_id is None:

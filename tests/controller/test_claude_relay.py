@@ -35,7 +35,7 @@ def kind(raw: bytes) -> str:
 
 
 def test_a_folded_steer_is_acknowledged_by_the_lifecycle_inside_its_turn_and_its_lifecycle_stays_ours():
-    _, seen = relay_through("inject", Ours(INJECTED, "tillerman-in-1", "in-1", INJECT_TURN))
+    _, seen = relay_through("inject", Ours(INJECTED, "tillerman-in-1", "in-1", (INJECT_TURN,)))
     echoes = [echo for _, out in seen for echo in out.echoes]
     assert [(e.uuid, e.turn_id, e.via) for e in echoes] == [(INJECTED, INJECT_TURN, "command_lifecycle")]
     held = [raw for raw, out in seen if not out.forward]
@@ -51,22 +51,22 @@ def test_a_steer_goes_out_only_while_a_tool_call_of_its_turn_runs():
     ready = []
     for raw in (RECORDED / "inject" / "stdout.jsonl").read_bytes().splitlines(keepends=True):
         relay.from_cli(raw, [p.event for p in parser.feed(raw)])
-        ready.append((kind(raw), relay.steer_ready(INJECT_TURN)))
+        ready.append((kind(raw), relay.steer_ready((INJECT_TURN,))))
     assert ready[2] == ("system", False)  # the turn runs, no tool yet
     assert ready[4] == ("assistant", True)  # the tool_use: the CLI folds a message in at its result
     assert ("user", False) in ready[7:9]  # the tool result: too late for this round
-    assert ready[-1][1] is False and not relay.steer_ready("another-turn")
+    assert ready[-1][1] is False and not relay.steer_ready(("another-turn",))
 
 
 def test_a_queued_message_is_acknowledged_by_the_turn_it_opens():
-    _, seen = relay_through("later", Ours(LATER, "tillerman-in-2", "in-2", None))
+    _, seen = relay_through("later", Ours(LATER, "tillerman-in-2", "in-2", ()))
     echoes = [echo for _, out in seen for echo in out.echoes]
     assert [(e.turn_id, e.via) for e in echoes] == [(LATER, "system_init")]  # one echo, though result names it too
     assert not [ours for _, out in seen for ours in out.withdraw]
 
 
 def test_a_steer_still_queued_when_its_turn_ends_is_withdrawn_not_run_as_the_next_turn():
-    _, seen = relay_through("later", Ours(LATER, "tillerman-in-3", "in-3", LATER_TURN))
+    _, seen = relay_through("later", Ours(LATER, "tillerman-in-3", "in-3", (LATER_TURN,)))
     withdraw = [(kind(raw), ours.uuid) for raw, out in seen for ours in out.withdraw]
     assert withdraw == [("result", LATER)]
 
@@ -91,11 +91,11 @@ def test_our_request_ids_never_equal_the_harness_s_and_only_our_answers_are_held
 
 def test_a_message_of_ours_carries_a_uuid_of_its_intent_and_its_priority():
     relay = Relay()
-    ours, line = relay.message("tillerman-in-4", "in-4", "LATER: after this", expected_turn=None, priority="later")
+    ours, line = relay.message("tillerman-in-4", "in-4", "LATER: after this", expected_turns=(), priority="later")
     assert ours.uuid == message_uuid("tillerman-in-4") == message_uuid("tillerman-in-4")
     sent = json.loads(line)
     assert (sent["uuid"], sent["priority"], sent["message"]["content"]) == (ours.uuid, "later", "LATER: after this")
-    _, steer = relay.message("tillerman-in-5", "in-5", "STEER: x", expected_turn="t", priority=None)
+    _, steer = relay.message("tillerman-in-5", "in-5", "STEER: x", expected_turns=("t",), priority=None)
     assert "priority" not in json.loads(steer)  # folded in at the next tool round
 
 
@@ -143,7 +143,7 @@ def test_any_json_value_in_any_field_the_relay_reads_passes_the_line_on_unless_i
     ``request_id``, a ``user_message_uuids`` item, a replayed ``uuid``) once raised
     ``TypeError: unhashable`` and cut the relay at its first line."""
     relay, parser = Relay(), ClaudeStreamParser("claude-wrapper:test")
-    relay.ours[LATER] = Ours(LATER, "tillerman-in-6", "in-6", None)
+    relay.ours[LATER] = Ours(LATER, "tillerman-in-6", "in-6", ())
     request_id, _ = relay.control("interrupt")
     for record in records:
         raw = json.dumps(record).encode() + b"\n"
@@ -155,7 +155,7 @@ def test_any_json_value_in_any_field_the_relay_reads_passes_the_line_on_unless_i
 
 def test_an_id_that_is_a_list_or_an_object_is_no_id_of_ours_and_the_line_goes_on():
     relay = Relay()
-    relay.ours[LATER] = Ours(LATER, "tillerman-in-7", "in-7", None)
+    relay.ours[LATER] = Ours(LATER, "tillerman-in-7", "in-7", ())
     relay.control("interrupt")
     for record in ({"type": "command_lifecycle", "command_uuid": [LATER], "state": "started"},
                    {"type": "control_response", "response": {"request_id": {"id": 1}}},

@@ -17,10 +17,13 @@ from tillerman.controller.claude_wrapper import (
     CLAUDE_BIN_ENV, WrapperError, claude_command, resumed_session, transcript_turns,
 )
 from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.delivery import Tick
+from tillerman.controller.delivery import Delivery, Tick
+from tillerman.controller.reconcile import observed
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
+from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.codex_wire import IN_PROGRESS
@@ -157,3 +160,63 @@ def test_a_line_past_the_64_mib_limit_and_the_result_after_it_reach_the_harness(
     out, quarantined = relayed(monkeypatch, chunks, MAX_LINE)
     assert len(out) == len(huge) + len(result) and out.endswith(result) and out[:len(huge)] == huge
     assert [(q.offset, q.length, q.reason) for q in quarantined] == [(0, len(huge), "line_too_long")]
+
+
+# -- all three sources at once: hooks, transcript, the wrapper --------------------------
+
+PROMPT_ID, STREAM_UUID = "p-1", "u-1"  # the hooks' id of the turn, and stream-json's (the transcript's)
+
+
+def three_sources(tmp_path, mode: str = "steer") -> tuple[claude_wrapper.Wrapper, Intent]:
+    """The hooks saw the turn first (so ``--expected-turn active`` names it by its
+    ``prompt_id``), the transcript linked its uuid to it, and the wrapper's relay runs it
+    under that uuid with a tool call open."""
+    recorder = SQLiteRecorder(tmp_path / "ledger.sqlite3")
+    hooks, transcript = "file:/spool/S.jsonl", "file:/projects/-ws/S.jsonl"
+    recorder.append([
+        Envelope(event_id="h0", event=ev.ThreadStarted(thread_id="S", source_format="claude-hooks"), source=hooks),
+        Envelope(event_id="h1", event=ev.TurnStarted(thread_id="S", turn_id=PROMPT_ID), source=hooks),
+        Envelope(event_id="t1", event=ev.TurnAlias(thread_id="S", turn_id=STREAM_UUID, alias=PROMPT_ID),
+                 source=transcript),
+        Envelope(event_id="t2", event=ev.TurnStarted(thread_id="S", turn_id=STREAM_UUID), source=transcript),
+        Envelope(event_id="w1", event=ev.TurnStarted(thread_id="S", turn_id=STREAM_UUID), source="claude-wrapper:r"),
+    ])
+    intent = intent_requests.propose(recorder, thread_id="S", mode=mode, text="x", expected_turn="active",
+                                     owner="ann")
+    assert intent.expected_turn_id == PROMPT_ID
+    wrapper = claude_wrapper.Wrapper(recorder, [])
+    wrapper.session = "S"
+    wrapper._refold()
+    wrapper.relay.turn, wrapper.relay.tools = STREAM_UUID, {"toolu_1": STREAM_UUID}
+    return wrapper, intent
+
+
+@pytest.mark.parametrize("mode", ["steer", "interrupt"])
+def test_an_intent_named_by_the_hooks_prompt_id_is_sent_in_the_wrappers_turn(tmp_path, mode):
+    """The relay knows the turn by stream-json's uuid: the wrapper looks the intent's turn
+    up through the alias table (a plain comparison left the steer unsent until it
+    expired ``turn_ended``)."""
+    wrapper, intent = three_sources(tmp_path, mode)
+    assert wrapper._ready(wrapper.projection.intents[intent.id])
+    wrapper.relay.turn = "u-2"  # another turn runs: not this one
+    assert not wrapper._ready(wrapper.projection.intents[intent.id])
+    wrapper.recorder.close()
+
+
+def test_the_steer_s_echo_and_its_turn_s_end_are_read_through_the_alias_table(tmp_path):
+    """The CLI's evidence names the turn by stream-json's uuid: the echo acknowledges the
+    steer (was ``echo_in_other_turn``, never acknowledged) and the turn's end withdraws
+    a steer still queued (was left to run as the next turn)."""
+    wrapper, intent = three_sources(tmp_path)
+    snapshot = wrapper.projection.snapshot("S")
+    echo = ev.UserMessage(thread_id="S", turn_id=STREAM_UUID, digest="d", size=1,
+                          client_id=intent.client_user_message_id, item_id="m")
+    machine = Delivery(intent, State.DISPATCH_UNKNOWN)
+    [moved] = machine.handle(observed(snapshot, intent, echo, 1.0)).envelopes
+    assert (moved.event.to_state, moved.event.reason) == ("acknowledged", "echo")
+    ours, _ = wrapper.relay.message(intent.client_user_message_id, intent.id, "x", priority=None,
+                                    expected_turns=wrapper._turn_ids("S", intent.expected_turn_id))
+    ours.state = "queued"
+    ended = b'{"type":"result"}\n'
+    assert wrapper.relay.from_cli(ended, [ev.TurnCompleted(thread_id="S", turn_id=STREAM_UUID)]).withdraw == (ours,)
+    wrapper.recorder.close()
