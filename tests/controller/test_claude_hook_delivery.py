@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from tests.monitor.support import events
 
+from tillerman.controller import hook_claim
 from tillerman.controller import intent_requests as intents
 from tillerman.controller.claude_settings import TIMEOUT_SECONDS
 from tillerman.controller.cli import _daemon_lines, main
@@ -25,6 +26,7 @@ from tillerman.ledger import projections
 from tillerman.ledger.events import (
     DenyNotHonoured, Envelope, ItemCompleted, ThreadStarted, TurnCompleted, UserMessage,
 )
+from tillerman.ledger.errors import IllegalTransition
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.snapshot import ThreadSnapshot
@@ -440,3 +442,28 @@ def test_the_files_line_of_status_agrees_with_takes() -> None:
     daemon = {"running": True, "pid": 1, "since": "t0", "heartbeat": "t1", "watch": ["/spool"], "watch_waiting": []}
     [line] = [line for line in _daemon_lines(daemon) if line.startswith("files:")]
     assert "/spool" in line and "TAKES" in line and "not steerable" not in line
+
+
+@pytest.mark.parametrize("first", ["hook", "wrapper"])
+def test_a_hook_and_the_wrapper_never_both_claim_one_intent(tmp_path: Path, first: str) -> None:
+    """Hooks installed user-wide and ``tillerman claude`` on one session: each claims with
+    the same durable ``proposed → dispatch_unknown`` record before it delivers, and the
+    ledger takes exactly one; the other delivers nothing."""
+    ledger = tmp_path / "ledger.sqlite3"
+    intent = propose(ledger)
+
+    def wrapper_claims() -> bool:
+        with SQLiteRecorder(ledger) as recorder:
+            record = intents.transition_envelope(intent, State.PROPOSED, State.DISPATCH_UNKNOWN, "dispatching",
+                                                 {"attempt": "w", "mode": "queue"}, 1.0)
+            try:
+                return not recorder.append([record], durable=True).conflicts
+            except IllegalTransition:
+                return False
+
+    def hook_claims() -> bool:
+        return hook_claim.claim(str(ledger), intent.id, event="Stop", turn_id=PROMPT).claimed
+
+    claims = [hook_claims(), wrapper_claims()] if first == "hook" else [wrapper_claims(), hook_claims()]
+    assert claims == [True, False]
+    assert [h.state for h in state(ledger, intent.id).history if h.kind == "transition"] == ["dispatch_unknown"]
