@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, outbox_path, read_outbox
+from tillerman.controller.hook_outbox import AT_PRE_TOOL_USE, AT_STOP, OutboxUnreadable, outbox_path, read_outbox
 from tillerman.controller.printable import printable
 from tillerman.ledger.paths import open_for_append
 
@@ -77,7 +77,11 @@ def deliver(payload: dict, spool: Path) -> tuple[dict | None, dict | None]:
     event = payload.get("hook_event_name")
     if event not in (AT_STOP, AT_PRE_TOOL_USE):
         return None, None
-    outbox = read_outbox(outbox_path(spool, session_name(payload)))
+    try:
+        outbox = read_outbox(outbox_path(spool, session_name(payload)))
+    except OutboxUnreadable as exc:  # a FIFO or a device there: never waited on, nothing delivered
+        _say(f"tillerman hook claude: {printable(exc)}; nothing delivered at this event")
+        outbox = None
     prompt_id = payload.get("prompt_id") if isinstance(payload.get("prompt_id"), str) else None
     parcels = outbox.for_event(event, prompt_id) if outbox is not None else []
     if not parcels:

@@ -451,7 +451,7 @@ def status_cmd(as_json, ledger_path):
     Example: tillerman status --json
     """
     url = ledger_url(ledger_path)
-    path = shown(url) if url else ledger_file(ledger_path)
+    path = shown(url) if url else ledger_file(ledger_path, readonly=True)
     with open_intact_ledger(url or str(path)) as recorder:
         from tillerman.controller.status import ledger_status
 

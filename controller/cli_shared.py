@@ -14,9 +14,9 @@ import click
 
 from tillerman.controller.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType, print_line
 from tillerman.controller.timefmt import parse_time
-from tillerman.ledger.errors import SchemaError
+from tillerman.ledger.errors import SchemaError, UnsafeOutput
 from tillerman.ledger.location import is_database_url, open_recorder, shown
-from tillerman.ledger.paths import ledger_files
+from tillerman.ledger.paths import check_ledger_path
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules.errors import RuleSetError
 
@@ -48,17 +48,23 @@ def ledger_url(path: str | None) -> str | None:
                " or a postgresql:// URL")
 
 
-def ledger_file(path: str | None, *, command: str | None = None) -> Path:
+def ledger_file(path: str | None, *, command: str | None = None, readonly: bool = False) -> Path:
     """The ledger's real path: resolved here, at the edge, because the daemon matches it
     against the absolute paths the kernel reports for its WAL file, and a symlink to the
-    ledger is the same ledger (``tillerman.ledger.paths``). ``command``: one
-    that works on a SQLite file only, refusing a PostgreSQL URL by that name."""
+    ledger is the same ledger (``tillerman.ledger.paths``). Every path a person gives as
+    a ledger comes through here: a FIFO, a device, a folder or a ledger's companion file
+    (``L.head``, ``L-wal``, ``L.segments/…``) is refused before SQLite opens it
+    (``check_ledger_path``; ``readonly``: an archive segment may be read). ``command``:
+    one that works on a SQLite file only, refusing a PostgreSQL URL by that name."""
     if (url := ledger_url(path)) is not None:
         raise Fail(f"{command or 'this command'} works on a SQLite ledger file, not on the database {shown(url)};"
                    " give --ledger the path of a SQLite file")
     if path is not None and not path.strip():
         raise Fail("--ledger is empty; give the path of the ledger file")
-    return Path(ledger_files(Path(path) if path else default_ledger_path()).path)
+    try:
+        return Path(check_ledger_path(Path(path) if path else default_ledger_path(), readonly=readonly).path)
+    except UnsafeOutput as exc:
+        raise Fail(str(exc)) from None
 
 
 def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> Recorder:
@@ -71,11 +77,9 @@ def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = 
             return open_recorder(url, readonly=readonly, must_exist=must_exist or readonly)
         except SchemaError as exc:
             raise Fail(str(exc)) from exc
-    target = ledger_file(path)
+    target = ledger_file(path, readonly=readonly)
     if (must_exist or readonly) and not target.exists():
         raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
-    if target.exists() and not target.is_file():  # a FIFO or a device: SQLite would block or write beside it
-        raise Fail(f"{target} is not a regular file; give --ledger the path of the ledger file")
     return open_recorder(target, readonly=readonly)
 
 

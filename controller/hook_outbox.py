@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tillerman.ledger.errors import UnsafeOutput
-from tillerman.ledger.paths import check_output, replace_file
+from tillerman.ledger.paths import NotARegularFile, check_output, read_regular, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 #: the PreToolUse hook (a steer that asked for ``deliver_at = "pre_tool_use"``).
 AT_STOP, AT_PRE_TOOL_USE = "Stop", "PreToolUse"
 SUFFIX = ".outbox.json"  # not ``.jsonl``: the spool's followers never read it as a session
+#: The most an outbox may hold: a few parcels of a few KiB each; more is not the daemon's.
+MAX_OUTBOX = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,31 @@ def write_outbox(path: Path, outbox: Outbox) -> None:
     replace_file(target, lambda new: new.write_text(json.dumps(body)), mode=0o600)
 
 
+class OutboxUnreadable(ValueError):
+    """Something other than an outbox the daemon could have written is at its name."""
+
+
 def read_outbox(path: Path) -> Outbox | None:
-    """The outbox, or None when there is none (or it cannot be read: the hook then answers nothing)."""
+    """The outbox, or None when there is none (or it does not parse: the hook then
+    answers nothing). Read only from a regular file of at most ``MAX_OUTBOX`` bytes,
+    opened so that it cannot block (``read_regular``): Claude Code waits on the hook, and
+    a FIFO at this name would hold it for ever. Anything else there raises
+    ``OutboxUnreadable``, for the hook to say in one line and answer nothing."""
     try:
-        body = json.loads(path.read_bytes())
+        raw, _ = read_regular(path, limit=MAX_OUTBOX + 1)
+    except (FileNotFoundError, NotADirectoryError):  # no outbox; a spool that is no folder is the spool's to say
+        return None
+    except (OSError, NotARegularFile) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else exc
+        raise OutboxUnreadable(f"cannot read the outbox {path}: {why}") from None
+    if len(raw) > MAX_OUTBOX:
+        raise OutboxUnreadable(f"the outbox {path} is larger than {MAX_OUTBOX >> 20} MiB; the daemon writes no such file")
+    try:
+        body = json.loads(raw)
         parcels = tuple(Parcel(intent_id=str(p["intent_id"]), at=str(p["at"]), text=str(p["text"]),
                                expected_turn=p.get("expected_turn"),
                                turn_aliases=tuple(str(a) for a in p.get("turn_aliases", ())))
                         for p in body["parcels"])
         return Outbox(ledger=str(body["ledger"]), parcels=parcels)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None

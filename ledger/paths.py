@@ -24,6 +24,20 @@ A symlink to a file that may be written is written through: the file it leads to
 replaced (``replace_file``: written beside it under a new name, then renamed over it,
 so a reader never sees half a file), and the link stays.
 
+**A ledger's own folder.** ``ledger archive`` writes in the segment folder, which the
+rule above keeps everyone else out of: there ``check_own_file`` lets a name be written
+only when nothing is there or a regular file (never a symlink) tillerman left there.
+
+**A ledger a person names** (``--ledger``, ``$TILLERMAN_LEDGER``, ``ledger copy``'s
+paths) goes through ``check_ledger_path`` before it is opened: a FIFO, a device or a
+folder is refused, and so is a companion of a SQLite file beside it (``L.head``,
+``L-wal``, ``L.head.lock``, a file in ``L.segments/`` …), which opened as a ledger
+would be made into a second one beside the first. An archive segment may be read
+(``verify`` checks one alone).
+
+**Reading without blocking.** ``read_regular`` reads a regular file of bounded size and
+nothing else: a FIFO or a device at its name is refused on an open that cannot block.
+
 Standard library only: the Claude Code hook imports it at every event.
 """
 
@@ -182,6 +196,95 @@ def replace_file(target: Path, write: Callable[[Path], None], *, mode: int = 0o6
         raise
 
 
+def check_own_file(path: str | os.PathLike, what: str, *, ours: Callable[[bytes], bool]) -> Path:
+    """``path``, in a folder tillerman keeps for a ledger (its archive segments), when a
+    file may be put there: nothing is there, or a regular file, not a symlink, whose
+    first bytes ``ours`` recognises as one tillerman left (a run stopped before its
+    end). Anything else was put there by someone else and is refused (``UnsafeOutput``):
+    a symlink (to the ledger or anywhere), a FIFO, a device, a directory."""
+    name = os.fspath(path)
+    try:
+        st = os.lstat(name)
+    except FileNotFoundError:
+        return Path(name)
+    except OSError as exc:
+        raise UnsafeOutput(f"cannot write {what} {name}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeOutput(f"cannot write {what} {name}: it is a symlink (to {os.readlink(name)}), where tillerman"
+                           " keeps only its own files; move it away")
+    if (kind := file_kind(st)) is not None:
+        raise UnsafeOutput(f"cannot write {what} {name}: it is {kind}, where tillerman keeps only its own files;"
+                           " move it away")
+    try:
+        head, _ = read_regular(name, limit=HEAD_BYTES, follow=False)
+    except (OSError, NotARegularFile) as exc:
+        raise UnsafeOutput(f"cannot write {what} {name}: {_why(exc)}") from None
+    if not ours(head):
+        raise UnsafeOutput(f"cannot write {what} {name}: the file there is not one tillerman wrote; move it away")
+    return Path(name)
+
+
+def check_ledger_path(path: str | os.PathLike, *, readonly: bool = False) -> LedgerFiles:
+    """The ledger a person named, by its real path, or ``UnsafeOutput`` when it must not
+    be opened as one (see the module docstring); ``readonly``: the command only reads,
+    so an archive segment may be opened."""
+    files = ledger_files(path)
+    given, real = os.fspath(path), files.path
+    try:
+        st = os.stat(real)
+    except OSError:  # nothing there, or nothing that can be looked at: opening it says why
+        st = None
+    if st is not None and (kind := file_kind(st)) is not None:  # SQLite would block on a FIFO, or fail late
+        raise UnsafeOutput(f"the ledger {_shown(given, real)} is not a regular file but {kind}; give the path of the"
+                           " ledger file")
+    if readonly and st is not None and _in_segment_folder(real):
+        return files
+    if (role := _role(real, ())) is not None:
+        raise UnsafeOutput(f"{_shown(given, real)} is {role}, not a ledger; give the ledger's own path")
+    return files
+
+
+class NotARegularFile(ValueError):
+    """What is at a path is not a regular file; ``kind`` says what it is."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"it is {kind}")
+        self.kind = kind
+
+
+def read_regular(path: str | os.PathLike, *, limit: int, follow: bool = True) -> tuple[bytes, os.stat_result]:
+    """At most ``limit`` bytes of the regular file at ``path``, with its ``fstat``.
+    Opened without blocking and checked on the open descriptor, so a FIFO or a device
+    (or a symlink to one) is refused at once (``NotARegularFile``), never waited on;
+    ``follow=False``: a symlink at ``path`` is refused too (``OSError`` ELOOP). Raises
+    ``OSError`` when it cannot be opened (``FileNotFoundError``: nothing there)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if (kind := file_kind(st)) is not None:
+            raise NotARegularFile(kind)
+        chunks, size = [], 0
+        while size < limit and (chunk := os.read(fd, min(limit - size, 1 << 16))):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
+def file_kind(st: os.stat_result) -> str | None:
+    """What ``st`` describes when it is not a regular file ("a FIFO (named pipe)" …)."""
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return NOT_A_FILE.get(stat.S_IFMT(st.st_mode), "not a regular file")
+
+
+def _in_segment_folder(real: str) -> bool:
+    folder = os.path.dirname(real)
+    return folder.endswith(".segments") and _is_sqlite(folder[: -len(".segments")])
+
+
 def _resolved(path: str | os.PathLike, what: str) -> tuple[str, str]:
     """The path as given and its real path, whose folder must exist."""
     given = os.fspath(path)
@@ -197,10 +300,7 @@ def _resolved(path: str | os.PathLike, what: str) -> tuple[str, str]:
 def _refuse_special(given: str, real: str, what: str, st: os.stat_result,
                     ledgers: Iterable[str | os.PathLike]) -> None:
     """Refuses what is not a regular file, and a ledger or a file of one."""
-    kind = NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
-    if kind is None and not stat.S_ISREG(st.st_mode):
-        kind = "not a regular file"
-    if kind is not None:
+    if (kind := file_kind(st)) is not None:
         raise UnsafeOutput(f"cannot write {what} {_shown(given, real)}: it is {kind}; give the path of a regular file")
     if (role := _role(real, ledgers, st)) is not None:
         raise UnsafeOutput(f"cannot write {what} {_shown(given, real)}: it is {role}; give another path")
@@ -222,9 +322,8 @@ def _role(real: str, ledgers: Iterable[str | os.PathLike], st: os.stat_result | 
     match = _HEAD_TEMPORARY.search(real)
     if match and _is_sqlite(real[: match.start()]):
         return f"the head anchor of the ledger {real[: match.start()]}, being written"
-    folder = os.path.dirname(real)
-    if folder.endswith(".segments") and _is_sqlite(folder[: -len(".segments")]):
-        return f"in the archive segment folder of the ledger {folder[: -len('.segments')]}"
+    if _in_segment_folder(real):
+        return f"in the archive segment folder of the ledger {os.path.dirname(real)[: -len('.segments')]}"
     return None
 
 
@@ -255,19 +354,14 @@ def _first_bytes(given: str, real: str, what: str) -> bytes:
     """The first ``HEAD_BYTES`` of a regular file (opened without blocking, in case it
     was swapped for a FIFO since it was looked at)."""
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
+        return read_regular(real, limit=HEAD_BYTES, follow=False)[0]
+    except (OSError, NotARegularFile) as exc:
         raise UnsafeOutput(f"cannot write {what} {_shown(given, real)}: {_why(exc)}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeOutput(f"cannot write {what} {_shown(given, real)}: it is not a regular file;"
-                               " give the path of a regular file")
-        return os.pread(fd, HEAD_BYTES, 0)
-    finally:
-        os.close(fd)
 
 
-def _why(exc: OSError) -> str:
+def _why(exc: OSError | NotARegularFile) -> str:
+    if isinstance(exc, NotARegularFile):
+        return f"it is {exc.kind}; give the path of a regular file"
     if exc.errno == errno.ENXIO:  # a FIFO nobody reads, or a socket
         return "it is not a regular file (a FIFO or a socket); give the path of a regular file"
     if isinstance(exc, IsADirectoryError):

@@ -35,10 +35,10 @@ from pathlib import Path
 import msgspec
 
 from tillerman.ledger import events
-from tillerman.ledger.errors import IntegrityError, LedgerError, OperationalError
+from tillerman.ledger.errors import IntegrityError, LedgerError, OperationalError, UnsafeOutput
 from tillerman.ledger.events import Entry, LedgerArchived
 from tillerman.ledger.migrations import migrate
-from tillerman.ledger.paths import ledger_files
+from tillerman.ledger.paths import SQLITE_MAGIC, check_own_file, file_kind, ledger_files
 from tillerman.ledger.recorder import Recorder, VerifyReport
 from tillerman.ledger.sqlite import COLUMNS, SEGMENT_META, SQLiteRecorder, entry_of
 from tillerman.ledger.verify import check_row
@@ -46,6 +46,7 @@ from tillerman.ledger.verify import check_row
 _ARCHIVED = events.LedgerArchived.__struct_config__.tag
 _NAME = re.compile(r"seq-[0-9]+-[0-9]+-[0-9a-f]{16}\.sqlite3")
 _seq = itemgetter(0)
+_JOURNAL_MAGIC = b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7"  # SQLite's rollback journal header
 
 
 def segment_dir(ledger_path: str | os.PathLike) -> Path:
@@ -239,11 +240,18 @@ def write_segment(folder: Path, rows: Iterable[tuple], header: Callable[[Tally],
     """Write ``rows`` (``COLUMNS``, in seq order) into a new segment in ``folder`` and put
     it in place under its name, durably: the file is written under a temporary name and
     fsynced, then renamed, and the folder fsynced. ``header(tally)`` gives what the segment
-    says it holds. Returns its path and what it holds."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    says it holds. Returns its path and what it holds.
+
+    Each name written in the folder is checked first (``check_own_file``): nothing there,
+    or what an archive stopped before its end left (replaced). A symlink, a FIFO, a device,
+    a directory or a foreign file at a name is refused (``UnsafeOutput``) with the ledger
+    unchanged: the segment is placed before any row moves."""
+    _made_folder(folder)
     tmp = folder / "archive.tmp"
-    tmp.unlink(missing_ok=True)
-    os.close(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    # What an archive stopped midway left is removed (SQLite would take a stale journal for the new file's).
+    check_own_file(tmp, "the archive segment being written", ours=_is_sqlite_file).unlink(missing_ok=True)
+    check_own_file(f"{tmp}-journal", "the archive segment's journal", ours=_is_journal).unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     tally = Tally()
     db = sqlite3.connect(tmp, isolation_level=None)
     try:
@@ -267,11 +275,36 @@ def write_segment(folder: Path, rows: Iterable[tuple], header: Callable[[Tally],
         db.close()
     _fsync(tmp)
     checkpoint("segment_written")
-    path = folder / claimed.segment
+    try:  # an unfinished segment of the same rows (same name) is replaced; nothing else is
+        path = check_own_file(folder / claimed.segment, "the archive segment", ours=_is_sqlite_file)
+    except UnsafeOutput:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     _fsync(folder)
     checkpoint("segment_placed")
     return path, tally
+
+
+def _made_folder(folder: Path) -> None:
+    """The segment folder, made when missing; something other than a folder (or a
+    symlink to one: segments may live on another disk) at its name is refused."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        if not folder.is_dir():
+            kind = "a symlink" if folder.is_symlink() else file_kind(folder.lstat())
+            raise UnsafeOutput(f"cannot write the archive segment folder {folder}: it is {kind}, not a folder;"
+                               " move it away") from None
+
+
+def _is_sqlite_file(head: bytes) -> bool:
+    """A SQLite file, or an empty one (made, then stopped before SQLite wrote to it)."""
+    return head.startswith(SQLITE_MAGIC) or not head
+
+
+def _is_journal(head: bytes) -> bool:
+    return head.startswith(_JOURNAL_MAGIC) or not head
 
 
 def _batches(rows: Iterable[tuple], tally: Tally, size: int = 1000) -> Iterator[list[tuple]]:

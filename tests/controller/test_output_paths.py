@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.controller.test_rules_cli import PROPOSAL
-from tests.ledger.test_archive import history_ledger
+from tests.ledger.test_archive import BEFORE, history_ledger
 from tillerman.controller.cli import main
-from tillerman.controller.hook_outbox import Outbox, Parcel, write_outbox
+from tillerman.controller.hook_outbox import MAX_OUTBOX, Outbox, Parcel, write_outbox
 from tillerman.controller.report_cli import is_timeline_page
 from tillerman.controller.report_db import is_report_db
 from tillerman.ledger.errors import UnsafeOutput
@@ -250,3 +250,158 @@ def test_a_companion_name_is_refused_while_no_such_file_is_there(place):
     result = CliRunner().invoke(main, ["ledger", "copy", str(ledger), f"{ledger}-wal"])
     assert_one_error_line(result)
     assert not Path(f"{ledger}-wal").exists()
+
+
+# -- ledger archive writes only its own files in the segment folder ---------------------------
+
+#: What may be put where ``ledger archive`` writes, by name: made at ``at``.
+PLANTED: dict[str, Callable[[Path, Path], None]] = {
+    "fifo": lambda at, ledger: os.mkfifo(at),
+    "link-to-ledger": lambda at, ledger: at.symlink_to(ledger),
+    "link-to-a-file": lambda at, ledger: at.symlink_to(ledger.parent / "notes.txt"),
+    "link-to-device": lambda at, ledger: at.symlink_to("/dev/null"),
+    "directory": lambda at, ledger: at.mkdir(),
+    "a-foreign-file": lambda at, ledger: at.write_text("my notes"),
+}
+#: Where, in the ledger's segment folder (a directory there is the folder itself).
+ARCHIVE_NAMES = [(where, what) for where in ("segment", "temporary", "temporary-journal", "folder")
+                 for what in PLANTED if (where, what) != ("folder", "directory")]
+
+
+def _segment_name(tmp_path: Path, ledger: Path) -> str:
+    """The name the archive gives this ledger's segment, learnt from a copy (the same rows
+    make the same name)."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in (ledger, Path(ledger_files(ledger).head)):
+        (copy / name.name).write_bytes(name.read_bytes())
+    result = CliRunner().invoke(main, ["ledger", "archive", "--before", BEFORE, "--ledger", str(copy / ledger.name)])
+    assert result.exit_code == 0, result.output
+    (segment,) = Path(ledger_files(copy / ledger.name).segments).glob("seq-*.sqlite3")
+    return segment.name
+
+
+@pytest.mark.parametrize(("where", "what"), ARCHIVE_NAMES)
+def test_archive_refuses_what_was_put_where_it_writes_and_moves_nothing(tmp_path, where, what):
+    root = tmp_path / "real"
+    root.mkdir()
+    ledger = history_ledger(root / "l.sqlite3")
+    (root / "notes.txt").write_text("my notes")
+    Path(ledger_files(ledger).lock).write_text(str(os.getpid()))  # what the archive's own lock writes
+    folder = Path(ledger_files(ledger).segments)
+    at = {"segment": folder / _segment_name(tmp_path, ledger), "temporary": folder / "archive.tmp",
+          "temporary-journal": folder / "archive.tmp-journal", "folder": folder}[where]
+    if where != "folder":
+        folder.mkdir()
+    PLANTED[what](at, ledger)
+    before = snapshot(root)
+    with no_hang():
+        result = CliRunner().invoke(main, ["ledger", "archive", "--before", BEFORE, "--ledger", str(ledger)])
+    assert_one_error_line(result)
+    assert "cannot write the archive segment" in result.output and "move it away" in result.output, result.output
+    assert snapshot(root) == before  # the ledger, its anchor, what was there: all as they were, nothing left beside
+    assert CliRunner().invoke(main, ["ledger", "verify", "--ledger", str(ledger)]).output.startswith("ok: 10 rows")
+
+
+def test_archive_replaces_an_unfinished_segment_and_its_leftovers(tmp_path):
+    """An archive stopped before its commit left its segment (and a temporary file): the
+    next run puts the same rows under the same name."""
+    ledger = history_ledger(tmp_path / "l.sqlite3")
+    folder = Path(ledger_files(ledger).segments)
+    (tmp_path / "elsewhere").mkdir()
+    unfinished = folder / _segment_name(tmp_path / "elsewhere", ledger)
+    folder.mkdir()
+    unfinished.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    (folder / "archive.tmp").write_bytes(b"")
+    (folder / "archive.tmp-journal").write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(20))
+    result = CliRunner().invoke(main, ["ledger", "archive", "--before", BEFORE, "--ledger", str(ledger)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in folder.iterdir()) == [unfinished.name]
+    assert CliRunner().invoke(main, ["ledger", "verify", "--ledger", str(ledger)]).exit_code == 0
+
+
+# -- a ledger a person names is a ledger, not one of its files ------------------------------------
+
+#: Each command that opens (or creates) the ledger a person names, given that path.
+OPENERS: dict[str, Callable[[Path, Path, str], list[str]]] = {
+    "intent propose": lambda root, ledger, given: ["intent", "propose", "--ledger", given, "--thread", "T1",
+                                                   "--mode", "queue", "--text", "hi"],
+    "$TILLERMAN_LEDGER": lambda root, ledger, given: ["intent", "propose", "--thread", "T1", "--mode", "queue",
+                                                      "--text", "hi"],
+    "run": lambda root, ledger, given: ["run", "--no-codex", "--watch", str(root / "directory"), "--ledger", given],
+    "status": lambda root, ledger, given: ["status", "--ledger", given],
+    "ledger verify": lambda root, ledger, given: ["ledger", "verify", "--ledger", given],
+    "ledger archive": lambda root, ledger, given: ["ledger", "archive", "--before", BEFORE, "--ledger", given],
+    "ledger copy SOURCE": lambda root, ledger, given: ["ledger", "copy", given, str(root / "new-copy.sqlite3")],
+    "ledger copy TARGET": lambda root, ledger, given: ["ledger", "copy", str(ledger), given],
+    "rules propose": lambda root, ledger, given: ["rules", "propose", str(root / "proposal.toml"), "--ledger", given],
+}
+#: What is given as the ledger: a companion of the ledger (there or not), or not a file.
+NOT_A_LEDGER: dict[str, Callable[[Path, dict], Path]] = {
+    "anchor": lambda ledger, paths: paths["anchor"],
+    "anchor's lock": lambda ledger, paths: Path(f"{ledger}.head.lock"),
+    "wal": lambda ledger, paths: paths["wal"],
+    "journal": lambda ledger, paths: Path(f"{ledger}-journal"),
+    "lock": lambda ledger, paths: paths["lock"],
+    "in the segment folder": lambda ledger, paths: Path(f"{ledger}.segments") / "new.sqlite3",
+    "link-to-anchor": lambda ledger, paths: paths["link-to-anchor"],
+    "fifo": lambda ledger, paths: paths["fifo"],
+    "device": lambda ledger, paths: paths["device"],
+    "directory": lambda ledger, paths: paths["directory"],
+}
+
+
+@pytest.mark.parametrize("given", sorted(NOT_A_LEDGER))
+@pytest.mark.parametrize("command", sorted(OPENERS))
+def test_a_ledger_companion_fifo_device_or_folder_given_as_the_ledger_is_refused(place, command, given, monkeypatch):
+    root, ledger, paths = place
+    (root / "proposal.toml").write_text(PROPOSAL)
+    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)  # never started
+    path = str(NOT_A_LEDGER[given](ledger, paths))
+    if command == "$TILLERMAN_LEDGER":
+        monkeypatch.setenv("TILLERMAN_LEDGER", path)
+    before = snapshot(root)
+    with no_hang():
+        result = CliRunner().invoke(main, OPENERS[command](root, ledger, path))
+    assert_one_error_line(result)
+    assert snapshot(root) == before
+
+
+def test_an_archive_segment_may_still_be_read_alone(tmp_path):
+    ledger = history_ledger(tmp_path / "l.sqlite3")
+    assert CliRunner().invoke(main, ["ledger", "archive", "--before", BEFORE, "--ledger", str(ledger)]).exit_code == 0
+    (segment,) = Path(ledger_files(ledger).segments).glob("seq-*.sqlite3")
+    verified = CliRunner().invoke(main, ["ledger", "verify", "--ledger", str(segment)])
+    assert verified.exit_code == 0 and verified.output.startswith("ok:"), verified.output
+    written = CliRunner().invoke(main, ["intent", "propose", "--ledger", str(segment), "--thread", "T1", "--mode",
+                                        "queue", "--text", "hi"])
+    assert_one_error_line(written)
+    assert "in the archive segment folder" in written.output
+
+
+# -- the Claude Code hook never waits on what is at the outbox's name ------------------------------
+
+#: What may be at ``<spool>/<session>.outbox.json`` besides an outbox, made at ``at``.
+NOT_AN_OUTBOX: dict[str, Callable[[Path, dict], None]] = {
+    "fifo": lambda at, paths: os.mkfifo(at),
+    "link-to-fifo": lambda at, paths: at.symlink_to(paths["fifo"]),
+    "link-to-device": lambda at, paths: at.symlink_to("/dev/null"),
+    "directory": lambda at, paths: at.mkdir(),
+    "too-large": lambda at, paths: at.write_bytes(b" " * (MAX_OUTBOX + 1)),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NOT_AN_OUTBOX))
+@pytest.mark.parametrize("event", ["Stop", "PreToolUse"])
+def test_the_claude_code_hook_treats_what_is_not_an_outbox_as_none_in_one_line(place, what, event):
+    """Claude Code waits on the hook: a FIFO read there would hold the agent for ever."""
+    root, _ledger, paths = place
+    spool = root / "spool"
+    spool.mkdir()
+    NOT_AN_OUTBOX[what](spool / "s1.outbox.json", paths)
+    payload = json.dumps({"session_id": "s1", "hook_event_name": event})
+    done = subprocess.run([sys.executable, "-m", "tillerman.controller.claude_hook", "--spool", str(spool)],
+                          input=payload.encode(), capture_output=True, timeout=20)
+    assert done.returncode == 0 and done.stdout == b""
+    assert done.stderr.count(b"\n") == 1 and b"outbox" in done.stderr, done.stderr
+    assert json.loads((spool / "s1.jsonl").read_text()) == json.loads(payload)  # the payload is kept
