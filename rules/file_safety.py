@@ -10,7 +10,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from tillerman.ledger.paths import NOT_A_FILE
+from tillerman.ledger.paths import NotARegularFile, read_regular
 from tillerman.rules.errors import RuleSetError
 
 #: The most a rule or config file may hold. Real ones are a few KiB; the limit keeps a
@@ -31,24 +31,16 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
     otherwise ``on_unsafe`` gets the same one-line message and the file is read anyway.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        data, st = read_regular(path, limit=MAX_FILE_BYTES + 1)
+    except NotARegularFile as exc:
+        raise RuleSetError(f"{path}: {exc.kind}, not a regular file; give the path of a rule or config file") from None
     except OSError as exc:
         raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
-    try:
-        st = os.fstat(fd)
-        kind = NOT_A_FILE.get(stat.S_IFMT(st.st_mode))
-        if kind is not None:
-            raise RuleSetError(f"{path}: {kind}, not a regular file; give the path of a rule or config file")
-        problem = unsafe_problem(path, st)
-        if problem is not None:
-            if on_unsafe is None:
-                raise RuleSetError(problem)
-            on_unsafe(problem)
-        data = _read_at_most(fd, MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise RuleSetError(f"{path}: cannot read it ({exc.strerror}); check the path given") from None
-    finally:
-        os.close(fd)
+    problem = unsafe_problem(path, st)
+    if problem is not None:
+        if on_unsafe is None:
+            raise RuleSetError(problem)
+        on_unsafe(problem)
     if len(data) > MAX_FILE_BYTES:
         raise RuleSetError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, the most a rule or config file may hold;"
                            " check the path given")
@@ -57,14 +49,6 @@ def read_file(path: Path, *, on_unsafe: Callable[[str], None] | None = None) -> 
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise RuleSetError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks, size = [], 0
-    while size < limit and (chunk := os.read(fd, min(limit - size, 1 << 16))):
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def unsafe_problem(path: Path, st: os.stat_result) -> str | None:
