@@ -25,22 +25,29 @@ tillerman's own deliveries (``tillerman.controller.claude_hook``) are kept on th
 the hook that made them, under ``tillerman``: ``{"delivered": <intent id>, "text": ...}``
 at a ``Stop`` (it blocked: the turn goes on, so it does not end there) or a
 ``PreToolUse`` (it denied the call, which ends ``declined`` at once). The hook's exit
-proves nothing; what the CLI does next does. The next hook event of the same turn — a
-``Stop`` with ``stop_hook_active``, a ``PreToolUse`` or a ``PostToolUse`` with the same
-``prompt_id`` — comes only after the model was called again with our text (the
-feedback of a Stop block, or the denied call's result), so it is read as the delivered
-message: a user message with our ``client_id`` in that turn, which acknowledges the
-intent. One exception: a ``PostToolUse`` or ``PostToolUseFailure`` of the very call our
-hook denied shows the call ran, so the deny was not honoured and the model got the
-call's output, not our text: that is a ``DenyNotHonoured`` (the delivery expires, never
-acknowledged), never an echo. A turn that ends otherwise (a new prompt, ``StopFailure``,
-``SessionEnd``) leaves it unproven. ``{"fail_open": <why>}`` records a hook that
-answered nothing.
+proves nothing; what the CLI does next does, and a delivered message proven is read as
+a user message with our ``client_id`` in that turn, which acknowledges the intent.
+
+After a ``Stop`` block, the turn's next hook event — a ``Stop`` with
+``stop_hook_active``, a ``PreToolUse`` or a ``PostToolUse`` with the same
+``prompt_id`` — comes only after the model was called again with our text (no call is
+running at a Stop). A deny is proven only by the turn's next ``Stop``: the denied
+call's result goes to the model together with the results of every other call of the
+same model message (parallel calls), and those calls' ``PreToolUse`` and
+``PostToolUse`` hooks may come after our deny (Claude Code 2.1.332 runs a message's
+calls one after another, or at once when they are read-only, and fires each call's
+hooks as it goes), while the hooks name no message: a tool hook after a deny may be
+the same message's, so only the model's final answer shows it read our text. A
+``PostToolUse`` or ``PostToolUseFailure`` of the very call our hook denied shows the
+call ran, so the deny was not honoured and the model got the call's output, not our
+text: that is a ``DenyNotHonoured`` (the delivery expires, never acknowledged), never
+an echo. A turn that ends otherwise (a new prompt, ``StopFailure``, ``SessionEnd``)
+leaves it unproven. ``{"fail_open": <why>}`` records a hook that answered nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from tillerman.ledger.events import (
     ApprovalRequested,
@@ -61,13 +68,20 @@ _QUIET_EVENTS = frozenset({"Notification", "PreCompact", "SubagentStart", "Subag
 _SHELL_TOOLS = frozenset({"Bash", "BashOutput", "PowerShell"})
 
 
+class _Delivered(NamedTuple):
+    """What one of our hooks answered with, not yet proven to have reached the model."""
+
+    intent_id: str
+    text: str
+    denied: str | None  # the call our PreToolUse hook denied to deliver it; None: a Stop block
+
+
 class _Session:
-    __slots__ = ("turn", "calls", "inputs", "asked", "delivered", "denied", "stopped")
+    __slots__ = ("turn", "calls", "inputs", "asked", "delivered", "stopped")
 
     def __init__(self) -> None:
         self.turn: str | None = None
-        self.delivered: tuple[str, str] | None = None  # (intent id, text) our hook answered with, unproven
-        self.denied: str | None = None  # the call our hook denied to deliver ``delivered``
+        self.delivered: list[_Delivered] = []  # a deny per parallel call, then at most one Stop block
         self.stopped = False  # the turn reached a Stop our hook blocked: it completed, then went on
         self.calls = OpenCalls()
         self.inputs: dict[str, str] = {}  # open call id → digest of its tool input
@@ -102,22 +116,34 @@ class ClaudeHooksParser(Parser):
     # -- tillerman's deliveries ---------------------------------------------------------
 
     def _continued(self, record: dict, name: str | None, thread_id: str, session: _Session) -> list[Event]:
-        """Our delivered text, once the next hook event of its turn shows the model got it."""
-        if session.delivered is None or name not in _CONTINUATIONS:
+        """Our delivered texts that this hook event of their turn proves reached the model
+        (a denied call that ran: proof it did not)."""
+        if not session.delivered or name not in _CONTINUATIONS:
             return []
         if (text(record, "prompt_id") or session.turn) != session.turn:
             return []
         if name == "Stop" and session.stopped and record.get("stop_hook_active") is not True:
             return []  # a Stop our hook blocked is followed by one that says so
-        (intent_id, said), session.delivered = session.delivered, None
-        denied, session.denied, session.stopped = session.denied, None, False
-        client_id = f"tillerman-{intent_id}"
-        if denied is not None and name in _TOOL_ENDS and text(record, "tool_use_id") == denied:
+        events: list[Event] = []
+        for delivered in list(session.delivered):
+            event = self._proof(delivered, record, name, thread_id, session.turn)
+            if event is not None:
+                session.delivered.remove(delivered)
+                events.append(event)
+        session.stopped = session.stopped and any(d.denied is None for d in session.delivered)
+        return events
+
+    def _proof(self, delivered: _Delivered, record: dict, name: str, thread_id: str,
+               turn_id: str | None) -> Event | None:
+        client_id = f"tillerman-{delivered.intent_id}"
+        if delivered.denied is None or name == "Stop":
+            return self._user_message(delivered.text, thread_id=thread_id, turn_id=turn_id, client_id=client_id,
+                                      item_id=f"hook:{delivered.intent_id}")
+        if name in _TOOL_ENDS and text(record, "tool_use_id") == delivered.denied:
             status = "failed" if name == "PostToolUseFailure" else "completed"
-            return [DenyNotHonoured(item_id=denied, client_id=client_id, status=status, thread_id=thread_id,
-                                    turn_id=session.turn)]
-        return [self._user_message(said, thread_id=thread_id, turn_id=session.turn,
-                                   client_id=client_id, item_id=f"hook:{intent_id}")]
+            return DenyNotHonoured(item_id=delivered.denied, client_id=client_id, status=status, thread_id=thread_id,
+                                   turn_id=turn_id)
+        return None  # a call of the denied call's own model message, maybe: no proof
 
     # -- turns -------------------------------------------------------------------
 
@@ -136,7 +162,8 @@ class ClaudeHooksParser(Parser):
     def _stop(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
         delivered = _delivered(record)
         if delivered is not None and session.turn is not None:
-            session.delivered, session.stopped = delivered, True  # blocked: the turn goes on
+            session.delivered.append(_Delivered(*delivered, denied=None))
+            session.stopped = True  # blocked: the turn goes on
             return []
         return self._end(thread_id, session, "completed")
 
@@ -154,7 +181,7 @@ class ClaudeHooksParser(Parser):
             return []
         if session.stopped and status == "interrupted":
             status = "completed"  # it had stopped (our block was not taken up), not been cut short
-        session.delivered, session.denied, session.stopped = None, None, False
+        session.delivered, session.stopped = [], False
         events: list[Event] = []
         for tool_use_id, call in session.calls.abandon():
             refused = status != "interrupted" or tool_use_id in session.asked
@@ -185,7 +212,7 @@ class ClaudeHooksParser(Parser):
         delivered = _delivered(record)
         if delivered is None:
             return [started]
-        session.delivered, session.denied = delivered, started.item_id  # our hook denied the call: it should not run
+        session.delivered.append(_Delivered(*delivered, denied=started.item_id))  # denied: it should not run
         session.calls.finish(started.item_id, authoritative=True)
         session.inputs.pop(started.item_id, None)
         return [started, ItemCompleted(item_id=started.item_id, item_type=item_type, status="declined", tool=name,

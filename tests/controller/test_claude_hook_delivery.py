@@ -408,11 +408,62 @@ def test_the_denied_call_ending_is_no_echo_but_a_deny_not_honoured(ran: str) -> 
     refuted = [e for e in events if isinstance(e, DenyNotHonoured)]
     assert [(e.client_id, e.item_id, e.turn_id, e.status) for e in refuted] == [
         ("tillerman-in-1", "toolu_1", PROMPT, "failed" if ran == "PostToolUseFailure" else "completed")]
-    # Another call's end after the deny still follows the denied call's result.
+    # Another call's end after the deny is neither: the turn's Stop proves the deny held.
     events = parse([payload("UserPromptSubmit", prompt="hi"), payload("PreToolUse", tillerman=delivered, **DENIED),
-                    payload("PostToolUse", tool_response={}, **(DENIED | {"tool_use_id": "toolu_2"}))])
+                    payload("PostToolUse", tool_response={}, **(DENIED | {"tool_use_id": "toolu_2"})),
+                    payload("Stop", stop_hook_active=False)])
     assert [e.client_id for e in events if isinstance(e, UserMessage)] == [None, "tillerman-in-1"]
     assert not [e for e in events if isinstance(e, DenyNotHonoured)]
+
+
+def call(tool_use_id: str, **fields) -> dict:
+    return DENIED | {"tool_use_id": tool_use_id, "tool_input": {"command": f"echo {tool_use_id}"}} | fields
+
+
+#: How Claude Code 2.1.332 fired the hooks of one model message asking for three Bash
+#: calls, our hook denying the first in line (recorded with the real CLI): read-only
+#: commands run at once (the siblings' PreToolUse before and after the deny, their
+#: PostToolUse after it), others one after another (a sibling's whole call after it).
+#: The model got every result, our text among them, in one call after the last of them.
+PARALLEL_ORDERS = {
+    "at-once": [("PreToolUse", "t2", False), ("PreToolUse", "t1", True), ("PreToolUse", "t3", False),
+                ("PostToolUse", "t2", False), ("PostToolUse", "t3", False)],
+    "in-turn": [("PreToolUse", "t0", False), ("PostToolUse", "t0", False), ("PreToolUse", "t1", True),
+                ("PreToolUse", "t3", False), ("PostToolUse", "t3", False)],
+}
+
+
+@pytest.mark.parametrize("order", PARALLEL_ORDERS)
+def test_a_deny_among_parallel_calls_is_proven_by_the_stop_not_by_a_sibling_call(order: str) -> None:
+    """The calls of the denied call's own model message fire their hooks after our deny,
+    before the model has been called with it: none of them is proof; the Stop (the
+    model's answer to every result) is. Each sibling event was read as the echo before."""
+    delivered = {"delivered": "in-1", "attempt": "a", "text": "Use rg, not grep."}
+    lines = [payload("UserPromptSubmit", prompt="hi")]
+    for name, tool_use_id, ours in PARALLEL_ORDERS[order]:
+        extra = {"tillerman": delivered} if ours else {"tool_response": {"stdout": "x"}} if name == "PostToolUse" else {}
+        lines.append(payload(name, **call(tool_use_id, **extra)))
+    siblings = parse(lines)
+    assert not [e for e in siblings if isinstance(e, UserMessage) and e.client_id]
+    assert not [e for e in siblings if isinstance(e, DenyNotHonoured)]
+    proven = parse([*lines, payload("Stop", stop_hook_active=False)])
+    ours = [e for e in proven if isinstance(e, UserMessage) and e.client_id]
+    assert [(e.client_id, e.turn_id) for e in ours] == [("tillerman-in-1", PROMPT)]
+    assert [e.status for e in proven if isinstance(e, TurnCompleted)] == ["completed"]
+
+
+def test_two_parallel_calls_each_denied_for_a_steer_are_both_proven_at_the_stop() -> None:
+    """Two PreToolUse hooks of one message may each deliver a steer: the second deny does
+    not drop the first (it did: one delivery was kept), and a sibling's run is no proof."""
+    first = {"delivered": "in-1", "attempt": "a", "text": "one"}
+    second = {"delivered": "in-2", "attempt": "b", "text": "two"}
+    lines = [payload("UserPromptSubmit", prompt="hi"), payload("PreToolUse", **call("t1", tillerman=first)),
+             payload("PreToolUse", **call("t2", tillerman=second)),
+             payload("PreToolUse", **call("t3")), payload("PostToolUse", **call("t3", tool_response={}))]
+    assert not [e for e in parse(lines) if isinstance(e, UserMessage) and e.client_id]
+    proven = parse([*lines, payload("Stop", stop_hook_active=False)])
+    assert [e.client_id for e in proven if isinstance(e, UserMessage) and e.client_id] == [
+        "tillerman-in-1", "tillerman-in-2"]
 
 
 def test_a_steer_whose_deny_was_not_honoured_expires_saying_so(tmp_path: Path) -> None:
@@ -425,14 +476,34 @@ def test_a_steer_whose_deny_was_not_honoured_expires_saying_so(tmp_path: Path) -
     assert hook(spool, payload("PreToolUse", **DENIED))["hookSpecificOutput"]["permissionDecision"] == "deny"
     hook(spool, payload("PostToolUse", tool_response={"stdout": "x"}, **DENIED))
     hook(spool, payload("Stop", stop_hook_active=False))
+    moves = settled(spool, ledger, steer)
+    assert [(m.event.to_state, m.event.reason, m.event.evidence["tool_use_id"]) for m in moves] == [
+        ("expired", "deny_not_honoured", "toolu_1")]
+
+
+def settled(spool: Path, ledger: Path, intent: Intent) -> list[Envelope]:
+    """What ``settle`` decides for the intent from the spool as it is now (read afresh)."""
     source = f"file:{spool / f'{SESSION}.jsonl'}"
     with SQLiteRecorder(ledger) as recorder:
         recorder.append([Envelope(event_id=f"h-{i}", event=e, source=source)
                          for i, e in enumerate(parse(spool_lines(spool)))])
         projection = projections.load(recorder)
-    moves = settle(projection, projection.intents[steer.id], 10.0)
-    assert [(m.event.to_state, m.event.reason, m.event.evidence["tool_use_id"]) for m in moves] == [
-        ("expired", "deny_not_honoured", "toolu_1")]
+    return settle(projection, projection.intents[intent.id], 10.0)
+
+
+def test_a_steer_denied_among_parallel_calls_is_acknowledged_only_at_the_stop(tmp_path: Path) -> None:
+    """The claim at the first call's PreToolUse, then its siblings' hooks (as the real CLI
+    fires them for read-only commands): nothing settles; the Stop acknowledges it."""
+    ledger, spool = tmp_path / "ledger.sqlite3", tmp_path / "spool"
+    steer = propose(ledger, mode="steer", text="Use rg, not grep.", expected_turn=PROMPT, deliver_at="pre_tool_use")
+    fill_outbox(spool, ledger, steer)
+    hook(spool, payload("UserPromptSubmit", prompt="hi"))
+    assert hook(spool, payload("PreToolUse", **call("t1")))["hookSpecificOutput"]["permissionDecision"] == "deny"
+    hook(spool, payload("PreToolUse", **call("t2")))
+    hook(spool, payload("PostToolUse", **call("t2", tool_response={"stdout": "x"})))
+    assert settled(spool, ledger, steer) == []
+    hook(spool, payload("Stop", stop_hook_active=False))
+    assert [(m.event.to_state, m.event.reason) for m in settled(spool, ledger, steer)] == [("acknowledged", "echo")]
 
 
 def test_the_files_line_of_status_agrees_with_takes() -> None:
