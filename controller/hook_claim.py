@@ -13,6 +13,7 @@ gives up, and the hook answers nothing (fails open for the agent).
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from tillerman.controller.intent_requests import intent_view, transition_envelope
 from tillerman.ledger.errors import IllegalTransition, LedgerError
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.paths import check_ledger_path
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 #: How long a claim may wait for a busy ledger: well inside the hook's own time limit
@@ -39,6 +41,10 @@ def claim(ledger: str, intent_id: str, *, event: str, turn_id: str | None,
           busy_timeout_ms: int = CLAIM_BUSY_MS) -> Claim:
     """Record the claim of ``intent_id`` (fsynced) before the hook prints its decision."""
     try:
+        # The outbox names the ledger; whatever wrote it, the hook opens only an existing ledger
+        # (never creates one) and never a ledger's companion file, a FIFO or a device.
+        if not os.path.isfile(check_ledger_path(ledger).path):
+            return Claim(False, "ledger_error: no ledger at the path the outbox names")
         with SQLiteRecorder(ledger, busy_timeout_ms=busy_timeout_ms) as recorder:
             view = intent_view(recorder, intent_id)
             if view.state is not State.PROPOSED:

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 from tests.controller.test_rules_cli import PROPOSAL
 from tests.ledger.test_archive import BEFORE, history_ledger
+from tillerman.controller import hook_claim
 from tillerman.controller.cli import main
 from tillerman.controller.hook_outbox import MAX_OUTBOX, Outbox, Parcel, write_outbox
 from tillerman.controller.report_cli import is_timeline_page
@@ -405,3 +406,17 @@ def test_the_claude_code_hook_treats_what_is_not_an_outbox_as_none_in_one_line(p
     assert done.returncode == 0 and done.stdout == b""
     assert done.stderr.count(b"\n") == 1 and b"outbox" in done.stderr, done.stderr
     assert json.loads((spool / "s1.jsonl").read_text()) == json.loads(payload)  # the payload is kept
+
+
+@pytest.mark.parametrize("name", ["missing-ledger", "anchor", "lock", "wal", "link-to-anchor", "fifo", "device",
+                                  "directory"])
+def test_the_hooks_claim_opens_only_an_existing_ledger_that_the_outbox_names(place, name) -> None:
+    """The outbox names the ledger the hook claims in; the hook never creates a ledger there,
+    never opens a companion file, a FIFO or a device as one, and never blocks."""
+    root, _ledger, paths = place
+    target = root / "missing-ledger" if name == "missing-ledger" else paths[name]
+    before = snapshot(root)
+    with no_hang():
+        claim = hook_claim.claim(str(target), "in-0", event="Stop", turn_id="p-1")
+    assert not claim.claimed and claim.why.startswith("ledger_error"), claim
+    assert snapshot(root) == before
