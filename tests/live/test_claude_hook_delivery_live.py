@@ -24,10 +24,12 @@ from click.testing import CliRunner
 
 from fixtures.anthropic_model import AnthropicModel
 from fixtures.claude_cli import ClaudeSession, is_result
+from tests.monitor.support import events
 from tillerman.controller import intent_requests as intents
 from tillerman.controller.cli import main
 from tillerman.controller.hook_outbox import outbox_path, read_outbox
 from tillerman.ledger import projections
+from tillerman.ledger.events import UserMessage
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.owner import local_login
@@ -152,6 +154,40 @@ def test_a_steer_for_the_next_tool_denies_it_with_the_intents_text(
     assert moves(ledger, queued) == [("dispatch_unknown", "dispatching", "claude-hook"), ("acknowledged", "echo", None)]
     assert answered(spool, session_id) == [("Stop", queued), ("PreToolUse", steer)]
     assert turns(ledger, session_id) == ["completed"]
+
+
+@WATCHED
+def test_a_steer_denying_one_of_parallel_calls_is_acknowledged_at_the_stop_not_by_a_sibling(
+        claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, transcripts: bool) -> None:
+    """One model message asks for two read-only calls; the steer denies the first in
+    line. The other call's hooks come after the deny, before the model has our text: the
+    spool's echo of the steer must come from the Stop, after the model got it."""
+    release = tmp_path / "release"
+    with supervised(tmp_path, transcripts=transcripts) as (spool, ledger), \
+            ClaudeSession(claude_cli, tmp_path, anthropic_model.base_url) as session:
+        since = len(anthropic_model.requests)
+        session_id = held_turn(session, ledger, release)
+        queued = propose(ledger, session_id, "queue", "RUN ALL: echo first-call ;; echo second-call")
+        steer = propose(ledger, session_id, "steer", "Do not run these; say done.", expected_turn="active",
+                        deliver_at="pre_tool_use")
+        until(lambda: outbox_holds(spool, session_id, queued, steer), "the daemon to fill the outbox")
+        release.touch()
+        session.wait_for(is_result)
+        until(lambda: view(ledger, steer).state is State.ACKNOWLEDGED, "the steer to be acknowledged")
+    assert len(requests_saying(anthropic_model, "Do not run these; say done.", since)) == 1
+    assert moves(ledger, steer) == [("dispatch_unknown", "dispatching", "claude-hook"), ("acknowledged", "echo", None)]
+    lines = [json.loads(line) for line in (spool / f"{session_id}.jsonl").read_text().splitlines()]
+    deny = next(i for i, line in enumerate(lines) if line.get("tillerman", {}).get("delivered") == steer)
+    stop = next(i for i, line in enumerate(lines) if i > deny and line["hook_event_name"] == "Stop")
+    denied = lines[deny]["tool_use_id"]
+    assert [line for line in lines[deny + 1:stop] if line.get("tool_use_id") not in (None, denied)]  # a sibling's
+    echoes = [e for e in parse_spool(lines[:stop]) if isinstance(e, UserMessage) and e.client_id == f"tillerman-{steer}"]
+    assert not echoes  # nothing before the Stop proves it
+    assert [e for e in parse_spool(lines) if isinstance(e, UserMessage) and e.client_id == f"tillerman-{steer}"]
+
+
+def parse_spool(lines: list[dict]) -> list:
+    return events("claude-hooks", b"".join(json.dumps(line).encode() + b"\n" for line in lines))
 
 
 def moves(ledger: Path, intent_id: str) -> list[tuple]:
