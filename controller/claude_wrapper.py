@@ -118,6 +118,15 @@ def transcript_path(home: Path, cwd: str, session_id: str) -> Path:
     return home / ".claude" / "projects" / re.sub(r"[^A-Za-z0-9]", "-", cwd) / f"{session_id}.jsonl"
 
 
+def transcript_aliases(path: Path) -> dict[str, str]:
+    """Each turn of the transcript (by the uuid of its first message, stream-json's id)
+    → the id the hooks give it (``promptId``), as the transcript's own ``TurnAlias``
+    events say."""
+    parser = ClaudeTranscriptParser(file_source(path))
+    parsed = parser.feed(path.read_bytes()) + parser.close()
+    return {p.event.turn_id: p.event.alias for p in parsed if isinstance(p.event, ev.TurnAlias) and p.event.turn_id}
+
+
 def transcript_turns(path: Path, uuid_: str, client_id: str) -> wire.TurnPage:
     """The session's turns as its transcript records them, newest first, with our
     message where the CLI took it: folded into a turn (the ``queued_command``
@@ -177,6 +186,7 @@ class Wrapper:
         self._answers: dict[str, anyio.Event] = {}  # our request id -> answered
         self._answered: dict[str, dict[str, Any]] = {}
         self._withdrawn: set[str] = set()
+        self._unaliased: set[str] = set()  # stream-json turns whose hooks' prompt_id is not recorded yet
         self._changed = anyio.Event()
         self._process: anyio.abc.Process | None = None
         self._write_lock = anyio.Lock()
@@ -263,7 +273,7 @@ class Wrapper:
                 self._session_known(tg, event.thread_id)
             if isinstance(event, ev.TurnStarted) and self.cwd is None:
                 self.cwd = _init_cwd(raw)
-        envelopes = self._envelopes(parsed)
+        envelopes = self._turn_aliases(events) + self._envelopes(parsed)
         envelopes += [self._echo_envelope(echo, self.source) for echo in out.echoes]
         self._append(envelopes)
         for message in out.accepted:
@@ -299,6 +309,24 @@ class Wrapper:
 
     def _envelopes(self, parsed: list[Parsed]) -> list[Envelope]:
         return [file_envelope(self.run_id, self.source, p) for p in parsed]
+
+    def _turn_aliases(self, events: list[ev.Event]) -> list[Envelope]:
+        """The hooks' ``prompt_id`` of each turn stream-json opened, read from the
+        transcript's prompt line of that turn (its ``uuid`` is the stream's turn id, its
+        ``promptId`` the hooks'): stdout names no ``prompt_id``, and without this tie a
+        session seen through the wrapper and the hooks has each turn twice. Looked for
+        from the turn's start on each line until found; a turn that ends unfound is
+        looked for once more, then given up (no transcript: ``--no-session-persistence``)."""
+        self._unaliased.update(e.turn_id for e in events if isinstance(e, ev.TurnStarted) and e.turn_id)
+        path = self._transcript()
+        found = transcript_aliases(path) if self._unaliased and path is not None and path.is_file() else {}
+        envelopes = []
+        for turn in sorted(self._unaliased & found.keys()):
+            event = ev.TurnAlias(thread_id=self.session, turn_id=turn, alias=found[turn])
+            key = hashlib.sha256(f"{self.session}|{turn}|alias".encode()).hexdigest()[:32]
+            envelopes.append(Envelope(event_id=f"cw-{key}", event=event, source=self.source, at=self.clock()))
+        self._unaliased -= found.keys() | {e.turn_id for e in events if isinstance(e, ev.TurnCompleted)}
+        return envelopes
 
     def _echo_envelope(self, echo: Echo, source: str) -> Envelope:
         """Our message, where the CLI says it reached the model: the echo the delivery

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.controller.test_claude_relay import INJECT_TURN, INJECTED, LATER, LATER_TURN, RECORDED
+from tests.monitor.support import SESSIONS, parse
 from tillerman.controller import claude_wrapper, intent_requests
 from tillerman.controller.claude_wrapper import (
     CLAUDE_BIN_ENV, WrapperError, claude_command, resumed_session, transcript_turns,
@@ -24,9 +25,11 @@ from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
+from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.codex_wire import IN_PROGRESS
+from tillerman.monitor.tailer import file_source
 from tillerman.rules.ruleset import Grant, build_ruleset
 
 
@@ -220,3 +223,36 @@ def test_the_steer_s_echo_and_its_turn_s_end_are_read_through_the_alias_table(tm
     ended = b'{"type":"result"}\n'
     assert wrapper.relay.from_cli(ended, [ev.TurnCompleted(thread_id="S", turn_id=STREAM_UUID)]).withdraw == (ours,)
     wrapper.recorder.close()
+
+
+# -- hooks and the wrapper, without the transcripts watched -----------------------------
+
+def test_the_wrapper_ties_each_turn_to_the_hooks_prompt_id_through_the_transcript(monkeypatch, tmp_path):
+    """The recorded session (real CLI 2.1.332) through ``tillerman claude`` and the hook
+    spool, nobody watching the transcripts: stdout names no ``prompt_id``, so the fold
+    had ten turns (each twice, one of each pair ``unclosed``). The wrapper reads the
+    transcript's prompt lines and records each turn's alias: five turns, one set."""
+    recorded = SESSIONS / "claude-live" / "hooks"
+    stdout = (recorded / "stdout.jsonl").read_bytes()
+    init = next(json.loads(line) for line in stdout.splitlines() if b'"init"' in line)
+    transcript = claude_wrapper.transcript_path(tmp_path, init["cwd"], init["session_id"])
+    transcript.parent.mkdir(parents=True)
+    transcript.write_bytes((recorded / "transcript.jsonl").read_bytes())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(claude_wrapper, "_to_harness", lambda data: None)
+    with SQLiteRecorder(":memory:") as recorder:
+        wrapper = claude_wrapper.Wrapper(recorder, [])
+        for line in stdout.splitlines(keepends=True):
+            wrapper.cli_output(Tasks(), line)
+        wrapper.cli_ended(Tasks())
+        wrapped = [e.envelope for e in recorder.read()]
+    hooks_source = file_source(recorded / "hooks.jsonl")
+    parsed, _ = parse("claude-hooks", (recorded / "hooks.jsonl").read_bytes(), source=hooks_source)
+    hooks = [Envelope(event_id=f"h-{i}", event=p.event, source=hooks_source, at=p.at) for i, p in enumerate(parsed)]
+    for order in ([*hooks, *wrapped], [*wrapped, *hooks]):
+        projection = Projection()
+        for seq, envelope in enumerate(order, 1):
+            projection.apply_envelope(envelope, seq)
+        thread = projection.threads[hooks[0].event.thread_id]
+        assert len(thread.turn_states) == 5 and "unclosed" not in thread.turn_states.values(), thread.turn_states
+    assert len([e for e in wrapped if isinstance(e.event, ev.TurnAlias)]) == 5  # one per turn, once
