@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -9,6 +11,8 @@ from tillerman.ledger.events import Conflict, Envelope, TurnStarted
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.recorder import GENESIS
 from tillerman.rules.config import load_effective
+
+SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 
 
 class TestChainOnlyRecorder(RecorderContract):
@@ -101,4 +105,5 @@ def test_replay_through_it_summarises_as_through_a_ledger_with_rows():
     """``tillerman replay`` without ``--ledger``: the same summary (decisions digest,
     intents, overdue) as a replay into a ledger that keeps its rows."""
     ruleset = load_effective(None, None).ruleset
-    assert Replayer(ChainOnlyRecorder(), ruleset).run(["fixtures"]) == Replayer(MemoryRecorder(), ruleset).run(["fixtures"])
+    sessions = [str(SESSIONS)]
+    assert Replayer(ChainOnlyRecorder(), ruleset).run(sessions) == Replayer(MemoryRecorder(), ruleset).run(sessions)
