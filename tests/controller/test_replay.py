@@ -45,18 +45,14 @@ def test_replaying_twice_gives_the_same_digest():
     assert first == second
 
 
-def test_rules_fire_on_the_virtual_clock():
+def test_rules_fire_on_the_virtual_clock(tmp_path: Path):
     """Three identical failures propose a steer; fifteen quiet minutes report a stall at
     exactly ten, between two events, with no sleeping."""
-    ledger = STALL / "out.sqlite3"
-    try:
-        summary = replay_json("--ledger", ledger, "--config", STALL / "grants.toml", STALL / "rollout-2026-10-19T22-00-00-0199b000-0000-7000-8000-00000000bb01.jsonl")
-        with SQLiteRecorder(ledger) as rec:
-            entries = list(rec.read())
-            assert rec.verify().ok
-    finally:
-        for suffix in ("", "-wal", "-shm", ".head"):
-            Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    ledger = tmp_path / "out.sqlite3"  # never beside the fixtures: the checkout may be read-only
+    summary = replay_json("--ledger", ledger, "--config", STALL / "grants.toml", STALL / "rollout-2026-10-19T22-00-00-0199b000-0000-7000-8000-00000000bb01.jsonl")
+    with SQLiteRecorder(ledger) as rec:
+        entries = list(rec.read())
+        assert rec.verify().ok
     assert summary["reports"] == 1 and summary["decisions"] >= 1
     report = next(e.envelope for e in entries if e.envelope.event.__struct_config__.tag == "report")
     assert report.event.rule_id == "stall"
