@@ -11,7 +11,7 @@ machine from the ledger (``Delivery.from_view``). A server's reply reaches it as
 value (``tillerman.monitor.codex_wire`` reads the JSON; the adapter picks the parser by
 command), so the machine never walks JSON and its tests need neither a server nor a ledger.
 
-Theory of operation (DESIGN.md "Intents: the delivery protocol"):
+Theory of operation (docs/design.md "Intents: the delivery protocol"):
 
 * ``Dispatch`` moves proposed → dispatch_unknown and asks for the one dispatch
   command. That output is ``durable``: the driver appends it with a full fsync and

@@ -1,7 +1,7 @@
 """One way to print: a human table by default, ``--json`` for scripts.
 
 A single entity prints one JSON object, a list prints an array, a summary one object
-(DESIGN.md "Command-line conventions"). Library errors become one ``Error:`` line and
+(docs/design.md "Command-line conventions"). Library errors become one ``Error:`` line and
 the exit code scripts rely on: 1 a failed check, 2 usage, unreadable input or invalid
 configuration.
 """

@@ -1,7 +1,7 @@
 """The normalized event vocabulary: every fact tillerman records is one of these.
 
 Each event is a frozen msgspec Struct tagged by its ``kind`` (the name used in the
-ledger's ``kind`` column and in DESIGN.md). Sources map whatever they read into
+ledger's ``kind`` column and in docs/design.md "Normalized events (the monitor's vocabulary)"). Sources map whatever they read into
 these; the ledger stores them; folds read them back. New fields always get defaults
 so that old ledgers keep decoding (msgspec schema evolution).
 

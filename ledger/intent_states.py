@@ -34,7 +34,8 @@ class State(StrEnum):
 
 S = State
 
-#: (from, to) -> reasons allowed for that move. The table in DESIGN.md, row by row.
+#: (from, to) -> reasons allowed for that move. The table in docs/design.md
+#: "Intents: the delivery protocol", row by row.
 TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
     # the dispatcher is about to call the transport (committed first)
     (S.PROPOSED, S.DISPATCH_UNKNOWN): frozenset({"dispatching"}),

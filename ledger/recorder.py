@@ -1,4 +1,4 @@
-"""The recorder contract every ledger backend implements (SQLite now, PostgreSQL later).
+"""The recorder contract every ledger backend implements (SQLite, PostgreSQL, in memory).
 
 A backend stores ``Envelope``s in one total order (``seq``), chains them with SHA-256,
 refuses illegal intent transitions inside the same transaction that would write them,

@@ -36,3 +36,43 @@ def test_each_command_is_in_the_readme(path, command):
     # documented alone (`tillerman intents`) or in a group heading (`tillerman intent propose | cancel`)
     listed = re.escape(" ".join(group)) + r" (?:[a-z-]+ \| )*" + re.escape(name) + r"\b"
     assert re.search(listed, README), path
+
+
+# -- the design document: in the repository, and every citation of it resolves ----------
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGN = ROOT / "docs" / "design.md"
+CODE_FOLDERS = ("ledger", "rules", "monitor", "controller", "bench", "tests", "fixtures", "tillerman")
+#: docs/design.md "Section name" (a code comment or docstring citing one section)
+CITATION = re.compile(r'docs/design\.md\s*(?:#:\s*)?"([^"]+)"')
+
+
+def _design_headings() -> set[str]:
+    return {line.lstrip("#").strip() for line in DESIGN.read_text().splitlines() if line.startswith("#")}
+
+
+def _code_files():
+    this_test = Path(__file__).resolve()  # it names both, to look for them
+    for folder in CODE_FOLDERS:
+        yield from (p for p in (ROOT / folder).rglob("*.py") if p != this_test)
+
+
+def test_code_cites_the_design_document_in_the_repository_by_an_existing_section() -> None:
+    headings = _design_headings()
+    cited = 0
+    for path in _code_files():
+        text = path.read_text(encoding="utf-8")
+        where = path.relative_to(ROOT)
+        assert "DESIGN.md" not in text, f"{where} cites DESIGN.md, which is not in the repository"
+        mentions = text.count("docs/design.md")
+        sections = CITATION.findall(text)
+        assert len(sections) == mentions, f"{where}: every docs/design.md citation names its section in quotes"
+        for section in sections:
+            assert section in headings, f"{where} cites docs/design.md {section!r}, which has no such heading"
+        cited += mentions
+    assert cited >= 6
+
+
+def test_the_citation_check_finds_a_missing_section() -> None:
+    assert CITATION.findall('(docs/design.md "No such section")') == ["No such section"]
+    assert "No such section" not in _design_headings()

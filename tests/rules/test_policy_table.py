@@ -23,7 +23,7 @@ DOCUMENT = tomllib.loads(TABLE.read_text(encoding="utf-8"))
 DEFAULTS = DOCUMENT["defaults"]
 CASES = DOCUMENT["case"]
 
-#: The seed's families, and the ones DESIGN.md and the brief add.
+#: The families docs/design.md "Policy: `rules.decide`" names, and the ones the policy grew.
 REQUIRED_FAMILIES = {
     "allowed", "stale_turn", "no_active_turn", "expiry", "unknown_delivery", "queued", "approval",
     "critical_tool", "external_effect", "authority", "replayed", "terminal", "effect", "file_only",
