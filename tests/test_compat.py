@@ -1,6 +1,6 @@
 """The supported Codex range is stated once per place that needs it, and the places agree:
 the Makefile's ``make compat`` releases, the releases the error classification was
-checked against, the pinned dev dependency, and README.md."""
+checked against, the pinned dev dependency, and the docs (Upgrading Codex)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,6 @@ def test_the_pinned_release_is_the_newest_checked():
     assert f"openai-codex-cli-bin=={CHECKED_CODEX_VERSIONS[-1]}" in dev
 
 
-def test_the_readme_states_the_range():
+def test_the_docs_state_the_range():
     oldest, newest = CHECKED_CODEX_VERSIONS
-    assert f"Codex {oldest} to {newest}" in (ROOT / "README.md").read_text()
+    assert f"Codex {oldest} to {newest}" in (ROOT / "docs" / "operations" / "upgrading-codex.md").read_text()

@@ -1,6 +1,6 @@
-"""README.md's shell examples are checked against the real CLI: every `tillerman …` line
-of every ```sh block (and every `$ tillerman …` line of an unlabelled block, the rest
-being its output) parses with the click commands (an unknown command or option, a
+"""The shell examples of README.md and of every docs page are checked against the real
+CLI: every `tillerman …` line of every ```sh block (and every `$ tillerman …` line of an
+unlabelled block, the rest being its output) parses with the click commands (an unknown command or option, a
 missing value, a choice that does not exist or a required option left out fails), and
 the commands of one example use one ledger (all the default, or all the same
 `--ledger`). Followed literally, an example whose commands write different ledgers
@@ -14,16 +14,14 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 import pytest
 
-from tests.test_docs import COMMANDS
+from tests.test_docs import COMMANDS, PAGES
 from tillerman.controller.cli import main
 from tillerman.controller.cli_shared import LEDGER_HELP
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 DEFAULT_LEDGER = "$TILLERMAN_LEDGER"  # what a command without --ledger uses
 SHELL_OPERATORS = {";", "&", "&&", "|", "||"}
 REDIRECTIONS = {">", ">>", "<", "2>", "2>&1"}
@@ -172,7 +170,7 @@ def _with_ledger(parsed: Parsed, ledger: str) -> Parsed:
     return Parsed(parsed.path, parsed.command, {**parsed.options, "ledger_path": ledger}, parsed.synopsis)
 
 
-EXAMPLES = [e for e in sh_examples(README) if any("tillerman" in line for line in e.lines)]
+EXAMPLES = [e for page in PAGES for e in sh_examples(page.read_text()) if any("tillerman" in line for line in e.lines)]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{i}-{e.heading[:40]}" for i, e in enumerate(EXAMPLES)])

@@ -1,4 +1,4 @@
-"""The systemd user unit and the launchd agent in README.md parse, and run `tillerman run`."""
+"""The systemd user unit and the launchd agent in the docs (Running as a service) parse, and run `tillerman run`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-SECTION = README[README.index("### Running at login"):]
+SECTION = (Path(__file__).resolve().parent.parent / "docs" / "operations" / "service.md").read_text()
 
 
 def _block(language: str) -> str:
