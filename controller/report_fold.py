@@ -141,7 +141,10 @@ class Facts:
         at = env.at
         if at is None and env.observed_at is not None and env.observed_at >= EARLIEST_REAL_TIME:
             at = env.observed_at
+        linked = self._ids_of_linked_turns(event) if isinstance(event, ev.TurnAlias) else ()
         self.projection.apply(entry)
+        for turn_id in linked:
+            self._relink(event.thread_id, turn_id)
         self.reviews.apply(entry)
         self.events += 1
         kind = ev.kind_of(event)
@@ -160,6 +163,39 @@ class Facts:
         named it (a Claude Code transcript's uuid and its hooks' ``prompt_id``)."""
         thread = self.projection.threads.get(e.thread_id) if e.thread_id is not None else None
         return thread.canonical_turn(e.turn_id) if thread is not None else e.turn_id
+
+    def _ids_of_linked_turns(self, e: ev.TurnAlias) -> tuple[str | None, str | None]:
+        """The ids the two turns a link ties were kept by until now."""
+        return self._turn_id(e), self._turn_id(msgspec.structs.replace(e, turn_id=e.alias))
+
+    def _relink(self, thread_id: str | None, old: str | None) -> None:
+        """A link that came after both its turns started (``tillerman claude`` reads it
+        from the transcript, written after the turn opened on stdout): what was kept
+        under the id the fold no longer knows the turn by moves to the one it does, so
+        the turn, its calls, waits, activity and echoes are counted once."""
+        thread = self.projection.threads.get(thread_id) if thread_id is not None else None
+        new = thread.canonical_turn(old) if thread is not None else old
+        if thread_id is None or old is None or new is None or new == old:
+            return
+        gone = self.turns.pop((thread_id, old), None)
+        if gone is None:
+            return
+        self.turns[(thread_id, new)] = _one_turn(self.turns.get((thread_id, new)), gone, new)
+        moved = self.activity.pop((thread_id, old), [])
+        if moved:
+            self.activity[(thread_id, new)] = sorted(self.activity.get((thread_id, new), []) + moved,
+                                                     key=lambda progress: progress[1])
+        for call in reversed(self.calls.values()):  # in seq order: none before the turn began
+            if call.seq < gone.seq:
+                break
+            if call.thread_id == thread_id and call.turn_id == old:
+                call.turn_id = new
+        for span in self.spans.values():
+            if span.thread_id == thread_id and span.turn_id == old:
+                span.turn_id = new
+        for intent_id, echoes in self.echoes.items():
+            if any(turn == old for turn, _ in echoes):
+                self.echoes[intent_id] = {(new if turn == old else turn, item) for turn, item in echoes}
 
     def _turn(self, e: ev.Event) -> Turn | None:
         turn_id = self._turn_id(e)
@@ -270,6 +306,19 @@ class Facts:
             if seq > after_seq:
                 return Progress(at=at, seq=seq)
         return None
+
+
+def _one_turn(kept: Turn | None, gone: Turn, turn_id: str) -> Turn:
+    """One turn from what two sources' ids of it gathered: the earliest start, and the
+    end the one known by ``turn_id`` saw (else the other's)."""
+    if kept is None:
+        return msgspec.structs.replace(gone, turn_id=turn_id)
+    starts = [t for t in (kept, gone) if t.started_at is not None]
+    first = min(starts, key=lambda t: t.started_at or 0.0) if starts else kept
+    ended = kept if kept.status is not None else gone
+    return msgspec.structs.replace(
+        kept, started_at=first.started_at, seq=min((t.seq for t in (kept, gone) if t.seq), default=0),
+        status=ended.status, ended_at=ended.ended_at, duration_ms=ended.duration_ms, ended_seq=ended.ended_seq)
 
 
 _STEPS = {

@@ -31,7 +31,7 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v7"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v8"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -64,6 +64,7 @@ class ThreadState(msgspec.Struct):
     flags: tuple[str, ...] = ()
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None
+    active_turn_source: str | None = None  # the source whose start made the active turn active
     turn_states: dict[str, str] = {}  # the recent turns (at most RECENT_TURNS)
     earlier_turns: IdTable | None = None  # the older ones: state index by id digest
     turn_aliases: dict[str, str] = {}  # another source's id of a recent turn -> the id the thread knows it by
@@ -297,8 +298,9 @@ def _merge_turns(t: ThreadState, one: str, other: str) -> None:
     source that saw its end said ("unclosed" only when none did)."""
     keep, drop = (other, one) if t.active_turn_id == other else (one, other)
     states = {t.turn_state(keep), t.turn_state(drop)}
-    ended = sorted(states - {"active", "unclosed"})
-    merged = "active" if "active" in states else ended[0] if ended else "unclosed"
+    ended = sorted(states - {"active", "unclosed", "unlinked"})
+    merged = "active" if "active" in states else ended[0] if ended else "unlinked" if "unlinked" in states \
+        else "unclosed"
     t.turn_states.pop(drop, None)  # an older turn's entry stays in earlier_turns, unreachable by the alias
     for alias in [a for a, known in t.turn_aliases.items() if known == drop]:
         t.turn_aliases[alias] = keep
@@ -311,12 +313,14 @@ def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
     if t is None or e.turn_id is None or t.turn_state(e.turn_id) is not None:
         return  # a second source's copy, or a late start after the end: one turn
     turn = t.canonical_turn(e.turn_id)
+    _close_unlinked(t)
     if t.active_turn_id is not None:
-        t.set_turn_state(t.active_turn_id, t.held_end or "unclosed")
+        t.set_turn_state(t.active_turn_id, t.held_end or ("unlinked" if _link_may_follow(t, source) else "unclosed"))
     t.held_end = None
     t.set_turn_state(turn, "active")
     t.active_turn_id = turn
     t.active_turn_started_at = at
+    t.active_turn_source = source
     t.last_progress_at = at
     t.failures = {}
     t.queue_paused = False
@@ -332,6 +336,7 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
         return
     t.set_turn_state(turn, e.status)
     if t.active_turn_id == turn:
+        _close_unlinked(t)
         t.held_end = None
         t.active_turn_id = None
         t.active_turn_started_at = None
@@ -339,6 +344,27 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
         t.failures = {}  # repeated failures are counted within one turn
         if e.status == "interrupted" and t.queue:
             t.queue_paused = True  # the app-server stops draining after an interrupt
+
+
+def _link_may_follow(t: ThreadState, source: str) -> bool:
+    """Whether the running turn and the one ``source`` starts now may be one turn whose
+    link is still to come: one the hooks' (``prompt_id``), the other ``tillerman
+    claude``'s (stream-json's uuid). The wrapper reads the link from the transcript's
+    prompt line, which the real CLI writes after it opens the turn on stdout, and the
+    hooks' start comes before or after the wrapper's as the daemon reads the spool: the
+    link lands after both starts. Until it does, or the turn that started now is over,
+    the running turn is ``unlinked``, not ended, so no intent's verdict rests on the
+    end one source inferred. (A transcript records its link before its start.)"""
+    sources = (t.active_turn_source, source)
+    return t.hook_source is not None and t.hook_source in sources \
+        and any(s is not None and s.startswith(CLAUDE_WRAPPER_SOURCE) for s in sources)
+
+
+def _close_unlinked(t: ThreadState) -> None:
+    """The turn that left another ``unlinked`` is over (ended, or another started): no
+    link came in its time, so the other is ``unclosed``, as with one source."""
+    for turn in [turn for turn, state in t.turn_states.items() if state == "unlinked"]:
+        t.turn_states[turn] = "unclosed"
 
 
 def _held_for_the_hooks(t: ThreadState, turn: str, source: str) -> bool:

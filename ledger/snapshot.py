@@ -9,10 +9,13 @@ from tillerman.ledger.events import QueueEntry
 from tillerman.ledger.id_table import IdTable
 
 #: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
-#: "failed"), or "unclosed" (the next turn started, or the source ended, first).
-TURN_STATES = ("active", "completed", "interrupted", "failed", "unclosed")
+#: "failed"), or "unclosed" (the next turn started, or the source ended, first), or
+#: "unlinked": another source started a turn while this one ran, and the two may be one
+#: turn whose link (``TurnAlias``) is still to come (``tillerman.ledger.projections``):
+#: not known to have ended, so nothing is decided on its end yet.
+TURN_STATES = ("active", "completed", "interrupted", "failed", "unclosed", "unlinked")
 #: The turn states after which nothing more happens in a turn.
-ENDED_TURN_STATES = frozenset(TURN_STATES) - {"active"}
+ENDED_TURN_STATES = frozenset(TURN_STATES) - {"active", "unlinked"}
 
 
 class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
