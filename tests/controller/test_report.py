@@ -1,6 +1,7 @@
 """The supervision account (``tillerman report``): figures from made-up ledgers whose
 answers are known, figures on the recorded sessions equal to counts taken straight from
-the raw events, the ``task_class`` label, and the ``--db`` file (with README.md's query).
+the raw events, the ``task_class`` label, and the ``--db`` file (with the query the
+docs show, docs/usage/reports.md).
 """
 
 from __future__ import annotations
@@ -309,15 +310,15 @@ def test_intent_propose_task_class(tmp_path: Path) -> None:
 # -- the report database -------------------------------------------------------------------
 
 
-def readme_query() -> str:
-    text = (ROOT / "README.md").read_text()
+def documented_query() -> str:
+    text = (ROOT / "docs" / "usage" / "reports.md").read_text()
     block = re.search(r"<!-- report-db-query -->\s*```sh\n(?P<cmd>.*?)```", text, re.S)
-    assert block, "README.md's report section shows the --db query between <!-- report-db-query --> marks"
+    assert block, "docs/usage/reports.md shows the --db query between <!-- report-db-query --> marks"
     command = " ".join(line.rstrip("\\").strip() for line in block["cmd"].splitlines())
     return re.search(r"sqlite-utils query \S+ \"(?P<sql>[^\"]+)\"", command)["sql"]
 
 
-def test_db_holds_the_account_and_its_rows_and_answers_the_readme_query(tmp_path: Path) -> None:
+def test_db_holds_the_account_and_its_rows_and_answers_the_documented_query(tmp_path: Path) -> None:
     batches = [journey(intent(1, task_class="docs"), *DELIVERED, (S.QUEUED, S.ACKNOWLEDGED, "echo", 104.0)),
                journey(intent(2, mode="queue"), (S.PROPOSED, S.REJECTED, "no_grant", 100.5))]
     ledger = _ledger_file(batches)
@@ -329,7 +330,7 @@ def test_db_holds_the_account_and_its_rows_and_answers_the_readme_query(tmp_path
         db.table_names())
     assert db["intents"].detect_fts() == "intents_fts" and db["journeys"].detect_fts() == "journeys_fts"
     assert [r["reason"] for r in db["journeys"].search("no_grant")] == ["no_grant"]
-    rows = list(db.query(readme_query()))
+    rows = list(db.query(documented_query()))
     assert rows == [{"task_class": "docs", "mode": "steer", "intents": 1, "acknowledged": 1},
                     {"task_class": "unlabeled", "mode": "queue", "intents": 1, "acknowledged": 0}]
     # the ledger is never the report database
