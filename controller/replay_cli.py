@@ -144,12 +144,15 @@ class _Progress:
 
     def __init__(self, unit: Callable[[int], str] = lambda done: f"{done >> 20} MiB") -> None:
         self.last = 0.0
+        self.path: str | None = None
         self.unit = unit
 
     def __call__(self, path: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if now - self.last >= 0.2 or done >= total:
-            self.last = now
+        # At most five draws a second, but a file's name as soon as it is reached: with
+        # workers, a small file may be read from start to end between two draws.
+        if now - self.last >= 0.2 or done >= total or path != self.path:
+            self.last, self.path = now, path
             pct = 100 * done // total if total else 100
             click.echo(f"\r{pct:3d}% {self.unit(done)}  {printable(path[-60:])}", err=True, nl=False)
 
