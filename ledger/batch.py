@@ -165,9 +165,21 @@ def conflict_envelope(env: Envelope, existing: str, offered: str, observed: floa
 
 
 def row_columns(row: Row) -> tuple:
-    """A row in the stored column order (``tillerman.ledger.sqlite.COLUMNS``; ``verify_rows`` reads it)."""
+    """A row in the stored column order (``tillerman.ledger.migrations.EVENT_COLUMNS``;
+    ``entry_of`` and ``verify_rows`` read it)."""
     env = row.envelope
     ev = env.event
     return (row.seq, env.event_id, env.at, env.observed_at, env.source, ev.thread_id, ev.turn_id,
             ev.__struct_config__.tag, intent_id_of(ev), env.offset, env.length, row.payload, row.digest,
             row.prev_hash, row.hash)
+
+
+def entry_of(row: tuple) -> Entry:
+    """A stored row (``row_columns``' order, as every backend reads it back) as an entry."""
+    (seq, event_id, at, observed_at, source, thread, turn, kind, _intent,
+     offset, length, payload, _digest, prev_hash, link) = row
+    env = Envelope(
+        event_id=event_id, event=events.decode_stored(payload, kind, thread, turn), source=source, at=at,
+        observed_at=observed_at, offset=offset, length=length,
+    )
+    return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)

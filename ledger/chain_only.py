@@ -43,6 +43,7 @@ _STATES = tuple(State)
 
 class ChainOnlyRecorder(InProcessExtras, Recorder):
     retains_rows = False
+    forgets_new_ids = True  # ``append_new`` keeps no id
     chains_new = False  # ``append_new`` numbers rows without chaining them
 
     def __init__(self) -> None:

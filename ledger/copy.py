@@ -7,7 +7,7 @@ the chain link computed afresh), so a copy that ends at the source's chain head 
 same seq and hash — holds the same rows, byte for byte, and is a ledger in its own
 right. Each append's returned entries are compared with the source's as it goes, so a
 difference is named at its seq, and the target is verified at the end. An archived
-SQLite ledger's segments are read too (``segments.history``): the copy holds the whole
+SQLite ledger's segments are read too (``Recorder.history``): the copy holds the whole
 history in one place.
 """
 
@@ -17,7 +17,7 @@ import itertools
 
 import msgspec
 
-from tillerman.ledger import events, segments
+from tillerman.ledger import events
 from tillerman.ledger.errors import IntegrityError, LedgerError
 from tillerman.ledger.recorder import GENESIS, Recorder
 
@@ -45,7 +45,7 @@ def copy_ledger(source: Recorder, target: Recorder) -> CopyResult:
     if not report.ok:
         raise IntegrityError(f"the source ledger does not verify ({report.problems[0]}); nothing was copied")
     copied, head = 0, GENESIS
-    history = segments.history(source)
+    history = source.history()
     while chunk := list(itertools.islice(history, CHUNK)):
         for entry in chunk:
             if isinstance(entry.envelope.event, events.Undecodable):

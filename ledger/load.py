@@ -8,7 +8,7 @@ thread does not take them off: ``sqlite3`` lets go of the GIL for each row's ste
 takes it back to bind the next, so the two threads hand it to and fro (10.4–10.7 s). A
 second process does (7.8 s): the replay prepares each batch as a replay in memory does
 (``tillerman.ledger.chain_only``) and sends its rows down a pipe (``tillerman.ledger.frames``,
-msgpack) to ``python -m tillerman.ledger.load LEDGER``, which inserts them as they are
+msgpack) to ``python -m tillerman.ledger.load_writer LEDGER``, which inserts them as they are
 (``SQLiteRecorder.insert_prepared``) and commits where the replay ends a ``bulk()``
 block, moving the head anchor as after any commit. The pipe's buffer bounds what is in
 flight. The writer is started, not forked: a process that opens a SQLite file must not
@@ -42,7 +42,6 @@ at ``close``.
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import sys
 import time
@@ -53,21 +52,23 @@ import msgspec
 from tillerman.ledger import frames
 from tillerman.ledger.batch import Prepared, none_stored, prepare, row_columns
 from tillerman.ledger.chain_only import ChainOnlyRecorder
-from tillerman.ledger.errors import LedgerError, OperationalError
+from tillerman.ledger.errors import OperationalError
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.recorder import AppendResult
 
 
-class _Rows(msgspec.Struct, array_like=True, tag=True):
+class Rows(msgspec.Struct, array_like=True, tag=True):
+    """Prepared rows for the writer to insert as they are."""
+
     columns: list[tuple]  # in ``row_columns`` order
 
 
-class _Commit(msgspec.Struct, array_like=True, tag=True):
-    pass
+class Commit(msgspec.Struct, array_like=True, tag=True):
+    """The end of a ``bulk()`` block: the writer commits what it was sent."""
 
 
-_decode = msgspec.msgpack.Decoder(_Rows | _Commit).decode
+decode_message = msgspec.msgpack.Decoder(Rows | Commit).decode
 
 
 DIGEST_BYTES = 32  # a content digest (SHA-256), kept whole: a conflict record names it
@@ -88,7 +89,7 @@ class LedgerLoad(ChainOnlyRecorder):
         self._digests_kept = bytearray()
         self._encode = msgspec.msgpack.Encoder().encode
         # Unbuffered: each message is one write, seen by the writer (or refused) at once.
-        self._writer = subprocess.Popen([sys.executable, "-m", "tillerman.ledger.load", path],
+        self._writer = subprocess.Popen([sys.executable, "-m", "tillerman.ledger.load_writer", path],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self._failure: OperationalError | None = None
         self._ended = False
@@ -119,7 +120,7 @@ class LedgerLoad(ChainOnlyRecorder):
 
     def _appended(self, prepared: Prepared, offsets: Sequence[FileOffset]) -> AppendResult:
         if prepared.rows:
-            self._send(_Rows([row_columns(row) for row in prepared.rows]))
+            self._send(Rows([row_columns(row) for row in prepared.rows]))
         return super()._appended(prepared, offsets)
 
     @contextlib.contextmanager
@@ -128,9 +129,9 @@ class LedgerLoad(ChainOnlyRecorder):
         try:
             yield
         finally:
-            self._send(_Commit())
+            self._send(Commit())
 
-    def _send(self, message: _Rows | _Commit) -> None:
+    def _send(self, message: Rows | Commit) -> None:
         try:
             frames.send(self._pipe, self._encode(message))
         except BrokenPipeError:
@@ -159,31 +160,3 @@ class LedgerLoad(ChainOnlyRecorder):
                 f"the process writing {self.path} ended ({how})" + (f": {said}" if said else "")
                 + "; the rows it committed are in the ledger, `tillerman ledger verify` checks them")
 
-
-def _write(path: str) -> int:
-    """The writer: rows from stdin into the ledger at ``path``, a commit at each ``_Commit``
-    and at the end of the pipe."""
-    from tillerman.ledger.sqlite import SQLiteRecorder  # the writer's own: the replay's process needs none
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        with SQLiteRecorder(path) as recorder, recorder.keys_indexed_last(), \
-                open(sys.stdin.fileno(), "rb", buffering=frames.PIPE_BYTES, closefd=False) as pipe:
-            ended = False
-            while not ended:
-                with recorder.bulk():
-                    while (body := frames.receive(pipe)) is not None:
-                        message = _decode(body)
-                        if isinstance(message, _Commit):
-                            break
-                        recorder.insert_prepared(message.columns)
-                    else:
-                        ended = True
-    except LedgerError as exc:
-        print(exc, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_write(sys.argv[1]))

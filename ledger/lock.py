@@ -40,6 +40,20 @@ class LedgerLock:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
 
+    def held(self) -> bool:
+        """Whether a daemon holds the lock right now, without taking it for longer than
+        the probe (``tillerman status``)."""
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)

@@ -38,14 +38,16 @@ import psycopg
 import psycopg_pool
 
 from tillerman.ledger import events, leases
-from tillerman.ledger.batch import Row, prepare, row_columns
+from tillerman.ledger.batch import Row, entry_of, prepare, row_columns
+from tillerman.ledger.changes import ListenerFeed
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.events import Entry, Envelope, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
 from tillerman.ledger.location import shown
 from tillerman.ledger.recorder import CHAIN_VERSION, GENESIS, AppendResult, Recorder, VerifyReport
-from tillerman.ledger.sqlite import ACCEPT_TAIL, entry_of
+from tillerman.ledger.sqlite import ACCEPT_TAIL
+from tillerman.ledger.verify import verify_ledger
 
 SCHEMA_VERSION = 1
 #: ``offset`` is a reserved word in PostgreSQL: quoted, the same columns as SQLite's.
@@ -453,8 +455,6 @@ class PostgresRecorder(Recorder):
     def verify(self) -> VerifyReport:
         """The chain walk (``tillerman.ledger.verify``) against the head row as the anchor,
         which never lags on PostgreSQL: rows past it were written around the recorder."""
-        from tillerman.ledger.verify import verify_ledger
-
         with self._one_moment() as conn:
             version = int(conn.execute("SELECT value FROM meta WHERE key = 'chain_version'").fetchone()[0])
             head = conn.execute("SELECT seq, hash FROM chain_head").fetchone()
@@ -508,6 +508,10 @@ class PostgresRecorder(Recorder):
 
     def change_listener(self) -> ChangeListener:
         return ChangeListener(self._dsn)
+
+    def change_feed(self) -> ListenerFeed:
+        """Every commit's NOTIFY, heard on a connection of its own (``ChangeListener``)."""
+        return ListenerFeed(ChangeListener(self._dsn))
 
     def daemon_running(self) -> bool:
         """Whether any daemon renewed its place within its lease length (``leases.Leases.daemons``)."""

@@ -10,13 +10,18 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from tillerman.ledger import events
+from tillerman.ledger.changes import ChangeFeed
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
+
+if TYPE_CHECKING:  # for the reader only: they import psycopg and sqlite3, which not every recorder needs
+    from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 
 GENESIS = "0" * 64
 #: The ``row_hash`` formula. A ledger records the version its rows were hashed with
@@ -67,20 +72,42 @@ _sha256 = hashlib.sha256
 
 
 class Recorder(abc.ABC):
-    """Append-only, hash-chained event store."""
+    """Append-only, hash-chained event store.
+
+    Beyond the abstract methods every backend implements, what only some backends can do
+    is declared here, each with the default a backend without it has: a caller asks the
+    interface, never the backend's type. Those capabilities are bulk writes (``bulk``,
+    ``load``, ``one_anchor``, ``append_unseen``, ``append_new``), a feed of other
+    processes' commits (``change_feed``), history kept outside the live rows
+    (``history``), whether a daemon follows the ledger (``daemon_running``),
+    the moving of a write-ahead log into the database off the writer's path
+    (``checkpoint_in_background``), and writes off an event loop (``append_off_loop``).
+    ``tests/ledger/recorder_contract.py`` holds every backend to them."""
 
     #: Why the last head-anchor write failed while its rows were committed (a full disk);
     #: None when it succeeded, or for a backend with no anchor file.
     anchor_error: str | None = None
 
-    #: The file the ledger lives in (the daemon watches it for other writers), or ":memory:"
-    #: (a database ledger: its URL as shown, and ``change_listener`` tells of other writers).
+    #: The file the ledger lives in, or ":memory:" (a database ledger: its URL as shown).
     path: str = ":memory:"
+
+    #: Why rows past some point cannot be read (a SQLite file cut mid-page, opened to read
+    #: what is left); None for a whole ledger. A command that shows what the ledger holds
+    #: refuses such a ledger instead of answering from part of it.
+    damage: str | None = None
 
     #: False for a backend that keeps only its chain head and what de-duplication needs
     #: (``tillerman.ledger.chain_only``): ``append`` works, ``read`` and
     #: ``intent_entries`` raise ``RowsNotKept``. A caller that reads rows back needs True.
     retains_rows: bool = True
+
+    #: True for a backend whose ``append_new`` keeps no id of what it appends (the chain-only
+    #: ledger of a replay): only then is it worth a caller's finding out which events are
+    #: new and never offered again. False: ``append_new`` is ``append``.
+    forgets_new_ids: bool = False
+
+    #: Whether ``append_new`` chains its rows (False: numbered only, ``chain_only.UNCHAINED``).
+    chains_new: bool = True
 
     @abc.abstractmethod
     def append(self, batch: Sequence[Envelope], *, durable: bool = False,
@@ -96,10 +123,51 @@ class Recorder(abc.ABC):
         backend may skip what only a stored id needs. By default, ``append``."""
         return self.append(batch)
 
+    def append_new(self, batch: Sequence[Envelope]) -> AppendResult:
+        """``append`` of events the caller knows were never appended and will never be
+        offered again (a replay's observations of files each read once): a backend may
+        keep no id for them (``forgets_new_ids``). By default, ``append``."""
+        return self.append(batch)
+
+    async def append_off_loop(self, batch: Sequence[Envelope], **options) -> AppendResult:
+        """``append`` for a caller on an event loop: a recorder that commits on a worker
+        thread (the daemon's ``GatedRecorder``) does so there, so that the loop goes on
+        while the disk flushes. By default, ``append`` here."""
+        return self.append(batch, **options)
+
     def change_listener(self):
         """For a backend that tells of commits itself (PostgreSQL's LISTEN/NOTIFY): a
         listener whose ``wait(timeout)`` returns the last seq anyone committed since its
         previous call (None when nothing was), and ``close()``. None: watch ``path``."""
+        return None
+
+    def change_feed(self) -> ChangeFeed | None:
+        """What tells this process of every commit to the ledger, by any process
+        (``tillerman.ledger.changes``); None for a ledger no other process can write."""
+        return None
+
+    def history(self, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[Entry]:
+        """Every entry with ``seq > after_seq`` in seq order, rows kept outside the live
+        ledger included (a SQLite ledger's archive segments); only those of ``kinds``
+        (``events.kind_of``) when given. By default, what ``read`` yields."""
+        return (entry for entry in self.read(after_seq)
+                if kinds is None or events.kind_of(entry.envelope.event) in kinds)
+
+    def daemon_running(self) -> bool:
+        """Whether a daemon follows this ledger now. By default False: only a ledger other
+        processes can reach has one."""
+        return False
+
+    def checkpoint_in_background(self) -> BackgroundCheckpoints | None:
+        """For a backend with a write-ahead log: move the log into the database on a
+        thread of its own from now on, so that no commit waits for it (a daemon's rounds,
+        a replay while a forked child parses); returns what runs it. By default there is
+        nothing to move: None."""
+        return None
+
+    def checkpoint_in_commits(self) -> None:
+        """Stop what ``checkpoint_in_background`` started (before a fork: a thread alive
+        then would leave its locks held in the child); the commits move the log again."""
         return None
 
     @contextlib.contextmanager

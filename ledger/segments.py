@@ -16,8 +16,13 @@ The live ledger keeps the seqs of its chain, with gaps where rows moved, and a c
   exactly the rows its record names (count, range, digest), so a row moved between
   files shows too. A named segment that is missing is a problem; a segment no record
   names (an archive stopped before its commit) is a note: its rows are still live.
-* ``history`` reads the live rows and the segments' in seq order, for ``ledger export``
-  and ``replay``. The daemon's fold reads the live file only.
+* ``merged_history`` reads the live rows and the segments' in seq order: ``SQLiteRecorder.history``,
+  for ``ledger export``, ``ledger copy`` and ``replay``. The daemon's fold reads the live
+  file only.
+
+The SQLite recorder verifies and reads through this module, and opens its segments
+itself (``SQLiteRecorder.open_segment``): this module names the ledger by what it reads
+of it (``ArchivedLedger``) and imports no backend.
 """
 
 from __future__ import annotations
@@ -31,22 +36,38 @@ import sqlite3
 from collections.abc import Callable, Collection, Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
 from tillerman.ledger import events
+from tillerman.ledger.batch import entry_of
 from tillerman.ledger.errors import IntegrityError, LedgerError, OperationalError, UnsafeOutput
 from tillerman.ledger.events import Entry, LedgerArchived
-from tillerman.ledger.migrations import migrate
+from tillerman.ledger.migrations import EVENT_COLUMNS, migrate
 from tillerman.ledger.paths import SQLITE_MAGIC, check_own_file, file_kind, ledger_files
 from tillerman.ledger.recorder import Recorder, VerifyReport
-from tillerman.ledger.sqlite import COLUMNS, SEGMENT_META, SQLiteRecorder, entry_of
 from tillerman.ledger.verify import check_row
+
+#: The ``meta`` key that makes a file an archive segment (its value: the segment's header).
+SEGMENT_META = "archive_segment"
 
 _ARCHIVED = events.LedgerArchived.__struct_config__.tag
 _NAME = re.compile(r"seq-[0-9]+-[0-9]+-[0-9a-f]{16}\.sqlite3")
 _seq = itemgetter(0)
 _JOURNAL_MAGIC = b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7"  # SQLite's rollback journal header
+
+
+class ArchivedLedger(Protocol):
+    """What this module reads of a SQLite ledger or segment (``SQLiteRecorder``)."""
+
+    path: str
+
+    def rows(self, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[tuple]:
+        """Stored rows (``EVENT_COLUMNS``) with ``seq > after_seq`` in order, undecoded."""
+
+    def open_segment(self, seq: int, marker: LedgerArchived) -> ArchivedLedger:
+        """The segment ``marker`` (recorded at ``seq``) names, read-only, to close after use."""
 
 
 def segment_dir(ledger_path: str | os.PathLike) -> Path:
@@ -91,7 +112,7 @@ def describe(marker: LedgerArchived) -> str:
     return f"{marker.rows} row(s), seqs {marker.first_seq}..{marker.last_seq}, digest {marker.rows_digest[:16]}"
 
 
-def markers(recorder: SQLiteRecorder) -> list[tuple[int, LedgerArchived]]:
+def markers(recorder: ArchivedLedger) -> list[tuple[int, LedgerArchived]]:
     """The archive records of a ledger, in seq order, each with its seq. Raises
     ``IntegrityError`` for one that cannot name its segment."""
     found = []
@@ -105,32 +126,21 @@ def markers(recorder: SQLiteRecorder) -> list[tuple[int, LedgerArchived]]:
     return found
 
 
-def open_segment(ledger_path: str | os.PathLike, seq: int, marker: LedgerArchived) -> SQLiteRecorder:
-    """A named segment, read-only; ``IntegrityError`` when it is not there."""
-    path = segment_dir(ledger_path) / marker.segment
-    if not path.is_file():
-        raise IntegrityError(f"the archive segment {path} (named at seq {seq}: {describe(marker)}) is missing;"
-                             " restore it from a backup")
-    segment = SQLiteRecorder(path, readonly=True)
-    if segment.segment_header() is None:
-        segment.close()
-        raise IntegrityError(f"{path} (named at seq {seq}) is not an archive segment; restore it from a backup")
-    return segment
-
-
 def history(recorder: Recorder, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[Entry]:
-    """Every entry of a ledger's history with ``seq > after_seq``, live rows and archived
-    ones merged in seq order (only ``kinds``, when given: the others are not decoded).
-    A named segment that is missing raises ``IntegrityError`` before any entry."""
-    if not isinstance(recorder, SQLiteRecorder):
-        yield from (e for e in recorder.read(after_seq)
-                    if kinds is None or events.kind_of(e.envelope.event) in kinds)
-        return
+    """``recorder.history``: the callers that read a ledger's whole history name this module."""
+    return recorder.history(after_seq, kinds)
+
+
+def merged_history(ledger: ArchivedLedger, after_seq: int = 0,
+                   kinds: Collection[str] | None = None) -> Iterator[Entry]:
+    """Every entry of a SQLite ledger's history with ``seq > after_seq``, live rows and
+    archived ones merged in seq order (only ``kinds``, when given: the others are not
+    decoded). A named segment that is missing raises ``IntegrityError`` before any entry."""
     with contextlib.ExitStack() as stack:
-        streams = [recorder.rows(after_seq, kinds)]
-        for seq, marker in markers(recorder):
+        streams = [ledger.rows(after_seq, kinds)]
+        for seq, marker in markers(ledger):
             if marker.last_seq > after_seq:
-                segment = stack.enter_context(open_segment(recorder.path, seq, marker))
+                segment = stack.enter_context(ledger.open_segment(seq, marker))
                 streams.append(segment.rows(after_seq, kinds))
         for row in heapq.merge(*streams, key=_seq):
             yield entry_of(row)
@@ -140,7 +150,7 @@ class ChainThrough:
     """The rows ``verify`` walks: the live ledger's and its named segments', in seq
     order, with what the segments themselves owe (``complete``)."""
 
-    def __init__(self, recorder: SQLiteRecorder, live_rows: Iterator[tuple]) -> None:
+    def __init__(self, recorder: ArchivedLedger, live_rows: Iterator[tuple]) -> None:
         self._stack = contextlib.ExitStack()
         self.problems: list[str] = []
         self._tallies: list[tuple[int, LedgerArchived, Tally]] = []
@@ -154,7 +164,7 @@ class ChainThrough:
         for seq, marker in found:
             named.add(marker.segment)
             try:
-                segment = self._stack.enter_context(open_segment(recorder.path, seq, marker))
+                segment = self._stack.enter_context(recorder.open_segment(seq, marker))
             except LedgerError as exc:
                 self.problems.append(str(exc))
                 continue
@@ -166,7 +176,7 @@ class ChainThrough:
                       " commit (its rows are still in the ledger); `ledger archive` again replaces it, or delete it"
                       for path in _unnamed(recorder.path, named)]
 
-    def _tallied(self, segment: SQLiteRecorder, tally: Tally) -> Iterator[tuple]:
+    def _tallied(self, segment: ArchivedLedger, tally: Tally) -> Iterator[tuple]:
         try:
             for row in segment.rows():
                 tally.add(row[0], row[14])
@@ -203,7 +213,7 @@ def _unnamed(ledger_path: str, named: set[str]) -> list[Path]:
     return sorted(p for p in folder.iterdir() if _NAME.fullmatch(p.name) and p.name not in named)
 
 
-def verify_alone(segment: SQLiteRecorder, header: str) -> VerifyReport:
+def verify_alone(segment: ArchivedLedger, header: str) -> VerifyReport:
     """A segment checked without its ledger: every row against its own hash, the links
     between rows with consecutive seqs, and what the segment says it holds. The links
     to the rows around it are the live ledger's walk."""
@@ -237,7 +247,7 @@ def verify_alone(segment: SQLiteRecorder, header: str) -> VerifyReport:
 
 def write_segment(folder: Path, rows: Iterable[tuple], header: Callable[[Tally], LedgerArchived],
                   checkpoint: Callable[[str], None] = lambda point: None) -> tuple[Path, Tally]:
-    """Write ``rows`` (``COLUMNS``, in seq order) into a new segment in ``folder`` and put
+    """Write ``rows`` (``EVENT_COLUMNS``, in seq order) into a new segment in ``folder`` and put
     it in place under its name, durably: the file is written under a temporary name and
     fsynced, then renamed, and the folder fsynced. ``header(tally)`` gives what the segment
     says it holds. Returns its path and what it holds.
@@ -261,7 +271,7 @@ def write_segment(folder: Path, rows: Iterable[tuple], header: Callable[[Tally],
         migrate(db)
         # No key beside the ids: a segment is never appended to, so every row stays under
         # the id's own index (``events_unkeyed``), which keeps them unique.
-        insert = f"INSERT INTO events ({COLUMNS}) VALUES ({', '.join('?' * 15)})"
+        insert = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
         for chunk in _batches(rows, tally):
             db.executemany(insert, chunk)
         claimed = header(tally)

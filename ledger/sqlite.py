@@ -33,18 +33,25 @@ import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tillerman.ledger import events
-from tillerman.ledger.batch import Prepared, Row, none_stored, prepare, row_columns
-from tillerman.ledger.errors import (AnchorMismatch, IllegalTransition, IntegrityError, LedgerError, OperationalError,
-                                     SchemaError)
+from tillerman.ledger import events, segments
+from tillerman.ledger.batch import Prepared, Row, entry_of, none_stored, prepare, row_columns
+from tillerman.ledger.errors import (
+    AnchorMismatch,
+    IllegalTransition,
+    IntegrityError,
+    LedgerError,
+    OperationalError,
+    SchemaError,
+)
+from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.events import Entry, Envelope, LedgerArchived, TailAccepted
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State, known_state
+from tillerman.ledger.changes import WalWatcher
 from tillerman.ledger.load import LedgerLoad
-from tillerman.ledger.paths import ledger_files
+from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.migrations import EVENT_COLUMNS, KEY_INDEX, SCHEMA_VERSION, index_the_keys, migrate
-from tillerman.ledger.event_keys import event_key
-from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
+from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.recorder import (
     CHAIN_VERSION,
     GENESIS,
@@ -52,10 +59,10 @@ from tillerman.ledger.recorder import (
     Recorder,
     VerifyReport,
 )
+from tillerman.ledger.verify import verify_ledger
+from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 
 BUSY_TIMEOUT_MS = 10_000
-#: The ``meta`` key that makes a file an archive segment (its value: the segment's header).
-SEGMENT_META = "archive_segment"
 #: A new ledger's page size. A row is about a kilobyte (its payload and three hex digests):
 #: with SQLite's default 4 KiB pages, a bulk load spent a fifth more CPU per row (more
 #: pages to fill, write to the WAL and check point). Existing files keep theirs.
@@ -162,7 +169,7 @@ class SQLiteRecorder(Recorder):
                             self._mark_anchored(self._db)  # a ledger from before meta.anchored
                 elif not self._keys_indexed():  # a load stopped before it built the index
                     self._index_keys()
-                if _meta(self._db, SEGMENT_META) is not None:
+                if _meta(self._db, segments.SEGMENT_META) is not None:
                     self._db.close()
                     raise SchemaError(f"{self.path} is an archive segment, history that is never written to;"
                                       " give --ledger the live ledger file it was archived from")
@@ -622,11 +629,29 @@ class SQLiteRecorder(Recorder):
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
+    def history(self, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[Entry]:
+        """The live rows and those ``ledger archive`` moved into segments, in seq order
+        (``tillerman.ledger.segments.merged_history``)."""
+        return segments.merged_history(self, after_seq, kinds)
+
+    def open_segment(self, seq: int, marker: LedgerArchived) -> SQLiteRecorder:
+        """The archive segment ``marker`` (recorded at ``seq``) names, read-only;
+        ``IntegrityError`` when it is not there or is no segment."""
+        path = segments.segment_dir(self.path) / marker.segment
+        if not path.is_file():
+            raise IntegrityError(f"the archive segment {path} (named at seq {seq}: {segments.describe(marker)})"
+                                 " is missing; restore it from a backup")
+        segment = SQLiteRecorder(path, readonly=True)
+        if segment.segment_header() is None:
+            segment.close()
+            raise IntegrityError(f"{path} (named at seq {seq}) is not an archive segment; restore it from a backup")
+        return segment
+
     def segment_header(self) -> str | None:
         """What an archive segment says of itself (``tillerman.ledger.segments``); None
         for a ledger (or a file too damaged to say)."""
         try:
-            return _meta(self._db, SEGMENT_META)
+            return _meta(self._db, segments.SEGMENT_META)
         except sqlite3.DatabaseError:
             return None
 
@@ -713,9 +738,6 @@ class SQLiteRecorder(Recorder):
     def verify(self) -> VerifyReport:
         """The chain walk, through the archive segments this ledger names (rows moved
         out by ``ledger archive`` are checked where they are now)."""
-        from tillerman.ledger import segments  # segments read ledgers: imported here, not at the top
-        from tillerman.ledger.verify import verify_ledger  # the walk is backend-independent
-
         if (header := self.segment_header()) is not None:
             return segments.verify_alone(self, header)
 
@@ -814,6 +836,14 @@ class SQLiteRecorder(Recorder):
         self.anchor_error = None
         return True
 
+    def change_feed(self) -> WalWatcher | None:
+        """The writes to this ledger's ``-wal`` file (``tillerman.ledger.changes``)."""
+        return None if self.memory else WalWatcher(self.path)
+
+    def daemon_running(self) -> bool:
+        """Whether a daemon holds this ledger's lock file (``tillerman.ledger.lock``)."""
+        return not self.memory and LedgerLock(self.path).held()
+
     def checkpoint_in_background(self) -> BackgroundCheckpoints | None:
         """Copy the log into the database on a thread of its own from now on, never in a
         commit of this connection (``tillerman.ledger.wal_checkpoints``): for the daemon,
@@ -889,17 +919,6 @@ class _Bulk:
 
 def _result(prepared: Prepared) -> AppendResult:
     return AppendResult(tuple(row.entry() for row in prepared.rows), prepared.duplicates, prepared.conflicts)
-
-
-def entry_of(row: tuple) -> Entry:
-    """A stored row (``COLUMNS``) read back as an entry."""
-    (seq, event_id, at, observed_at, source, thread, turn, kind, _intent,
-     offset, length, payload, _digest, prev_hash, link) = row
-    env = Envelope(
-        event_id=event_id, event=events.decode_stored(payload, kind, thread, turn), source=source, at=at,
-        observed_at=observed_at, offset=offset, length=length,
-    )
-    return Entry(seq=seq, envelope=env, prev_hash=prev_hash, hash=link)
 
 
 def _chunks(seqs: Sequence[int]) -> Iterator[Sequence[int]]:

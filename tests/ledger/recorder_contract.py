@@ -1,5 +1,10 @@
 """The contract every ledger backend must keep. A backend's test module subclasses
-``RecorderContract`` and supplies only ``make_recorder``.
+``RecorderContract`` and supplies only ``make_recorder`` (and, for a ledger other
+processes can write, ``second_writer``; for one several daemons share, ``shares_daemons``).
+
+What only some backends can do is declared on ``Recorder`` with a default; the checks
+from ``test_the_change_feed_tells_of_another_writer`` on hold each backend to what it
+declares, so a caller asks the interface and never the backend's type.
 
 A backend that keeps only its chain head (``Recorder.retains_rows`` False) keeps the
 same contract for what ``append`` returns, de-duplication and intent transitions; the
@@ -7,6 +12,9 @@ checks that read rows back run only where rows are kept (``kept_rows``)."""
 
 from __future__ import annotations
 
+import itertools
+
+import anyio
 import pytest
 
 from tillerman.ledger.errors import IllegalTransition
@@ -42,8 +50,16 @@ def kept_rows(recorder, after_seq: int = 0):
 
 
 class RecorderContract:
+    #: Whether the backend holds thread leases for several daemons (``Recorder.leases``).
+    shares_daemons = False
+
     def make_recorder(self, tmp_path):  # pragma: no cover - supplied by each backend
         raise NotImplementedError
+
+    def second_writer(self, recorder):
+        """Another recorder on the same ledger, as another process would open it; None
+        where no other process can reach the ledger (in memory)."""
+        return None
 
     @pytest.fixture
     def recorder(self, tmp_path):
@@ -191,3 +207,74 @@ class RecorderContract:
         with recorder.bulk():
             assert recorder.append([turn(3)]).seqs == (5,)
         assert recorder.max_seq() == 5
+
+    # -- declared capabilities ----------------------------------------------------
+
+    def test_the_change_feed_tells_of_another_writer(self, recorder):
+        """A ledger another process can write has a change feed, and the feed goes round
+        after that process commits; one no other process can reach has none."""
+        other = self.second_writer(recorder)
+        feed = recorder.change_feed()
+        assert (feed is None) == (other is None)
+        if feed is None:
+            return
+        try:
+            anyio.run(_one_round, feed, other)
+        finally:
+            feed.close()
+            other.close()
+        assert recorder.max_seq() > 0
+
+    def test_history_is_what_read_yields_where_nothing_was_moved(self, recorder):
+        if not recorder.retains_rows:
+            return
+        intent = make_intent()
+        recorder.append([turn(1), proposed(intent), turn(2)])
+        assert list(recorder.history()) == list(recorder.read())
+        assert [e.seq for e in recorder.history(after_seq=1, kinds=("turn_started",))] == [3]
+
+    def test_append_new_appends_as_declared(self, recorder):
+        """``append_new`` of new events writes the rows ``append`` would; a backend that
+        keeps their ids (``forgets_new_ids`` False) knows them again as duplicates."""
+        result = recorder.append_new([turn(1), turn(2)])
+        assert result.seqs == (1, 2) and recorder.max_seq() == 2
+        assert kept_rows(recorder) in (list(result.entries), None)
+        again = recorder.append([turn(1)])
+        if not recorder.forgets_new_ids:
+            assert again.duplicates == 1 and again.seqs == ()
+        assert recorder.chains_new or recorder.forgets_new_ids  # only a ledger that forgets may leave a row unchained
+
+    def test_append_off_loop_appends(self, recorder):
+        async def append():
+            return await recorder.append_off_loop([turn(1)], durable=True)
+
+        assert anyio.run(append).seqs == (1,)
+        assert recorder.max_seq() == 1
+
+    def test_capabilities_a_backend_lacks_are_their_defaults(self, recorder):
+        assert recorder.daemon_running() is False  # no daemon follows a ledger made for the test
+        assert recorder.damage is None
+        recorder.checkpoint_in_background()
+        try:
+            assert recorder.append([turn(1)]).seqs == (1,)
+        finally:
+            recorder.checkpoint_in_commits()
+        assert recorder.append([turn(2)]).seqs == (2,)
+
+
+async def _one_round(feed, other) -> None:
+    """Commit through ``other`` until ``feed`` goes round (a feed may need a moment to
+    start watching; a commit before that is not its to tell)."""
+    rounds = aiter(feed)
+
+    async def keep_committing() -> None:
+        for i in itertools.count(1):
+            other.append([turn(i, thread="other")])
+            await anyio.sleep(0.1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keep_committing)
+        with anyio.fail_after(20):
+            await anext(rounds)
+        tg.cancel_scope.cancel()
+    await rounds.aclose()

@@ -11,12 +11,17 @@ from tillerman.ledger.postgres import PostgresRecorder
 
 
 class TestPostgres(RecorderContract):
+    shares_daemons = True
+
     @pytest.fixture
     def recorder(self, postgres_dsn):
         rec = PostgresRecorder(postgres_dsn)
         yield rec
         assert rec.verify().ok, rec.verify().problems
         rec.close()
+
+    def second_writer(self, recorder):
+        return PostgresRecorder(recorder._dsn)
 
 
 def _sql(dsn: str, *statements: str) -> None:

@@ -16,6 +16,9 @@ class TestSQLiteFile(RecorderContract):
     def make_recorder(self, tmp_path):
         return SQLiteRecorder(tmp_path / "ledger.sqlite3")
 
+    def second_writer(self, recorder):
+        return SQLiteRecorder(recorder.path)
+
 
 class TestSQLiteMemory(RecorderContract):
     def make_recorder(self, tmp_path):
