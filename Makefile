@@ -39,7 +39,7 @@ torture: $(STAMP)
 # Supported Codex releases: the oldest and the newest. `make compat` runs the live tests
 # against each, from a cached venv per release (pip install openai-codex-cli-bin==VERSION);
 # `make compat-smoke` (CI) runs the refusal and --spawn-codex checks against the oldest.
-# tests/test_compat.py keeps these equal to controller/rpc_errors.py CHECKED_CODEX_VERSIONS.
+# tests/test_compat.py keeps these equal to controller/core/rpc_errors.py CHECKED_CODEX_VERSIONS.
 CODEX_OLDEST := 0.153.4
 CODEX_NEWEST := 0.163.0
 COMPAT_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tillerman/compat

@@ -33,11 +33,11 @@ import tempfile
 import msgspec
 
 from bench.common import INFO, Row, alternate, at_least, fmt_rate, main, scratch_dir, timed
-from tillerman.controller.daemon import BATCH
+from tillerman.controller.daemon.daemon import BATCH
 from tillerman.ledger import events as ev
+from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.migrations import migrate
-from tillerman.ledger.event_keys import event_key
 from tillerman.ledger.recorder import GENESIS
 from tillerman.ledger.sqlite import SQLiteRecorder
 

@@ -14,7 +14,7 @@
 2. **Intent proposed by another process → picked up** (budget p99 ≤ 100 ms). The
    real daemon (``Daemon.run``, dry run) attached to the real Codex app-server
    (``fixtures.codex_server`` + ``fixtures.scripted_model``); a harness starts a thread;
-   a separate process proposes intents for it (``tillerman.controller.intent_requests.propose``, a
+   a separate process proposes intents for it (``tillerman.controller.core.intent_requests.propose``, a
    durable append) at random intervals. Latency: the daemon's decision record for the
    intent minus the moment the proposer's commit returned (one clock: the same machine).
 """
@@ -91,8 +91,8 @@ def _notifications(n: int, seed: int = 7):
 
 
 async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]]:
-    from tillerman.controller import intent_requests
-    from tillerman.controller.daemon import Daemon, DaemonOptions
+    from tillerman.controller.core import intent_requests
+    from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
     from tillerman.ledger import projections
     from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -128,7 +128,7 @@ async def _brain_latency(n: int, ledger: Path) -> tuple[list[float], list[float]
 
 _PROPOSER = """
 import random, sys, time
-from tillerman.controller import intent_requests
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.sqlite import SQLiteRecorder
 ledger, thread, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rnd = random.Random(11)
@@ -150,7 +150,7 @@ def _all_decided(recorder, intent_ids: list[str]) -> bool:
 async def _pickup(n: int, workdir: Path) -> list[float]:
     from fixtures.codex_server import AppServer, make_codex_home, watched_connection
     from fixtures.scripted_model import ScriptedModel
-    from tillerman.controller.daemon import Daemon, DaemonOptions
+    from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
     from tillerman.ledger.sqlite import SQLiteRecorder
 
     ledger = workdir / "ledger.sqlite3"

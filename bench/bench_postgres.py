@@ -34,7 +34,7 @@ import msgspec
 
 from bench.bench_append import batches, make_events, raw_rows
 from bench.common import INFO, Row, alternate, at_least, at_most, fmt_rate, main, percentile, timed
-from tillerman.controller.daemon import BATCH
+from tillerman.controller.daemon.daemon import BATCH
 from tillerman.ledger.recorder import GENESIS
 
 BUDGET = 0.5

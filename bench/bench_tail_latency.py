@@ -46,7 +46,7 @@ def _line(i: int) -> bytes:
 
 
 def daemon(watch: Path, ledger: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "from tillerman.controller.cli import main; main()", "run",
+    return subprocess.Popen([sys.executable, "-c", "from tillerman.controller.cli.main import main; main()", "run",
                              "--watch", str(watch), "--ledger", str(ledger)], cwd=ROOT)
 
 

@@ -3,7 +3,7 @@
 
     python -m bench.floor FILE...
 
-Same chunked read as ``tillerman replay`` (``tillerman.controller.replay.CHUNK``), so the
+Same chunked read as ``tillerman replay`` (``tillerman.controller.replay.replayer.CHUNK``), so the
 comparison is about what happens to each line, not about how the file is read.
 """
 

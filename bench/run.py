@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from tillerman.controller.output import print_table as shared_table
+from tillerman.controller.cli.output import print_table as shared_table
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

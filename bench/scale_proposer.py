@@ -23,7 +23,7 @@ import time
 import anyio
 
 from fixtures.fake_appserver import next_turn_id
-from tillerman.controller import intent_requests
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.appserver_client import open_app_server
 from tillerman.rules.owner import local_login

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 
 PAGE = Path(__file__).resolve().parent / "reference" / "cli.md"
 WIDTH = 88

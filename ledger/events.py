@@ -326,7 +326,7 @@ class ReviewCommitted(Event, tag="review_committed"):
 
 
 class NotificationSent(Event, tag="notification_sent"):
-    """A ``[[notify]]`` sink took a group of notices (``tillerman.controller.notify``).
+    """A ``[[notify]]`` sink took a group of notices (``tillerman.controller.notify.notices``).
     Each key names one notice and its step (``overdue:INTENT@ack``,
     ``escalation:INTENT@no_grant``, ``report:EVENT@1``, ``…@resolved``): what was sent is
     read back from these after a restart, never kept in memory only."""

@@ -40,7 +40,7 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
     # the dispatcher is about to call the transport (committed first)
     (S.PROPOSED, S.DISPATCH_UNKNOWN): frozenset({"dispatching"}),
     # refused before any request
-    # review_failed: a reviewer asked before dispatch failed closed (tillerman.controller.checkpoints)
+    # review_failed: a reviewer asked before dispatch failed closed (tillerman.controller.review.checkpoints)
     (S.PROPOSED, S.REJECTED): frozenset({"no_grant", "invalid", "thread_unknown", "not_dispatchable", "review_failed"}),
     (S.PROPOSED, S.EXPIRED): frozenset({"expires_at_passed", "turn_ended", "cancelled", "superseded"}),
     # the transport accepted it: steer {"turnId"}, queue a submission id, interrupt {}

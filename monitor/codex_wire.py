@@ -1,6 +1,6 @@
 """The Codex app-server's wire format for delivery: requests built, replies read into typed values.
 
-The delivery machine (``tillerman.controller.delivery``) decides in terms of accepted
+The delivery machine (``tillerman.controller.core.delivery``) decides in terms of accepted
 turns, queue entries, turn pages and terminals; it never walks JSON. Everything it
 needs to know about how the real app-server 0.163.0 spells those things lives here
 (reference/codex-app-server.md §2–§4, §1.2, A3):

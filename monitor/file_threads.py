@@ -1,6 +1,6 @@
 """Which threads a session file belongs to, told from its path and opening bytes alone.
 
-Replay keeps the files of one thread family together (``tillerman.controller.replay_groups``):
+Replay keeps the files of one thread family together (``tillerman.controller.replay.groups``):
 
 - a Codex rollout (``rollout-<ts>-<threadId>.jsonl``) names its thread in its name and
   in ``session_meta.payload.id``, and a fork or a spawned subagent names its parent

@@ -1,6 +1,6 @@
 """A rule's life: proposed → shadow → active (and back to shadow), and its review.
 
-Pure functions over rules and ledger events; ``tillerman.controller.rule_proposals``
+Pure functions over rules and ledger events; ``tillerman.controller.cli.rule_proposals``
 does the I/O (recording proposals and promotions, installing a promoted rule).
 
 * ``rule_digest`` binds a proposal and every promotion to the exact rule: the
@@ -14,7 +14,7 @@ does the I/O (recording proposals and promotions, installing a promoted rule).
 * How a promoted rule reaches the running set: the promotion writes the rule, with its
   new status, into the rules file the daemon runs with (``install``: the block with
   the same id is replaced, or the rule is appended; the whole file is validated
-  before it is written). The daemon's reload (``tillerman.controller.reload``) picks the file
+  before it is written). The daemon's reload (``tillerman.controller.daemon.reload``) picks the file
   up and records the new digest; a file that does not validate is never written.
   The ledger never becomes a second source of rules.
 * ``reviews`` lists rules in force past ``review_by`` or past ``expires``: a
@@ -33,9 +33,9 @@ from collections.abc import Iterable
 import msgspec
 
 from tillerman.ledger.events import Entry, RulePromoted, RuleProposed
-from tillerman.rules.toml_source import sections
 from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import Rule, RuleSet, rule_builtins
+from tillerman.rules.toml_source import sections
 
 #: (from, to) moves a promotion may make.
 PROMOTIONS = frozenset({("proposed", "shadow"), ("shadow", "active"), ("active", "shadow")})

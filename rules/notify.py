@@ -3,8 +3,8 @@
 A sink is a command (the notice group as JSON on stdin) or a webhook (the same JSON
 POSTed). A webhook's host must be this machine unless the table says
 ``allow_remote = true``: notices name threads and intents, and a typo in a URL must
-not send them elsewhere. ``tillerman.controller.notify`` decides what each sink is sent
-and when; ``tillerman.controller.notify_sinks`` sends it.
+not send them elsewhere. ``tillerman.controller.notify.notices`` decides what each sink is sent
+and when; ``tillerman.controller.notify.sinks`` sends it.
 """
 
 from __future__ import annotations

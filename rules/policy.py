@@ -188,7 +188,7 @@ def takes(intent: Intent, snapshot: ThreadSnapshot) -> bool:
 
 def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | None:
     """Why nothing may be sent to the thread right now, if anything. The one definition of
-    the hazards: the adapter's boundary (``tillerman.controller.boundary``) judges an
+    the hazards: the adapter's boundary (``tillerman.controller.core.boundary``) judges an
     interrupt by it again just before the send."""
     if snapshot.approval_pending:
         return "approval_pending"

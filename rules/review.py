@@ -1,7 +1,7 @@
 """Reviewers: what a review asks (the packet), what it may answer, and judging an answer.
 
 A reviewer is a command the user configures (``[[reviewer]]``); it reads one packet as
-JSON on stdin and writes one answer as JSON on stdout (``tillerman.controller.reviewer``
+JSON on stdin and writes one answer as JSON on stdout (``tillerman.controller.review.reviewer``
 runs it). A review is necessary, never sufficient: its answer is evidence with a closed
 vocabulary, never an authorization. Everything here is pure, so each way an answer is
 refused is a table row in the tests.

@@ -6,7 +6,7 @@ decisions, and the intent's own fields, reasons and evidence)."""
 
 from __future__ import annotations
 
-from tillerman.controller.intent_requests import evidence_envelope, proposal_envelopes, transition_envelope
+from tillerman.controller.core.intent_requests import evidence_envelope, proposal_envelopes, transition_envelope
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _codex_available() -> bool:
-    from tillerman.controller.codex_process import CodexBinaryMissing, find_codex_binary
+    from tillerman.controller.codex.process import CodexBinaryMissing, find_codex_binary
 
     try:
         find_codex_binary()

@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
+from tillerman.controller.core.rpc_errors import CHECKED_CODEX_VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 

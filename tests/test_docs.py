@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import pytest
 
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

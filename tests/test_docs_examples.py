@@ -19,8 +19,8 @@ import click
 import pytest
 
 from tests.test_docs import COMMANDS, PAGES
-from tillerman.controller.cli import main
-from tillerman.controller.cli_shared import LEDGER_HELP
+from tillerman.controller.cli.main import main
+from tillerman.controller.cli.shared import LEDGER_HELP
 
 DEFAULT_LEDGER = "$TILLERMAN_LEDGER"  # what a command without --ledger uses
 SHELL_OPERATORS = {";", "&", "&&", "|", "||"}

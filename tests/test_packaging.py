@@ -32,7 +32,7 @@ def test_the_wheel_holds_only_the_tillerman_package(wheel: Path) -> None:
     for package in ("ledger", "rules", "monitor", "controller"):
         assert f"tillerman/{package}/__init__.py" in names
     assert "tillerman/rules/defaults.toml" in names  # the built-in rules travel as package data
-    # declared dependencies are used ones: sqlite-utils writes `tillerman report --db` (controller/report_db.py)
+    # declared dependencies are used ones: sqlite-utils writes `tillerman report --db` (controller/report/db.py)
     assert "Requires-Dist: sqlite-utils>=3.36" in metadata
 
 

@@ -1,5 +1,5 @@
 """``python -m tillerman``: the ``tillerman`` command."""
 
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 
 main()

@@ -10,10 +10,14 @@ from typing import Any
 import anyio
 import pytest
 
-from tillerman.controller.adapter import GuardedAdapter, request_for
-from tillerman.controller.boundary import CommandMismatch, InterruptHazard, NoDispatchRecord, ReplayedIntent, Unauthorized
-from tillerman.controller.driver import StaleDelivery, carry_out
-from tillerman.controller.delivery import (
+from tillerman.controller.core.boundary import (
+    CommandMismatch,
+    InterruptHazard,
+    NoDispatchRecord,
+    ReplayedIntent,
+    Unauthorized,
+)
+from tillerman.controller.core.delivery import (
     Delivery,
     Dispatch,
     Interrupt,
@@ -28,7 +32,9 @@ from tillerman.controller.delivery import (
     Terminate,
     Verified,
 )
-from tillerman.controller.intent_requests import intent_view, proposal_envelopes, transition_envelope
+from tillerman.controller.core.intent_requests import intent_view, proposal_envelopes, transition_envelope
+from tillerman.controller.dispatch.adapter import GuardedAdapter, request_for
+from tillerman.controller.dispatch.driver import StaleDelivery, carry_out
 from tillerman.ledger.events import ApprovalRequested, Envelope, ItemStarted, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, intent_id_from, text_digest

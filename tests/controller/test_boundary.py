@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from tillerman.controller.boundary import (
+from tests.controller.test_adapter import NEXT_TURN, NOW, THREAD, TURN, grants, interrupt_for, make_intent, steer_for
+from tillerman.controller.core.boundary import (
     BoundaryRefusal,
     CommandMismatch,
     InterruptHazard,
@@ -17,7 +18,7 @@ from tillerman.controller.boundary import (
     Unauthorized,
     judge,
 )
-from tillerman.controller.delivery import (
+from tillerman.controller.core.delivery import (
     Command,
     ListTerminals,
     QueueAdd,
@@ -34,7 +35,6 @@ from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.rules.decision import Action
 from tillerman.rules.policy import decide
 from tillerman.rules.ruleset import Grant, build_ruleset
-from tests.controller.test_adapter import NEXT_TURN, NOW, THREAD, TURN, grants, interrupt_for, make_intent, steer_for
 
 DISPATCHED = HistoryItem(seq=1, at=NOW, kind="transition", state=State.DISPATCH_UNKNOWN, reason="dispatching",
                          evidence={"attempt": "a1"})

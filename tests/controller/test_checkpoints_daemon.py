@@ -8,8 +8,8 @@ to the intent's delivery task."""
 from __future__ import annotations
 
 import datetime
-import sys
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -18,12 +18,11 @@ import msgspec
 import pytest
 
 from tests.controller.test_reviewer import GOOD, answering, script
-from tillerman.controller import intent_requests
-from tillerman.controller.checkpoints import is_reviewer_thread
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.delivery import Dispatch
-from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnCompleted, \
-    TurnStarted
+from tillerman.controller.core import intent_requests
+from tillerman.controller.core.delivery import Dispatch
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
+from tillerman.controller.review.checkpoints import is_reviewer_thread
+from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.decision import Action
@@ -263,7 +262,7 @@ def test_a_known_bad_probe_follows_a_streak_and_a_reviewer_that_passes_it_is_fla
     assert "known-bad calibration probe" in caplog.text
     from click.testing import CliRunner
 
-    from tillerman.controller.cli import main
+    from tillerman.controller.cli.main import main
     shown = CliRunner().invoke(main, ["status", "--ledger", str(path), "--json"])
     assert list(json.loads(shown.output)["flagged_reviewers"]) == ["script"]
     shown = CliRunner().invoke(main, ["status", "--ledger", str(path)])
@@ -415,7 +414,7 @@ def _replay_files(tmp_path: Path, reviewer_body: str) -> tuple[Path, Path]:
 def replay_json(*args) -> dict:
     from click.testing import CliRunner
 
-    from tillerman.controller.cli import main
+    from tillerman.controller.cli.main import main
     result = CliRunner().invoke(main, ["replay", "--json", "--jobs", "1", *map(str, args)])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)

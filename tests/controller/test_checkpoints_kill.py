@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from fixtures.rule_texts import grant, reviewer, rule
-from tillerman.controller import intent_requests
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import Projection

@@ -9,30 +9,34 @@ import sys
 from pathlib import Path
 
 import anyio
-import pytest
 import msgspec
+import pytest
 from click.testing import CliRunner
 
 from tests.monitor.support import events
-
-from tillerman.controller import hook_claim
-from tillerman.controller import intent_requests as intents
-from tillerman.controller.claude_settings import TIMEOUT_SECONDS
-from tillerman.controller.cli import _daemon_lines, main
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.hook_delivery import parcel, settle
-from tillerman.controller.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
+from tillerman.controller.claude import hook_claim
+from tillerman.controller.claude.hook_delivery import parcel, settle
+from tillerman.controller.claude.hook_outbox import Outbox, outbox_path, read_outbox, write_outbox
+from tillerman.controller.claude.settings import TIMEOUT_SECONDS
+from tillerman.controller.cli.main import _daemon_lines, main
+from tillerman.controller.core import intent_requests as intents
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
-from tillerman.ledger.events import (
-    DenyNotHonoured, Envelope, ItemCompleted, ThreadStarted, TurnCompleted, UserMessage,
-)
 from tillerman.ledger.errors import IllegalTransition
+from tillerman.ledger.events import (
+    DenyNotHonoured,
+    Envelope,
+    ItemCompleted,
+    ThreadStarted,
+    TurnCompleted,
+    UserMessage,
+)
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.rules.decision import Action
 from tillerman.rules.config import load_effective
+from tillerman.rules.decision import Action
 from tillerman.rules.owner import local_login
 from tillerman.rules.policy import capabilities, decide, takes
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import claude_hook
-from tillerman.controller.cli import main
+from tillerman.controller.claude import hook as claude_hook
+from tillerman.controller.cli.main import main
 
 PAYLOAD = json.dumps({"session_id": "s1", "hook_event_name": "Stop"}).encode()
 TILLERMAN = str(Path(sys.executable).with_name("tillerman"))
@@ -86,7 +86,7 @@ def test_an_exception_anywhere_exits_0_with_one_escaped_line(tmp_path: Path, mon
 
 ANSWERING_HOOK = """
 import sys
-from tillerman.controller import claude_hook
+from tillerman.controller.claude import hook as claude_hook
 claude_hook.deliver = lambda payload, spool: ({"decision": "block", "reason": "x"}, {"delivered": "in-1"})
 sys.exit(claude_hook.main(sys.argv[1:]))
 """

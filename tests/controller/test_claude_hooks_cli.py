@@ -2,14 +2,17 @@
 touching the user's own hooks; ``tillerman hook claude`` keeps each payload as a line."""
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller.claude_hook import keep_payload
-from tillerman.controller.claude_settings import HOOK_EVENTS, is_ours, with_our_hooks, without_our_hooks
-from tillerman.controller.cli import main
+from tillerman.controller.claude.hook import keep_payload
+from tillerman.controller.claude.settings import HOOK_EVENTS, HOOK_MODULE, is_ours, with_our_hooks, without_our_hooks
+from tillerman.controller.cli.main import main
 from tillerman.monitor.formats import detect_format
 
 USERS = {
@@ -79,6 +82,18 @@ def test_the_hook_keeps_each_payload_as_a_line_and_fails_open(tmp_path: Path) ->
     result = runner.invoke(main, ["hook", "claude", "--spool", str(tmp_path)], input="{cut")
     assert result.exit_code == 0 and "payload not kept" in result.output
     assert keep_payload(b'{"session_id": "../../etc"}', tmp_path).name == "unknown-session.jsonl"
+
+
+def test_the_hook_command_that_earlier_versions_installed_still_runs(tmp_path: Path) -> None:
+    """Users' settings.json outlive upgrades: the line every version so far wrote must keep
+    working however the controller's modules move, and new installs write the same."""
+    earlier = f"{shlex.quote(sys.executable)} -m tillerman.controller.claude_hook --spool {tmp_path}"
+    assert HOOK_MODULE == "tillerman.controller.claude_hook"
+    payload = {"session_id": "5b4e-4d21", "hook_event_name": "Stop", "stop_hook_active": False}
+    done = subprocess.run(shlex.split(earlier), input=json.dumps(payload).encode(), capture_output=True,
+                          timeout=60, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert json.loads((tmp_path / "5b4e-4d21.jsonl").read_text()) == payload
 
 
 def test_install_over_a_symlinked_settings_file_writes_through_to_its_target(tmp_path: Path) -> None:

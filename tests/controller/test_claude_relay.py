@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tillerman.controller.claude_relay import REQUEST_PREFIX, CliFramer, FromCli, Ours, Relay, message_uuid
+from tillerman.controller.claude.relay import REQUEST_PREFIX, CliFramer, FromCli, Ours, Relay, message_uuid
 from tillerman.monitor.claude_stream import ClaudeStreamParser
 
 RECORDED = Path(__file__).parents[2] / "fixtures" / "sessions" / "claude-live"

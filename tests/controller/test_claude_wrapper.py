@@ -13,13 +13,18 @@ from hypothesis import strategies as st
 
 from tests.controller.test_claude_relay import INJECT_TURN, INJECTED, LATER, LATER_TURN, RECORDED
 from tests.monitor.support import SESSIONS, parse
-from tillerman.controller import claude_wrapper, intent_requests
-from tillerman.controller.claude_wrapper import (
-    CLAUDE_BIN_ENV, WrapperError, claude_command, resumed_session, transcript_turns,
+from tillerman.controller.claude import wrapper as claude_wrapper
+from tillerman.controller.claude.wrapper import (
+    CLAUDE_BIN_ENV,
+    WrapperError,
+    claude_command,
+    resumed_session,
+    transcript_turns,
 )
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.delivery import Delivery, Tick
-from tillerman.controller.reconcile import observed
+from tillerman.controller.core import intent_requests
+from tillerman.controller.core.delivery import Delivery, Tick
+from tillerman.controller.core.reconcile import observed
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
@@ -27,8 +32,8 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
-from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.codex_wire import IN_PROGRESS
+from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.tailer import file_source
 from tillerman.rules.ruleset import Grant, build_ruleset
 

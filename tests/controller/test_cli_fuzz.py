@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tillerman.controller import intent_requests
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 
@@ -139,8 +139,8 @@ def place(tmp_path_factory, monkeypatch):
     (root / "ledger.sqlite3.lock").write_text("1")
     (root / "to-ledger").symlink_to(root / "ledger.sqlite3")
     (root / "to-anchor").symlink_to(root / "ledger.sqlite3.head")
-    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)
-    monkeypatch.setattr("tillerman.controller.shim.run_shim", _no_shim)
+    monkeypatch.setattr("tillerman.controller.daemon.daemon.run_daemon", lambda *args: None)
+    monkeypatch.setattr("tillerman.controller.codex.shim.run_shim", _no_shim)
     return root, intent.id
 
 

@@ -9,8 +9,8 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import intent_requests as lib
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests as lib
 from tillerman.ledger.events import Envelope, IntentProposed, TurnStarted
 from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -32,7 +32,7 @@ def ledger(tmp_path, monkeypatch):
 def started(monkeypatch):
     """``run`` never starts a daemon here: the options it would have started with."""
     options = []
-    monkeypatch.setattr("tillerman.controller.daemon.run_daemon",
+    monkeypatch.setattr("tillerman.controller.daemon.daemon.run_daemon",
                         lambda recorder, path, ruleset, opts: options.append(opts))
     return options
 

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import intent_requests as lib
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests as lib
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder

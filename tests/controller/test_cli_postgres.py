@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from click.testing import CliRunner
 
 from tests.controller.test_recheck import supervised
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.postgres import PostgresRecorder
 
 

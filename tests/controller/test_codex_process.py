@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tillerman.controller.codex_process import CODEX_BIN_ENV, CodexBinaryMissing, find_codex_binary, helper_path_dir
+from tillerman.controller.codex.process import CODEX_BIN_ENV, CodexBinaryMissing, find_codex_binary, helper_path_dir
 
 
 def _executable(path: Path) -> Path:

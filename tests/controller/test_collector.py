@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from tillerman.controller.collector import FULL_EVERY, Collector
+from tillerman.controller.daemon.collector import FULL_EVERY, Collector
 
 
 class Node:

@@ -10,8 +10,8 @@ import time
 import anyio
 
 from tests.controller.test_daemon_fold import _full_fold, _setup, seen
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.driver import _append
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
+from tillerman.controller.dispatch.driver import _append
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope

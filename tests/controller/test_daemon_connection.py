@@ -10,8 +10,8 @@ import math
 import anyio
 import pytest
 
-import tillerman.controller.daemon as daemon_module
-from tillerman.controller.daemon import BATCH, Daemon, DaemonOptions
+import tillerman.controller.daemon.daemon as daemon_module
+from tillerman.controller.daemon.daemon import BATCH, Daemon, DaemonOptions
 from tillerman.ledger.events import ThreadStarted, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.jsonrpc import Notification, RpcError

@@ -11,9 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tillerman.controller import intent_requests
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.metrics import Metrics
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
+from tillerman.controller.daemon.metrics import Metrics
 from tillerman.ledger.events import Envelope, NotificationSent, ThreadStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import anyio
 
-from tillerman.controller import intent_requests
-from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.events import Envelope, IntentProposed, ThreadStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, text_digest

@@ -11,7 +11,7 @@ import sqlite3
 import anyio
 
 from tests.controller.test_daemon_fold import _full_fold, _setup, seen
-from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.errors import OperationalError

@@ -8,8 +8,8 @@ import time
 
 import anyio
 
-from tillerman.controller import intent_requests
-from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
 
@@ -65,7 +65,7 @@ def test_a_cut_tail_holds_every_decision_until_a_person_accepts_it(tmp_path, cap
     from click.testing import CliRunner
 
     from tests.ledger.test_ledger_faults import cut_tail
-    from tillerman.controller.cli import main
+    from tillerman.controller.cli.main import main
 
     ledger = tmp_path / "ledger.sqlite3"
     (tmp_path / "sessions").mkdir()

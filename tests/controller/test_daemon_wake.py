@@ -8,9 +8,9 @@ import threading
 import anyio
 import pytest
 
-import tillerman.controller.daemon as daemon_module
-from tillerman.controller import intent_requests
-from tillerman.controller.daemon import Daemon, DaemonOptions
+import tillerman.controller.daemon.daemon as daemon_module
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tillerman.controller.delivery import (
+from tillerman.controller.core.delivery import (
     Delivery,
     Dispatch,
     Interrupt,
@@ -38,8 +38,8 @@ from tillerman.controller.delivery import (
     VerifyDue,
     expect_matches,
 )
-from tillerman.controller.intent_requests import proposal_envelopes
-from tillerman.controller.rpc_errors import Refusal
+from tillerman.controller.core.intent_requests import proposal_envelopes
+from tillerman.controller.core.rpc_errors import Refusal
 from tillerman.ledger.events import (
     AgentMessage,
     Entry,

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from tests.controller.test_adapter import FakeAppServer, adapter_for, grants, make_intent
-from tillerman.controller.delivery import Delivery, Dispatch
-from tillerman.controller.driver import carry_out
-from tillerman.controller.intent_requests import intent_view, proposal_envelopes
-from tillerman.controller.leases_keeper import Fence, LeaseKeeper
+from tillerman.controller.core.delivery import Delivery, Dispatch
+from tillerman.controller.core.intent_requests import intent_view, proposal_envelopes
+from tillerman.controller.dispatch.driver import carry_out
+from tillerman.controller.dispatch.leases_keeper import Fence, LeaseKeeper
 from tillerman.ledger.errors import Fenced
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.postgres import PostgresRecorder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tillerman.controller.ledger_health import LedgerHealth
+from tillerman.controller.daemon.ledger_health import LedgerHealth
 
 
 def test_an_outage_begins_once_and_ends_once():

@@ -1,10 +1,10 @@
-"""What ``status`` says about the daemon's connection (tillerman.controller.link)."""
+"""What ``status`` says about the daemon's connection (tillerman.controller.daemon.link)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tillerman.controller.link import Link
+from tillerman.controller.daemon.link import Link
 
 AGENT = "codex-tui/0.163.0 (Debian 12.0.0; x86_64) xterm-256color (tillerman; 0.1.0)"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tillerman.controller import intent_requests
-from tillerman.controller.metrics import Metrics, parse_address
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.metrics import Metrics, parse_address
 from tillerman.ledger import projections
+from tillerman.ledger.events import Entry, Envelope, IntentTransition, NotificationFailed, ReviewCommitted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
-from tillerman.ledger.events import Entry, Envelope, IntentTransition, NotificationFailed, ReviewCommitted
 
 
 def _entry(seq: int, event, source: str = "tillerman") -> Entry:

@@ -1,7 +1,7 @@
-"""Notices for people (tillerman.controller.notify): each overdue intent, escalation and
+"""Notices for people (tillerman.controller.notify.notices): each overdue intent, escalation and
 report once per step, grouped per thread within a window, optionally repeated, and
 resolved once when it settles, also across a restart (what was sent is read back from
-the ledger). The sinks (tillerman.controller.notify_sinks) retry with backoff and record
+the ledger). The sinks (tillerman.controller.notify.sinks) retry with backoff and record
 every attempt."""
 
 import http.server
@@ -12,13 +12,20 @@ import threading
 import anyio
 import pytest
 
-from tillerman.controller import intent_requests
-from tillerman.controller import notify_sinks
-from tillerman.controller.notify import Notifier
-from tillerman.controller.notify_sinks import SinkRunner
+from tillerman.controller.core import intent_requests
+from tillerman.controller.notify import sinks as notify_sinks
+from tillerman.controller.notify.notices import Notifier
+from tillerman.controller.notify.sinks import SinkRunner
 from tillerman.ledger import projections
-from tillerman.ledger.events import DecisionRecorded, Envelope, NotificationFailed, NotificationSent, Report, \
-    TurnCompleted, TurnStarted
+from tillerman.ledger.events import (
+    DecisionRecorded,
+    Envelope,
+    NotificationFailed,
+    NotificationSent,
+    Report,
+    TurnCompleted,
+    TurnStarted,
+)
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder

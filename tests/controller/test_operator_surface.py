@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUT = ROOT / "fixtures/sessions/codex-rollout/rollout-2025-09-02T10-00-00-0199a1b2-0000-7000-8000-00000000aa01.jsonl"

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from tests.controller.test_rules_cli import PROPOSAL
 from tests.ledger.test_archive import BEFORE, history_ledger
-from tillerman.controller import hook_claim
-from tillerman.controller.cli import main
-from tillerman.controller.hook_outbox import MAX_OUTBOX, Outbox, Parcel, write_outbox
-from tillerman.controller.report_cli import is_timeline_page
-from tillerman.controller.report_db import is_report_db
+from tillerman.controller.claude import hook_claim
+from tillerman.controller.claude.hook_outbox import MAX_OUTBOX, Outbox, Parcel, write_outbox
+from tillerman.controller.cli.main import main
+from tillerman.controller.cli.report import is_timeline_page
+from tillerman.controller.report.db import is_report_db
 from tillerman.ledger.errors import UnsafeOutput
 from tillerman.ledger.paths import check_output, ledger_files, open_for_append, replace_file
 
@@ -124,7 +124,7 @@ COMMANDS: dict[str, Callable[[Path, Path, Path], list[str]]] = {
 def test_every_file_writing_command_refuses_a_hostile_path_in_one_line_and_changes_nothing(
         place, command, target, monkeypatch):
     root, ledger, paths = place
-    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)  # never started
+    monkeypatch.setattr("tillerman.controller.daemon.daemon.run_daemon", lambda *args: None)  # never started
     args = COMMANDS[command](root, ledger, paths[target])
     before = snapshot(root)
     with no_hang():
@@ -357,7 +357,7 @@ NOT_A_LEDGER: dict[str, Callable[[Path, dict], Path]] = {
 def test_a_ledger_companion_fifo_device_or_folder_given_as_the_ledger_is_refused(place, command, given, monkeypatch):
     root, ledger, paths = place
     (root / "proposal.toml").write_text(PROPOSAL)
-    monkeypatch.setattr("tillerman.controller.daemon.run_daemon", lambda *args: None)  # never started
+    monkeypatch.setattr("tillerman.controller.daemon.daemon.run_daemon", lambda *args: None)  # never started
     path = str(NOT_A_LEDGER[given](ledger, paths))
     if command == "$TILLERMAN_LEDGER":
         monkeypatch.setenv("TILLERMAN_LEDGER", path)

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from bench.sessions import rollout_name, write_rollout
-from tillerman.controller.cli import main
-from tillerman.controller import parallel_replay
-from tillerman.controller.parallel_replay import ReplaySettings, replay_files
+from tests.controller.test_replay import STALL, replay, replay_json
+from tillerman.controller.cli.main import main
+from tillerman.controller.replay import parallel as parallel_replay
+from tillerman.controller.replay.parallel import ReplaySettings, replay_files
 from tillerman.ledger.events import Envelope
 from tillerman.rules.files import default_ruleset
-from tests.controller.test_replay import STALL, replay, replay_json
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
 STALL_FILE = next(STALL.glob("rollout-*.jsonl"))
@@ -64,7 +64,7 @@ def test_the_ledger_is_the_same_for_any_number_of_jobs_and_its_decisions_are_the
                                                                                          monkeypatch, load_bytes):
     """With two jobs the parent writes the workers' rows through the new ledger's load
     (``load_bytes`` 0: any input is enough) or appends them itself: the same rows as one job."""
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
 
     monkeypatch.setattr(replay_module, "LOAD_BYTES", load_bytes)
     exports, summaries = [], []
@@ -162,7 +162,7 @@ def test_one_large_file_is_read_on_a_second_core_with_jobs_2_and_replays_the_sam
     """One group leaves the pool out; with a core to spare its files are read and parsed
     in a child process (``ForkedFileReader``), and nothing of the result changes. With
     ``--jobs 1``, and for a file under ``PARSE_AHEAD_BYTES``, everything stays here."""
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
     from tillerman.monitor.file_reader import ForkedFileReader
 
     big = tmp_path / rollout_name(9)
@@ -198,7 +198,7 @@ def test_into_a_sqlite_ledger_the_log_is_checkpointed_beside_each_forked_reader(
     import shutil
     import threading
 
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
     from tillerman.ledger.sqlite import SQLiteRecorder
     from tillerman.monitor.file_reader import ForkedFileReader
 
@@ -240,7 +240,7 @@ def test_a_file_is_read_here_while_another_thread_runs():
     """A thread holding a lock at a fork would leave it held in the child: no fork then."""
     import threading
 
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
 
     release = threading.Event()
     thread = threading.Thread(target=release.wait)
@@ -254,7 +254,7 @@ def test_a_file_is_read_here_while_another_thread_runs():
 
 def test_a_reader_that_dies_fails_the_replay_with_a_clear_error(tmp_path, monkeypatch):
     """Exit 2, the file named, how the child ended and what to do: nothing half-reported."""
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
     from tillerman.monitor.file_reader import ForkedFileReader
 
     class Dying(ForkedFileReader):
@@ -279,7 +279,7 @@ def test_a_new_ledger_is_loaded_by_a_writer_process_only_with_a_core_to_spare(tm
     parent for the workers of ``many`` groups. ``--jobs 1`` replays in this process, a
     ledger that has rows is appended to by its recorder, and a file named ``twice``
     repeats its ids, which only the recorder's lookup drops: all three without one."""
-    from tillerman.controller import replay as replay_module
+    from tillerman.controller.replay import replayer as replay_module
     from tillerman.ledger import sqlite
     from tillerman.ledger.load import LedgerLoad
     from tillerman.ledger.sqlite import SQLiteRecorder

@@ -23,10 +23,10 @@ from click.testing import CliRunner
 
 from fixtures.rule_texts import grant, reviewer
 from tests.hostile import FORGED, TERMINAL, hostile_session
-from tillerman.controller.cli import main
-from tillerman.controller.link import HEARTBEAT
-from tillerman.controller.log_format import log_handler
-from tillerman.controller.printable import printable
+from tillerman.controller.cli.log_format import log_handler
+from tillerman.controller.cli.main import main
+from tillerman.controller.core.printable import printable
+from tillerman.controller.daemon.link import HEARTBEAT
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_runs_text_log_shows_control_characters_as_codes_and_keeps_a_tracebacks_
 
 
 def test_replays_progress_line_shows_a_hostile_file_name_as_codes(capsys):
-    from tillerman.controller.replay_cli import _Progress
+    from tillerman.controller.cli.replay import _Progress
 
     _Progress()(f"/sessions/{TERMINAL['title']}{TERMINAL['forged']}.jsonl", 1 << 20, 2 << 20)
     line = capsys.readouterr().err

@@ -11,13 +11,13 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller import recheck
-from tillerman.controller.cli import main
-from tillerman.controller.intent_requests import build_intent, proposal_envelopes
-from tillerman.controller.recheck import CannotCheck, check, check_ledger, recorded_rulesets
-from tillerman.controller.supervisor import Step
-from tillerman.ledger import events as ev
 from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, rule
+from tillerman.controller.cli.main import main
+from tillerman.controller.core.intent_requests import build_intent, proposal_envelopes
+from tillerman.controller.core.supervisor import Step
+from tillerman.controller.replay import recheck
+from tillerman.controller.replay.recheck import CannotCheck, check, check_ledger, recorded_rulesets
+from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection

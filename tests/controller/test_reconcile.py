@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from tillerman.controller.delivery import Reconcile
-from tillerman.controller.intent_requests import proposal_envelopes, transition_envelope
-from tillerman.controller.reconcile import (
+from tests.controller.test_adapter import NEXT_TURN, NOW, THREAD, TURN, ledger_with, make_intent, mark_dispatching
+from tillerman.controller.core.delivery import Reconcile
+from tillerman.controller.core.intent_requests import proposal_envelopes, transition_envelope
+from tillerman.controller.core.reconcile import (
     read_back,
     reconcile_fact,
     seen,
@@ -20,7 +21,6 @@ from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.codex_wire import parse_turn_page
-from tests.controller.test_adapter import NEXT_TURN, NOW, THREAD, TURN, ledger_with, make_intent, mark_dispatching
 
 SOURCE = "appserver:test"
 

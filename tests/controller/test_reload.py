@@ -11,8 +11,8 @@ import textwrap
 import anyio
 
 from fixtures.rule_texts import NO_OWNER_GRANT, rule
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.reload import RuleReloader
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
+from tillerman.controller.daemon.reload import RuleReloader
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.projections import Projection
@@ -318,7 +318,7 @@ def test_a_loader_fault_is_recorded_as_a_rejection_not_a_dead_daemon(tmp_path, m
     def broken(*args, **kwargs):
         raise KeyError("kind")
 
-    monkeypatch.setattr("tillerman.controller.reload.load_effective", broken)
+    monkeypatch.setattr("tillerman.controller.daemon.reload.load_effective", broken)
     rules.write_text(repeated_failure_rule(version=2, count=3))
     outcome = reloader.poll(1.0)
     (rejected,) = [e.event for e in outcome.envelopes]

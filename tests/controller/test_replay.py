@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from fixtures.rule_texts import rule
 from tests.monitor.test_quarantine import GOOD as QUARANTINE_GOOD
-from tillerman.controller.cli import main
-from tillerman.controller.timefmt import parse_time
+from tillerman.controller.cli.main import main
+from tillerman.controller.core.timefmt import parse_time
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"

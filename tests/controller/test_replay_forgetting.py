@@ -2,7 +2,7 @@
 
 import shutil
 
-from tillerman.controller.replay import Replayer
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.rules.config import load_effective

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from tillerman.controller.replay_groups import ReplayFile, group_files
+from tillerman.controller.replay.groups import ReplayFile, group_files
 from tillerman.monitor.file_threads import file_threads
 
 SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from tillerman.controller import replay
-from tillerman.controller.replay import Replayer
+from tillerman.controller.replay import replayer as replay
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -3,7 +3,7 @@ process over a 2 GB directory of generated sessions (about 550 rollouts of 5,000
 lines, 2.8 million lines) stays within 1.2× of the same replay over 20 of them (100k
 lines, 70 MB), in memory and into a ledger (a ratio of the same measurement at two
 sizes, not a time). Each rollout is one session and its own group
-(``tillerman.controller.parallel_replay``): its fold and in-memory ledger are let go
+(``tillerman.controller.replay.parallel``): its fold and in-memory ledger are let go
 when its file ends, and into a ledger the rows stream to the file (the parent writes
 the workers' rows through the ledger's load: ``parallel_replay._appender``). It writes 2 GB to
 the temporary directory and replays it twice (under two minutes on 2 cores).

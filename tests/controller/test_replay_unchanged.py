@@ -31,9 +31,9 @@ import msgspec
 import pytest
 
 from fixtures.rule_texts import grant, rule
-from tillerman.controller.intent_requests import SOURCE
-from tillerman.controller import replay
-from tillerman.controller.replay import Replayer
+from tillerman.controller.core.intent_requests import SOURCE
+from tillerman.controller.replay import replayer as replay
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.load import LedgerLoad
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder

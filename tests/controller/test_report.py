@@ -18,13 +18,13 @@ import sqlite_utils
 from click.testing import CliRunner
 
 from fixtures.rule_texts import grant, rule
-from tillerman.controller.cli import main
-from tillerman.controller.intent_requests import SOURCE, proposal_envelopes, transition_envelope
-from tillerman.controller.parallel_replay import ReplaySettings, replay_files
-from tillerman.controller.replay import collect_files
-from tillerman.controller.report_account import account
-from tillerman.controller.report_cli import render_text
-from tillerman.controller.report_fold import fold_facts
+from tillerman.controller.cli.main import main
+from tillerman.controller.cli.report import render_text
+from tillerman.controller.core.intent_requests import SOURCE, proposal_envelopes, transition_envelope
+from tillerman.controller.replay.parallel import ReplaySettings, replay_files
+from tillerman.controller.replay.replayer import collect_files
+from tillerman.controller.report.account import account
+from tillerman.controller.report.fold import fold_facts
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State

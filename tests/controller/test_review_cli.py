@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.rule_texts import grant, reviewer
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.events import Envelope, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tillerman.controller.reviewer import ask, codex_exec_answer, run_checkpoint
+from tillerman.controller.review.reviewer import ask, codex_exec_answer, run_checkpoint
 from tillerman.ledger.events import ReviewCommitted, ReviewPending
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.reviews import Escalate, Recorded, Refused
@@ -238,7 +238,7 @@ def test_sigkill_during_the_call_then_a_restart_makes_no_second_call(tmp_path):
     run = textwrap.dedent(f"""
         import sys
         from tests.controller.test_reviewer import packet
-        from tillerman.controller.reviewer import run_checkpoint
+        from tillerman.controller.review.reviewer import run_checkpoint
         from tillerman.ledger.sqlite import SQLiteRecorder
         from tillerman.rules.review import Reviewer
         reviewer = Reviewer(name="killer", command=(sys.executable, {str(reviewer_script)!r}))

@@ -6,7 +6,7 @@ A4) and from probes of thread/turns/list and thread/queue/start.
 
 import pytest
 
-from tillerman.controller.rpc_errors import Refusal, classify
+from tillerman.controller.core.rpc_errors import Refusal, classify
 from tillerman.monitor.jsonrpc import RpcError
 
 ACTIVE = "01a229c4-3730-7c10-9d2e-5b7f0c9e1a01"

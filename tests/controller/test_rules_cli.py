@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, notify, reviewer, rule
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
@@ -428,7 +428,7 @@ def test_the_rules_commands_do_not_import_the_main_command_module():
     import subprocess
     import sys
 
-    probe = "import sys, tillerman.controller.rules_cli; print('tillerman.controller.cli' in sys.modules)"
+    probe = "import sys, tillerman.controller.cli.rules; print('tillerman.controller.cli.main' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fixtures.rule_texts import grant, rule
-from tillerman.controller.replay import Replayer
-from tillerman.controller.supervisor import Step
+from tillerman.controller.core.supervisor import Step
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.projections import Projection

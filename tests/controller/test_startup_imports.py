@@ -1,5 +1,5 @@
 """Every ``tillerman`` command pays for what it imports before it does anything: a
-command imports only what it runs (``tillerman.controller.cli``). A replay needs none
+command imports only what it runs (``tillerman.controller.cli.main``). A replay needs none
 of the daemon's WebSocket client, pydantic (rule and config files are validated with
 it, the built-in rules come compiled), the metrics library or PostgreSQL's driver."""
 
@@ -18,7 +18,7 @@ HEAVY = ("websockets", "pydantic", "prometheus_client", "psycopg", "anyio", "sql
 # Runs the command in a fresh interpreter, then names the heavy packages it imported.
 PROBE = """
 import json, sys
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 try:
     main(sys.argv[1:], standalone_mode=False)
 except SystemExit:
@@ -55,7 +55,7 @@ def test_each_format_names_its_parser_which_is_imported_when_asked_for():
 def test_help_lists_each_command_once_after_one_was_loaded():
     from click.testing import CliRunner
 
-    from tillerman.controller.cli import main
+    from tillerman.controller.cli.main import main
 
     runner = CliRunner()
     assert runner.invoke(main, ["replay", "--help"]).exit_code == 0

@@ -9,10 +9,10 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller.cli import main
-from tillerman.controller.link import HEARTBEAT
-from tillerman.controller.rpc_errors import CHECKED_CODEX_VERSIONS
-from tillerman.controller.status import version_warning
+from tillerman.controller.cli.main import main
+from tillerman.controller.cli.status import version_warning
+from tillerman.controller.core.rpc_errors import CHECKED_CODEX_VERSIONS
+from tillerman.controller.daemon.link import HEARTBEAT
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.sqlite import SQLiteRecorder
 

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from tests.browser import chromium_dom, chromium_evaluate, chromium_screenshot
 from tests.hostile import HTML, TERMINAL, hostile_session
-from tillerman.controller.cli import main
-from tillerman.controller.intent_requests import proposal_envelopes, transition_envelope
-from tillerman.controller.report_fold import fold_facts
-from tillerman.controller.timeline import MAX_DRAWN, render_html, timeline_data
+from tillerman.controller.cli.main import main
+from tillerman.controller.core.intent_requests import proposal_envelopes, transition_envelope
+from tillerman.controller.report.fold import fold_facts
+from tillerman.controller.report.timeline import MAX_DRAWN, render_html, timeline_data
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State

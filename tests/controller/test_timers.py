@@ -8,14 +8,13 @@ from __future__ import annotations
 import itertools
 import math
 
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures.rule_texts import rule
-from tillerman.controller.intent_requests import build_intent
-from tillerman.controller.timers import Timers, brute_force_due, deadlines
-from tillerman.controller.watches import Watches
+from tillerman.controller.core.intent_requests import build_intent
+from tillerman.controller.core.timers import Timers, brute_force_due, deadlines
+from tillerman.controller.core.watches import Watches
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.projections import Projection

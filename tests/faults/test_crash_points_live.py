@@ -1,5 +1,5 @@
 """Crash at every step of the dispatch protocol: for each named checkpoint
-(``tillerman.controller.driver.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
+(``tillerman.controller.dispatch.driver.CHECKPOINTS``) and each mode (steer, queue, interrupt), the daemon
 — a real ``python -m tillerman.controller run`` process — SIGKILLs itself there
 (``TILLERMAN_KILL_AT``), is restarted, and must settle the intent without resending it.
 
@@ -26,7 +26,7 @@ import pytest
 
 from fixtures.codex_server import AppServer, HarnessClient, watched_connection
 from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health
-from tillerman.controller.driver import CHECKPOINTS
+from tillerman.controller.dispatch.driver import CHECKPOINTS
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -107,7 +107,7 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
 
 
 def _client_id(ledger: Path, intent_id: str) -> str:
-    from tillerman.controller.intent_requests import intent_view
+    from tillerman.controller.core.intent_requests import intent_view
     from tillerman.ledger.sqlite import SQLiteRecorder
 
     with SQLiteRecorder(ledger) as rec:

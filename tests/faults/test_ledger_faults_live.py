@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from fixtures.codex_server import AppServer, is_item, is_notification, start_command, watched_connection
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.intent_requests import intent_view, propose
+from tillerman.controller.core.intent_requests import intent_view, propose
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
 

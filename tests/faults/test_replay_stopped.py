@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.sessions import rollout_name, write_rollout
-from tillerman.controller.replay import LOAD_BYTES
+from tillerman.controller.replay.replayer import LOAD_BYTES
 from tillerman.ledger.frames import receive, send
 from tillerman.ledger.sqlite import SQLiteRecorder
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.appserver_client import JsonlTrace, TraceFileError

@@ -25,8 +25,8 @@ from tests.faults.torture import (
     rollout_copies,
     thread_turns,
 )
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.intent_requests import intent_view, propose
+from tillerman.controller.core.intent_requests import intent_view, propose
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.ruleset import Grant, build_ruleset
 

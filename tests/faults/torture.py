@@ -2,7 +2,7 @@
 
 The daemon runs as a real ``python -m tillerman.controller run`` process (``DaemonProcess``), so a
 SIGKILL is a real crash: from outside at a random moment, or from inside at a named
-point of the dispatch protocol (``TILLERMAN_KILL_AT``, ``tillerman.controller.driver.CHECKPOINTS``).
+point of the dispatch protocol (``TILLERMAN_KILL_AT``, ``tillerman.controller.dispatch.driver.CHECKPOINTS``).
 The harness (the test) owns the threads, proposes intents into the ledger as another
 process would, and judges every intent from three independent records:
 
@@ -55,9 +55,9 @@ from fixtures.codex_server import (
 from fixtures.rule_texts import ANN_DISPATCHES_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.faults.ledger_faults import ledger_faults
-from tillerman.controller.driver import CHECKPOINTS, KILL_AT_ENV
-from tillerman.controller.intent_requests import intent_view, propose
-from tillerman.controller.overdue import overdue
+from tillerman.controller.core.intent_requests import intent_view, propose
+from tillerman.controller.core.overdue import overdue
+from tillerman.controller.dispatch.driver import CHECKPOINTS, KILL_AT_ENV
 from tillerman.ledger import projections
 from tillerman.ledger.events import Report
 from tillerman.ledger.sqlite import SQLiteRecorder

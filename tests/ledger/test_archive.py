@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.faults.ledger_faults import run_cli
-from tillerman.controller.cli import main
-from tillerman.controller.driver import KILL_AT_ENV
+from tillerman.controller.cli.main import main
+from tillerman.controller.dispatch.driver import KILL_AT_ENV
 from tillerman.ledger import projections
 from tillerman.ledger.archive import CHECKPOINTS, archive
 from tillerman.ledger.errors import OperationalError

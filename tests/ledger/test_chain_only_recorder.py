@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, make_intent, moved, proposed, turn
-from tillerman.controller.replay import Replayer
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.chain_only import UNCHAINED, ChainOnlyRecorder
 from tillerman.ledger.errors import IllegalTransition, RowsNotKept
 from tillerman.ledger.events import Conflict, Envelope, TurnStarted

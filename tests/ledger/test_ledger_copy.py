@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from tests.controller.test_recheck import supervised
 from tests.ledger.recorder_contract import turn
-from tillerman.controller.cli import main
-from tillerman.controller.replay import Replayer
+from tillerman.controller.cli.main import main
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.copy import TargetNotEmpty, copy_ledger
 from tillerman.ledger.errors import IntegrityError
 from tillerman.ledger.events import Envelope, TurnStarted

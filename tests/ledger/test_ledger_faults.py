@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from tests.faults.ledger_faults import READERS, cut_tail, fill, ledger_faults, run_cli, tiny_filesystem
 from tests.ledger.recorder_contract import turn
-from tillerman.controller import intent_requests
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests
 from tillerman.ledger import projections
 from tillerman.ledger.batch import Row, row_columns
 from tillerman.ledger.errors import AnchorMismatch, OperationalError

@@ -19,7 +19,7 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = """
 import sys, time
-from tillerman.controller import intent_requests
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder
 

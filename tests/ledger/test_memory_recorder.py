@@ -1,7 +1,7 @@
 import msgspec
 
 from tests.ledger.recorder_contract import RecorderContract, turn
-from tillerman.controller.replay import Replayer
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.batch import row_columns
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -125,7 +125,7 @@ def test_status_lists_every_lease(ledger, postgres_dsn):
 
     from click.testing import CliRunner
 
-    from tillerman.controller.cli import main
+    from tillerman.controller.cli.main import main
 
     ledger.leases().acquire("T1", "daemon-a", 30)
     ledger.leases().acquire("T2", "daemon-b", 30)

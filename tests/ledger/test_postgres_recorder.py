@@ -170,7 +170,7 @@ def test_a_replay_into_postgresql_decides_and_chains_as_into_sqlite(postgres_dsn
     entries and chain head (replay's own rows observed at one fixed wall-clock time)."""
     import types
 
-    from tillerman.controller.replay import Replayer
+    from tillerman.controller.replay.replayer import Replayer
     from tillerman.ledger import postgres, sqlite
     from tillerman.ledger.sqlite import SQLiteRecorder
     from tillerman.rules.config import load_effective

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.ledger.recorder_contract import turn
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 

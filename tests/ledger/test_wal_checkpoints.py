@@ -8,10 +8,9 @@ import os
 import threading
 import time
 
-
 from tests.ledger.recorder_contract import turn
-from tillerman.controller import daemon as daemon_module
-from tillerman.controller.daemon import DaemonOptions, run_daemon
+from tillerman.controller.daemon import daemon as daemon_module
+from tillerman.controller.daemon.daemon import DaemonOptions, run_daemon
 from tillerman.ledger import wal_checkpoints
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints

@@ -1,7 +1,7 @@
 """Helpers for running the whole daemon in-process beside a harness on the REAL app-server.
 
 ``Session`` holds the harness connection (it answers approvals, like an IDE would) and,
-once ``start_daemon`` is called, a ``tillerman.controller.daemon.Daemon`` with its own SQLite
+once ``start_daemon`` is called, a ``tillerman.controller.daemon.daemon.Daemon`` with its own SQLite
 ledger and a ``--trace`` file, so a test can see every request the daemon sent.
 """
 
@@ -25,7 +25,7 @@ from fixtures.codex_server import (
     watched_connection,
 )
 from fixtures.rule_texts import grant
-from tillerman.controller.daemon import Daemon, DaemonOptions
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import IntentView, Projection

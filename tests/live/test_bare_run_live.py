@@ -32,7 +32,7 @@ from fixtures.codex_server import is_item, is_notification, make_codex_home, sta
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, default_socket
 from tests.monitor.tailer_support import append, facts, rollout_name, session_meta
-from tillerman.controller.codex_process import CODEX_BIN_ENV, find_codex_binary
+from tillerman.controller.codex.process import CODEX_BIN_ENV, find_codex_binary
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = pytest.mark.live

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 from fixtures.anthropic_model import AnthropicModel
 from fixtures.claude_cli import ClaudeSession, is_result
 from tests.monitor.support import events
-from tillerman.controller import intent_requests as intents
-from tillerman.controller.cli import main
-from tillerman.controller.hook_outbox import outbox_path, read_outbox
+from tillerman.controller.claude.hook_outbox import outbox_path, read_outbox
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests as intents
 from tillerman.ledger import projections
 from tillerman.ledger.events import UserMessage
 from tillerman.ledger.intent_states import State

@@ -23,12 +23,20 @@ from fixtures.anthropic_model import AnthropicModel
 from fixtures.claude_cli import ClaudeSession
 from tests.live.daemon_support import OWNER_GRANT
 from tests.live.test_claude_wrapper_live import (
-    TILLERMAN, moves, propose_intent, running_tool, steered, thread, view, wait_until, wrapped,
+    TILLERMAN,
+    moves,
+    propose_intent,
+    running_tool,
+    steered,
+    thread,
+    view,
+    wait_until,
+    wrapped,
 )
-from tillerman.controller.cli import main
-from tillerman.controller.claude_relay import message_uuid
-from tillerman.controller.hook_outbox import outbox_path
-from tillerman.controller.report_fold import Facts
+from tillerman.controller.claude.hook_outbox import outbox_path
+from tillerman.controller.claude.relay import message_uuid
+from tillerman.controller.cli.main import main
+from tillerman.controller.report.fold import Facts
 from tillerman.ledger import events as ev
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import CLAUDE_WRAPPER_SOURCE

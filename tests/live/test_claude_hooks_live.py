@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from fixtures.anthropic_model import AnthropicModel
 from fixtures.claude_cli import ClaudeSession, is_result, is_tool_use
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 
 pytestmark = pytest.mark.live
 

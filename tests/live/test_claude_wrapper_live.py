@@ -25,8 +25,8 @@ import pytest
 from fixtures.anthropic_model import AnthropicModel
 from fixtures.claude_cli import ClaudeSession, is_result, is_tool_use
 from tests.live.daemon_support import OWNER, OWNER_GRANT
-from tillerman.controller.claude_relay import message_uuid
-from tillerman.controller.intent_requests import propose
+from tillerman.controller.claude.relay import message_uuid
+from tillerman.controller.core.intent_requests import propose
 from tillerman.ledger import projections
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import IntentView, ThreadState

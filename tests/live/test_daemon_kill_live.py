@@ -2,7 +2,7 @@
 steer is settled by readback and delivered at most once (against the real app-server).
 
 The daemon runs as a real ``tillerman run`` process; ``TILLERMAN_KILL_AT`` makes it kill
-itself at a named point of the protocol (``tillerman.controller.driver.CHECKPOINTS``):
+itself at a named point of the protocol (``tillerman.controller.dispatch.driver.CHECKPOINTS``):
 ``dispatch_recorded`` — the durable ``dispatch_unknown`` record is written, nothing
 sent yet; ``dispatch_answered`` — the server accepted the steer, the answer is not yet
 recorded.
@@ -23,7 +23,7 @@ import pytest
 from fixtures.codex_server import AppServer, is_notification, start_command, watched_connection
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
-from tillerman.controller.intent_requests import intent_view, propose
+from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]

@@ -1,6 +1,6 @@
 """The whole daemon, in-process, beside a harness on the REAL Codex app-server (0.163.0).
 
-Each test runs ``tillerman.controller.daemon.Daemon`` (connection + brain + delivery tasks) with its
+Each test runs ``tillerman.controller.daemon.daemon.Daemon`` (connection + brain + delivery tasks) with its
 own SQLite ledger and a trace of every request it sends, next to a harness connection
 that owns the threads. What reached the model is read from the scripted model's request
 log; what landed in a turn, from the harness's own copy of the notifications.
@@ -27,11 +27,11 @@ from tests.live.daemon_support import (
     session,
     wait_until,
 )
-from tillerman.controller import intent_requests
-from tillerman.controller.adapter import GuardedAdapter
-from tillerman.controller.boundary import Unauthorized
-from tillerman.controller.driver import carry_out
-from tillerman.controller.delivery import Delivery, Dispatch, Steer
+from tillerman.controller.core import intent_requests
+from tillerman.controller.core.boundary import Unauthorized
+from tillerman.controller.core.delivery import Delivery, Dispatch, Steer
+from tillerman.controller.dispatch.adapter import GuardedAdapter
+from tillerman.controller.dispatch.driver import carry_out
 from tillerman.ledger.events import (
     ApprovalRequested,
     Conflict,

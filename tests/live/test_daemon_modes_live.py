@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from fixtures.codex_server import AppServer, codex_version
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from tests.live.daemon_support import ruleset_from, session, wait_until
-from tillerman.controller import intent_requests
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

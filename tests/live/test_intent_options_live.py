@@ -22,7 +22,7 @@ from tests.live.daemon_support import (
     session,
     wait_until,
 )
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.events import Report
 from tillerman.ledger.projections import IntentView
 from tillerman.monitor.digest import digest

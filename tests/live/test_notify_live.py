@@ -13,8 +13,8 @@ import pytest
 from fixtures.codex_server import AppServer
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from tests.live.daemon_support import SETTLED, ruleset_from, session, wait_until
-from tillerman.controller import intent_requests
-from tillerman.controller.metrics import Metrics
+from tillerman.controller.core import intent_requests
+from tillerman.controller.daemon.metrics import Metrics
 from tillerman.ledger.events import NotificationFailed, NotificationSent
 from tillerman.rules.notify import NotifySink
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, reached_model, session
-from tillerman.controller.cli import load_rules_or_fail, main
+from tillerman.controller.cli.main import load_rules_or_fail, main
 from tillerman.ledger.events import RulesetLoaded
 from tillerman.rules.config import default_config_path
 from tillerman.rules.owner import local_login

@@ -27,8 +27,8 @@ from fixtures.codex_server import AppServer, is_item, start_thread, start_turn, 
 from fixtures.rule_texts import ANN_STEERS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, wait_until
-from tillerman.controller.driver import CHECKPOINTS, KILL_AT_ENV, STOP_AT_ENV
-from tillerman.controller.intent_requests import intent_view, propose
+from tillerman.controller.core.intent_requests import intent_view, propose
+from tillerman.controller.dispatch.driver import CHECKPOINTS, KILL_AT_ENV, STOP_AT_ENV
 from tillerman.ledger.postgres import PostgresRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]

@@ -27,7 +27,7 @@ import pytest
 from fixtures.postgres_server import ThrowawayPostgres
 from tests.conftest import require_postgres
 from tests.monitor.tailer_support import THREAD, append, rollout_line, rollout_name, session_meta
-from tillerman.controller.intent_requests import propose
+from tillerman.controller.core.intent_requests import propose
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import OperationalError
 from tillerman.ledger.leases import Leases

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PICKUP_BOUND = 3.0  # seconds from a proposal to the first decision recorded about it
 #: A proposer imports the CLI, then waits for its thread and turn on stdin: all of them
 #: get theirs at the same moment, so they commit together.
-PROPOSER = ("import sys\nfrom tillerman.controller.cli import main\nthread, turn = sys.stdin.readline().split()\n"
+PROPOSER = ("import sys\nfrom tillerman.controller.cli.main import main\nthread, turn = sys.stdin.readline().split()\n"
             "main(['intent', 'propose', '--thread', thread, '--expected-turn', turn, *sys.argv[1:]])\n")
 
 

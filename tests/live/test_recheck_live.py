@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, ruleset_from, session, wait_until
-from tillerman.controller import intent_requests
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.events import DecisionRecorded, RulesetLoaded
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.files import load_grants

@@ -19,7 +19,7 @@ from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
 from tests.browser import chromium_dom, chromium_screenshot
 from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, Session, ruleset_from, session
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger import events as ev
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]

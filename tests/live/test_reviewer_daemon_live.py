@@ -18,10 +18,10 @@ from fixtures.codex_server import AppServer, watched_connection
 from fixtures.rule_texts import grant, reviewer, rule
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, reached_model, session, wait_until
-from tillerman.controller import intent_requests
-from tillerman.controller.adapter import GuardedAdapter
-from tillerman.controller.boundary import Unauthorized
-from tillerman.controller.delivery import QueueAdd
+from tillerman.controller.core import intent_requests
+from tillerman.controller.core.boundary import Unauthorized
+from tillerman.controller.core.delivery import QueueAdd
+from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.ledger.events import ReviewCommitted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -13,8 +13,8 @@ import pytest
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
 from tests.controller.test_reviewer import packet
-from tillerman.controller.codex_process import find_codex_binary
-from tillerman.controller.reviewer import ask
+from tillerman.controller.codex.process import find_codex_binary
+from tillerman.controller.review.reviewer import ask
 from tillerman.rules.review import Accepted, Reviewer
 
 pytestmark = [pytest.mark.live]

@@ -1,4 +1,4 @@
-"""Every refusal ``tillerman.controller.rpc_errors`` knows, provoked on the real server under test
+"""Every refusal ``tillerman.controller.core.rpc_errors`` knows, provoked on the real server under test
 (the pinned release, or ``$TILLERMAN_CODEX_BIN``; ``make compat`` runs this against the
 oldest and the newest supported release) and read back as the refusal it is meant to be.
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.codex_server import AppServer, is_notification, start_command, text_input, watched_connection
-from tillerman.controller.rpc_errors import _PATTERNS, Refusal, classify
+from tillerman.controller.core.rpc_errors import _PATTERNS, Refusal, classify
 from tillerman.monitor.appserver_client import AppServerClient
 from tillerman.monitor.jsonrpc import RpcError
 

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
-from tillerman.controller.cli import main
-from tillerman.controller.codex_process import CODEX_BIN_ENV, find_codex_binary
+from tillerman.controller.cli.main import main
+from tillerman.controller.codex.process import CODEX_BIN_ENV, find_codex_binary
 
 pytestmark = pytest.mark.live
 
@@ -74,7 +74,7 @@ def test_spawn_codex_runs_the_codex_on_path_and_status_shows_its_version(
 
 
 # Importing the package fails as it does where tillerman was installed without the dev extra.
-WITHOUT_PACKAGE = "import sys; sys.modules['codex_cli_bin'] = None; from tillerman.controller.cli import main; main()"
+WITHOUT_PACKAGE = "import sys; sys.modules['codex_cli_bin'] = None; from tillerman.controller.cli.main import main; main()"
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from tillerman.controller import intent_requests
 from fixtures.codex_server import AppServer
 from fixtures.scripted_model import ScriptedModel
-from tillerman.monitor.redact import is_redacted, kept
 from tests.live.daemon_support import OWNER, OWNER_GRANT, ruleset_from, session, wait_until
+from tillerman.controller.core import intent_requests
+from tillerman.monitor.redact import is_redacted, kept
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 

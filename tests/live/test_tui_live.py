@@ -31,8 +31,8 @@ from fixtures.tui import (
     git_workspace,
 )
 from tests.live.daemon_support import SETTLED, Session, daemon_first, wait_until
-from tillerman.controller import intent_requests
-from tillerman.controller.cli import load_rules_or_fail
+from tillerman.controller.cli.main import load_rules_or_fail
+from tillerman.controller.core import intent_requests
 from tillerman.ledger.events import (
     ApprovalRequested,
     ApprovalResolved,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from tillerman.controller.replay import Replayer
+from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.tailer import Tailer

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.monitor.support import events, kinds, parse
 from tests.monitor.tailer_support import drive, facts, quarantines
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.claude_hook_log import hook_name

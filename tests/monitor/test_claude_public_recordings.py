@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.monitor.support import SESSIONS, jsonl, parse
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger.events import ItemCompleted, ItemStarted, TurnCompleted
 from tillerman.monitor.claude_transcript import INTERRUPT_MARKER
 

@@ -14,17 +14,16 @@ import msgspec
 import pytest
 
 from tests.monitor.support import SESSIONS, parse
-
-from tillerman.controller import claude_wrapper
-from tillerman.controller.report_fold import Facts
+from tillerman.controller.claude import wrapper as claude_wrapper
+from tillerman.controller.report.fold import Facts
 from tillerman.ledger.events import Entry, Envelope, TurnAlias, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.snapshot import ENDED_TURN_STATES
+from tillerman.monitor.tailer import file_source
 from tillerman.rules.policy import decide
 from tillerman.rules.ruleset import Grant, build_ruleset
-from tillerman.monitor.tailer import file_source
 
 RECORDED = SESSIONS / "claude-live" / "hooks"
 FILES = {"transcript": ("claude-transcript", "transcript.jsonl"), "hooks": ("claude-hooks", "hooks.jsonl"),

@@ -25,7 +25,7 @@ KILLS = 5
 
 def _start(root: Path, ledger: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", "from tillerman.controller.cli import main; main()", "run", "--no-codex",
+        [sys.executable, "-c", "from tillerman.controller.cli.main import main; main()", "run", "--no-codex",
          "--watch", str(root), "--ledger", str(ledger)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

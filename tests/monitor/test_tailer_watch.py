@@ -25,9 +25,9 @@ from tests.monitor.tailer_support import (
     rollout_name,
     session_meta,
 )
-from tillerman.controller.cli import _daemon_lines, main
-from tillerman.controller.daemon import Daemon, DaemonOptions
-from tillerman.controller.status import ledger_status
+from tillerman.controller.cli.main import _daemon_lines, main
+from tillerman.controller.cli.status import ledger_status
+from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.tailer import FILE_DELETED, Tailer
 from tillerman.monitor.watch import Watch

@@ -22,7 +22,7 @@ def test_verbose_run_names_file_thread_and_turn_and_not_the_watchers_changes(tmp
     watched.mkdir()
     ledger = tmp_path / "ledger.sqlite3"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from tillerman.controller.cli import main; main()", "run", "--no-codex",
+        [sys.executable, "-c", "from tillerman.controller.cli.main import main; main()", "run", "--no-codex",
          "--watch", str(watched), "--ledger", str(ledger), "-v"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

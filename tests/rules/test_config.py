@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.rule_texts import ANN_STEERS
-from tillerman.controller.cli import main
+from tillerman.controller.cli.main import main
 from tillerman.ledger import events as ev
-from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.ledger.command_patterns import DEFAULT
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.config import load_effective
 from tillerman.rules.errors import RuleSetError
 

@@ -1,0 +1,318 @@
+"""Notices for people: what each ``[[notify]]`` sink is sent, and when.
+
+Three kinds of things are worth a person's attention: an **overdue** intent (past its
+acknowledgement or effect deadline, ``tillerman.controller.core.overdue``), an **escalation**
+(the policy handed an intent to a person: ``decision`` rows with action ``escalate``),
+and a **report** a rule made for a person (a stall, an approval waiting: ``report`` rows
+whose action is ``report_overdue`` or ``escalate``). Each is a *subject*
+(``overdue:INTENT``, ``escalation:INTENT``, ``report:EVENT``) with a *step* (the deadline
+missed, the escalation's reason, ``1`` for a report). A sink gets each step once, and
+once more (``resolved``) when the subject settles: the intent reaches a final state,
+the report's turn ends or the thread moves again. Notices of one thread that fall due
+within the sink's ``group_window`` go in one hand-over; with ``repeat``, an unresolved
+step is sent again that often.
+
+Pure: ``fold`` reads ledger rows (reports, escalations, and the sinks' own
+``notification_sent`` / ``notification_failed`` rows), ``due`` says which hand-overs are
+due now, ``next_due`` when the next one will be. What was sent is read back from the
+ledger, so a restart neither repeats a notice nor loses a resolved one; the fold state
+is kept in a snapshot (``save``/``load``) so a start reads only the tail.
+``tillerman.controller.notify.sinks`` does the sending and records every attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import msgspec
+
+from tillerman.controller.core.overdue import Overdue, overdue
+from tillerman.controller.core.render import overdue_json
+from tillerman.controller.core.timefmt import iso
+from tillerman.ledger import events as ev
+from tillerman.ledger.events import Entry
+from tillerman.ledger.intent_states import is_terminal
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.recorder import Recorder
+from tillerman.ledger.reviews import REVIEW_HELD
+from tillerman.rules.notify import NoticeKind, NotifySink
+
+log = logging.getLogger("tillerman")
+
+SNAPSHOT_NAME = "notify"
+RESOLVED = "resolved"
+#: Report rows meant for a person (``observe`` is only recorded).
+_PERSON_ACTIONS = frozenset({"report_overdue", "escalate"})
+
+
+class Alert(msgspec.Struct, kw_only=True):
+    """A subject with something to tell: its current step and what identifies it."""
+
+    kind: NoticeKind
+    thread_id: str
+    step: str
+    at: float  # when it was seen (a report's time: the thread moving after it resolves it)
+    facts: dict[str, str | int | float | bool | None] = {}
+
+
+class Notice(msgspec.Struct, frozen=True, kw_only=True):
+    subject: str
+    keys: tuple[str, ...]  # the steps this notice covers: a step and its resolution may go together
+    body: dict
+
+
+class Handover(msgspec.Struct, frozen=True, kw_only=True):
+    """One group of notices for one sink and one thread."""
+
+    sink: NotifySink
+    thread_id: str
+    notices: tuple[Notice, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(key for notice in self.notices for key in notice.keys)
+
+    def payload(self) -> dict:
+        if self.sink.per_notice:
+            return self.notices[0].body
+        return {"sink": self.sink.name, "thread": self.thread_id, "notices": [n.body for n in self.notices]}
+
+
+class _State(msgspec.Struct, kw_only=True):
+    """What the ledger says so far: the fold ``save`` keeps."""
+
+    seq: int = 0
+    alerts: dict[str, Alert] = {}  # subject -> alert
+    sent: dict[str, dict[str, float]] = {}  # sink -> key -> last sent (or given up) at
+
+
+def key_of(subject: str, step: str) -> str:
+    return f"{subject}@{step}"
+
+
+class Notifier:
+    def __init__(self, sinks: Iterable[NotifySink]) -> None:
+        self.sinks = tuple(sinks)
+        self.kinds = frozenset(kind for sink in self.sinks for kind in sink.kinds)  # what any sink takes
+        self.state = _State()
+        self.in_flight: dict[str, set[str]] = {sink.name: set() for sink in self.sinks}
+        self._groups: dict[tuple[str, str], float] = {}  # (sink, thread) -> when its window opened
+        self._logged: set[str] = set()  # overdue intents logged by this run
+        self._next: float | None = None
+        self.overdue_now = 0  # intents overdue as of the last ``due``
+
+    # -- the fold -------------------------------------------------------------------
+
+    def fold(self, entry: Entry) -> None:
+        if not self.sinks or entry.seq <= self.state.seq:
+            return
+        self.state.seq = entry.seq
+        event, at = entry.envelope.event, entry.envelope.at or 0.0
+        if isinstance(event, ev.Report) and "report" in self.kinds and event.thread_id is not None \
+                and not event.detail.get("shadow") and event.detail.get("action") in _PERSON_ACTIONS:
+            self.state.alerts[f"report:{entry.envelope.event_id}"] = Alert(
+                kind="report", thread_id=event.thread_id, step="1", at=at,
+                facts={"turn": event.turn_id, "rule": event.rule_id, "finding": event.finding})
+        elif isinstance(event, ev.DecisionRecorded) and "escalation" in self.kinds and event.action == "escalate" \
+                and not event.shadow and event.thread_id is not None:
+            self.state.alerts[f"escalation:{event.intent_id}"] = Alert(
+                kind="escalation", thread_id=event.thread_id, step=event.reason, at=at,
+                facts={"intent": event.intent_id, "reason": event.reason, "rule": event.rule_id})
+        elif isinstance(event, ev.IntentEvidence) and "escalation" in self.kinds and event.reason == REVIEW_HELD:
+            # A review that failed closed or said hold/escalate: the intent waits on its
+            # owner now, who is told as of an escalation (the checkpoint names the step).
+            self.state.alerts[f"escalation:{event.intent_id}"] = Alert(
+                kind="escalation", thread_id=event.thread_id, step=f"review_held:{event.evidence.get('checkpoint')}",
+                at=at, facts={"intent": event.intent_id, "reason": REVIEW_HELD, **{
+                    k: event.evidence.get(k) for k in ("reviewer", "outcome", "disposition")}})
+        elif isinstance(event, ev.NotificationSent | ev.NotificationFailed):
+            self._fold_outcome(event, at)
+
+    def _fold_outcome(self, event: ev.NotificationSent | ev.NotificationFailed, at: float) -> None:
+        flying = self.in_flight.get(event.sink)
+        if isinstance(event, ev.NotificationFailed) and event.retry_in is not None:
+            return  # the sink's runner tries again: still in flight
+        sent = self.state.sent.setdefault(event.sink, {})
+        for key in event.keys:
+            sent[key] = at
+            if flying is not None:
+                flying.discard(key)
+            subject, _, step = key.rpartition("@")
+            kind, _, intent_id = subject.partition(":")
+            if kind == "overdue" and subject not in self.state.alerts and step != RESOLVED and event.thread:
+                # an overdue intent notified before a restart: only its resolution is left to say
+                self.state.alerts[subject] = Alert(kind="overdue", thread_id=event.thread, step=step, at=at,
+                                                   facts={"intent": intent_id})
+        self._forget_finished()
+
+    def _forget_finished(self) -> None:
+        """Drop a subject once every sink that takes its kind has its resolution: the
+        fold stays as small as what is still open."""
+        for subject, alert in list(self.state.alerts.items()):
+            takers = [s.name for s in self.sinks if alert.kind in s.kinds]
+            if all(key_of(subject, RESOLVED) in self.state.sent.get(name, {}) for name in takers):
+                del self.state.alerts[subject]
+                for name in takers:
+                    sent = self.state.sent.get(name, {})
+                    for key in [k for k in sent if k.rpartition("@")[0] == subject]:
+                        del sent[key]
+
+    # -- what is due ----------------------------------------------------------------
+
+    def due(self, projection: Projection, now: float) -> list[Handover]:
+        """The hand-overs due now; each of their keys counts as in flight until its
+        ``notification_sent`` (or a final ``notification_failed``) is folded."""
+        found = overdue(projection, now)
+        self.overdue_now = len(found)
+        self._log(found, projection)
+        if not self.sinks:
+            return []
+        current: dict[str, dict] = {}
+        for item in found if "overdue" in self.kinds else ():
+            subject = f"overdue:{item.intent_id}"
+            current[subject] = overdue_json(item)
+            self.state.alerts[subject] = Alert(kind="overdue", thread_id=item.thread_id, step=item.deadline,
+                                               at=now, facts={"intent": item.intent_id})
+        self._drop_untold(projection, current)
+        out: list[Handover] = []
+        self._next = None
+        for sink in self.sinks:
+            by_thread: dict[str, list[Notice]] = {}
+            for subject, alert in self.state.alerts.items():
+                if alert.kind in sink.kinds:
+                    notice = self._notice(sink, subject, alert, projection, current, now)
+                    if notice is not None:
+                        by_thread.setdefault(alert.thread_id, []).append(notice)
+            for thread_id, notices in sorted(by_thread.items()):
+                opened = self._groups.setdefault((sink.name, thread_id), now)
+                if now < opened + sink.group_window:
+                    self._wake_at(opened + sink.group_window)
+                    continue
+                del self._groups[(sink.name, thread_id)]
+                groups = [(notice,) for notice in notices] if sink.per_notice else [tuple(notices)]
+                for group in groups:
+                    handover = Handover(sink=sink, thread_id=thread_id, notices=group)
+                    self.in_flight[sink.name].update(handover.keys)
+                    out.append(handover)
+            for group in [g for g in self._groups if g[0] == sink.name and g[1] not in by_thread]:
+                del self._groups[group]  # everything it waited for settled or went out meanwhile
+        return out
+
+    def _drop_untold(self, projection: Projection, current: dict[str, dict]) -> None:
+        """An intent no longer overdue, or a report already settled, before any sink was
+        told of it has nothing left to tell a person: forgotten, not sent as resolved. An
+        escalation is the news itself (a refusal settles at once): it is sent resolved."""
+        for subject, alert in list(self.state.alerts.items()):
+            if alert.kind == "escalation" or (subject in current if alert.kind == "overdue"
+                                              else self._settled(alert, projection) is None):
+                continue
+            step_key = key_of(subject, alert.step)
+            if not any(step_key in self.state.sent.get(n, {}) or step_key in self.in_flight[n] for n in self.in_flight):
+                del self.state.alerts[subject]
+
+    def next_due(self) -> float | None:
+        """When ``due`` next has something to hand over with no new ledger row (a group
+        window closing, a repeat), as of the last ``due``."""
+        return self._next
+
+    def _wake_at(self, when: float) -> None:
+        self._next = when if self._next is None else min(self._next, when)
+
+    def _notice(self, sink: NotifySink, subject: str, alert: Alert, projection: Projection,
+                current: dict[str, dict], now: float) -> Notice | None:
+        sent, flying = self.state.sent.get(sink.name, {}), self.in_flight[sink.name]
+        step_key, resolved_key = key_of(subject, alert.step), key_of(subject, RESOLVED)
+        if resolved_key in sent or resolved_key in flying or step_key in flying:
+            return None
+        body = {"kind": alert.kind, "step": alert.step, **self._body(alert, subject, projection, current)}
+        settled = self._settled(alert, projection)
+        if settled is not None:  # a step not sent yet goes with its resolution, in one notice
+            keys = (resolved_key,) if step_key in sent else (step_key, resolved_key)
+            return Notice(subject=subject, keys=keys, body={**body, "resolved": True, "settled": settled})
+        if alert.kind == "overdue" and subject not in current:
+            return None  # between steps (acknowledged, no effect deadline missed yet)
+        last = sent.get(step_key)
+        if last is not None:
+            if sink.repeat is None:
+                return None
+            if now < last + sink.repeat:
+                self._wake_at(last + sink.repeat)
+                return None
+        return Notice(subject=subject, keys=(step_key,), body={**body, "resolved": False, "repeat": last is not None})
+
+    @staticmethod
+    def _body(alert: Alert, subject: str, projection: Projection, current: dict[str, dict]) -> dict:
+        if subject in current:
+            return current[subject]
+        facts = {"thread": alert.thread_id, **alert.facts}
+        view = projection.intents.get(str(alert.facts.get("intent")))
+        if view is not None:
+            facts.update(state=view.state, mode=view.intent.mode, owner=view.intent.owner)
+        if alert.kind == "overdue":
+            facts["deadline"] = alert.step  # as in the overdue notice itself
+        if alert.kind == "report":
+            facts["report"] = subject.partition(":")[2]
+            facts["reported_at"] = iso(alert.at)
+        return facts
+
+    @staticmethod
+    def _settled(alert: Alert, projection: Projection) -> str | None:
+        """How the subject settled (an intent's final state, a report's turn ending or
+        its thread moving on), or None while it is still open."""
+        if alert.kind == "report":
+            snapshot = projection.snapshot(alert.thread_id)
+            if snapshot.active_turn_id != alert.facts.get("turn"):
+                return "turn_ended"
+            if snapshot.last_progress_at is not None and snapshot.last_progress_at > alert.at:
+                return "progress"
+            return None
+        view = projection.intents.get(str(alert.facts.get("intent")))
+        if view is not None and is_terminal(view.state, view.intent):
+            return str(view.state)
+        return None
+
+    def _log(self, found: list[Overdue], projection: Projection) -> None:
+        """Every overdue intent is logged once per run, and its settling once more."""
+        for item in found:
+            if item.intent_id not in self._logged:
+                self._logged.add(item.intent_id)
+                log.warning("overdue: intent %s on thread %s (%s, %s deadline): %s", item.intent_id,
+                            item.thread_id, item.state, item.deadline, item.why)
+        for intent_id in list(self._logged):
+            view = projection.intents.get(intent_id)
+            if view is not None and is_terminal(view.state, view.intent):
+                self._logged.discard(intent_id)
+                log.info("resolved: overdue intent %s settled as %s", intent_id, view.state)
+
+    # -- the snapshot ----------------------------------------------------------------
+
+    def load(self, recorder: Recorder) -> None:
+        """The fold as of the ledger's end: the saved snapshot, then the rows after it."""
+        if not self.sinks:
+            return
+        saved = recorder.load_snapshot(SNAPSHOT_NAME)
+        if saved is not None and saved[0] <= recorder.max_seq():
+            try:
+                self.state = _decoder.decode(saved[1])
+            except msgspec.DecodeError:
+                self.state = _State()  # an unreadable snapshot only costs a full re-read
+        for entry in recorder.read(after_seq=self.state.seq):
+            self.fold(entry)
+
+    def drop_settled(self, projection: Projection) -> None:
+        """At a start: forget subjects that opened and settled while no daemon ran and
+        that no sink was ever told of, so a sink added to an old ledger is not sent its
+        history."""
+        told = {key.rpartition("@")[0] for sent in self.state.sent.values() for key in sent}
+        for subject, alert in list(self.state.alerts.items()):
+            if subject not in told and self._settled(alert, projection) is not None:
+                del self.state.alerts[subject]
+
+    def save(self, recorder: Recorder) -> None:
+        if self.sinks:
+            recorder.save_snapshot(SNAPSHOT_NAME, self.state.seq, _encoder.encode(self.state))
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_State)

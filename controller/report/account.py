@@ -1,0 +1,419 @@
+"""The supervision account: what tillerman did and what it came to, from the facts
+``tillerman.controller.report.fold`` folded. Pure: no I/O, no clock.
+
+Every figure is a ``Figure``: its value, how it was computed, and from how many
+events. A figure that cannot be computed has no value and says why, so a missing
+measurement never reads as a zero. The window (``since``/``until``) selects what is
+counted by when it began (an intent by its proposal, a turn by its end, a report or a
+review call by its time); states are always those at the end of the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from tillerman.controller.report.fold import STALL_FINDING, Facts
+from tillerman.ledger.intent_states import State, is_terminal
+from tillerman.ledger.intents import Intent
+from tillerman.ledger.projections import IntentView
+
+BY_CHOICES = ("task_class", "mode", "rule", "owner", "thread")
+DEFAULT_BY = ("mode", "task_class")
+#: Decisions that hold an intent back for a hazard (an approval, a critical tool).
+HOLD_ACTIONS = frozenset({"observe_critical"})
+EFFECT_STATES = frozenset({State.EFFECT_VERIFIED, State.EFFECT_FAILED})
+
+
+class Figure(msgspec.Struct, kw_only=True, omit_defaults=True):
+    value: int | float | None
+    how: str
+    events: int
+    why: str | None = None  # set when there is no value
+
+
+def count(value: int, how: str, events: int | None = None) -> Figure:
+    return Figure(value=value, how=how, events=value if events is None else events)
+
+
+def ratio(numerator: int, denominator: int, how: str, events: int, why_none: str) -> Figure:
+    if denominator == 0:
+        return Figure(value=None, how=how, events=events, why=why_none)
+    return Figure(value=round(numerator / denominator, 4), how=f"{how}: {numerator}/{denominator}", events=events)
+
+
+class Delays(msgspec.Struct, kw_only=True):
+    p50: Figure
+    p95: Figure
+    max: Figure
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least ``q`` of the values at or below it."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def delays(values: list[float], what: str, why_none: str) -> Delays:
+    ordered = sorted(values)
+    how = f"{what}, seconds, nearest-rank over {len(ordered)} intents"
+
+    def one(q: float | None) -> Figure:
+        if not ordered:
+            return Figure(value=None, how=how, events=0, why=why_none)
+        value = ordered[-1] if q is None else percentile(ordered, q)
+        return Figure(value=round(value, 3), how=how, events=2 * len(ordered))
+
+    return Delays(p50=one(0.5), p95=one(0.95), max=one(None))
+
+
+class Group(msgspec.Struct, kw_only=True):
+    key: dict[str, str]
+    proposed: Figure
+    dispatched: Figure
+    held: Figure
+    rejected: Figure
+    rejected_by_reason: dict[str, int]
+    expired_by_reason: dict[str, int]
+    in_flight: Figure
+    precision_effect: Figure
+    precision_ack: Figure
+    intent_to_ack: Delays
+    ack_to_effect: Delays
+
+
+class Delivery(msgspec.Struct, kw_only=True):
+    duplicate_deliveries: Figure
+    silently_lost: Figure
+    lost_after_accept: Figure
+    lost_intents: list[str]
+    duplicated_intents: list[str]
+    ok: bool  # both must be zero
+
+
+class CancelledWork(msgspec.Struct, kw_only=True):
+    interrupted_turns: Figure
+    interrupted_by_intent: Figure
+    turn_seconds: Figure
+    commands_terminated: Figure
+    command_seconds: Figure
+
+
+class OwnerInterruptions(msgspec.Struct, kw_only=True):
+    escalations: Figure
+    reports: Figure
+    reports_by_rule: dict[str, int]
+
+
+class Reviewer(msgspec.Struct, kw_only=True):
+    calls: Figure
+    cost_usd: Figure
+    tokens: Figure
+    outcomes: dict[str, int]
+    dispositions: dict[str, int]
+    # Calibration: reviewers that sent a known-bad probe on to the gate -> those probes.
+    flagged: dict[str, list[str]]
+
+
+class Stall(msgspec.Struct, kw_only=True):
+    thread_id: str
+    turn_id: str
+    at: float | None
+    seq: int
+    ended: str  # recovered_after_intervention | recovered_alone | abandoned | unresolved
+    by_intent: str | None = None
+
+
+class Stalls(msgspec.Struct, kw_only=True):
+    detected: Figure
+    recovered_after_intervention: Figure
+    recovered_alone: Figure
+    abandoned: Figure
+    unresolved: Figure
+    items: list[Stall]
+
+
+class Account(msgspec.Struct, kw_only=True):
+    events: int
+    since: float | None
+    until: float | None
+    first_at: float | None
+    last_at: float | None
+    by: tuple[str, ...]
+    totals: Group
+    groups: list[Group]
+    delivery: Delivery
+    cancelled_work: CancelledWork
+    owner_interruptions: OwnerInterruptions
+    reviewer: Reviewer
+    stalls: Stalls
+    undecodable: int
+
+
+def label(intent: Intent, dimension: str) -> str:
+    match dimension:
+        case "task_class":
+            return intent.task_label
+        case "mode":
+            return intent.mode
+        case "rule":
+            return intent.rule_id or "(none)"
+        case "owner":
+            return intent.owner or intent.producer
+        case "thread":
+            return intent.thread_id
+    raise ValueError(f"--by takes one of {', '.join(BY_CHOICES)}, not {dimension!r}")
+
+
+def account(facts: Facts, *, since: float | None = None, until: float | None = None,
+            by: Iterable[str] = DEFAULT_BY) -> Account:
+    by = tuple(by)
+    unknown = [d for d in by if d not in BY_CHOICES]
+    if unknown or not by:
+        raise ValueError(f"--by takes one of {', '.join(BY_CHOICES)}, not {', '.join(unknown) or 'nothing'}")
+
+    def inside(at: float | None) -> bool:
+        return at is None or ((since is None or at >= since) and (until is None or at < until))
+
+    views = [v for v in facts.projection.intents.values() if inside(v.intent.created_at)]
+    grouped: dict[tuple[str, ...], list[IntentView]] = {}
+    for view in views:
+        grouped.setdefault(tuple(label(view.intent, d) for d in by), []).append(view)
+    held = {d.intent_id for d in facts.decisions if not d.shadow and d.action in HOLD_ACTIONS}
+    return Account(
+        events=facts.events, since=since, until=until, first_at=facts.first_at, last_at=facts.last_at, by=by,
+        totals=_group({}, views, held),
+        groups=[_group(dict(zip(by, key, strict=True)), members, held) for key, members in sorted(grouped.items())],
+        delivery=_delivery(facts, views),
+        cancelled_work=_cancelled(facts, inside),
+        owner_interruptions=_owner(facts, inside),
+        reviewer=_reviewer(facts, inside),
+        stalls=_stalls(facts, inside),
+        undecodable=facts.undecodable,
+    )
+
+
+# -- per intent ---------------------------------------------------------------------
+
+
+def first_at(view: IntentView, states: Iterable[State]) -> float | None:
+    wanted = set(states)
+    return next((h.at for h in view.history if h.kind == "transition" and h.state in wanted), None)
+
+
+def reached(view: IntentView, state: State) -> bool:
+    return any(h.kind == "transition" and h.state == state for h in view.history)
+
+
+def final_reason(view: IntentView) -> str:
+    return next((h.reason for h in reversed(view.history) if h.kind == "transition"), "")
+
+
+def _group(key: dict[str, str], views: list[IntentView], held: set[str]) -> Group:
+    intent_events = sum(len(v.history) for v in views)
+    dispatched = [v for v in views if reached(v, State.DISPATCH_UNKNOWN)]
+    rejected = [v for v in views if v.state == State.REJECTED]
+    expired = [v for v in views if v.state == State.EXPIRED]
+    open_ = [v for v in views if not is_terminal(v.state, v.intent)]
+    settled = [v for v in dispatched if is_terminal(v.state, v.intent)]
+    checked = [v for v in settled if v.intent.has_check]
+    unchecked = [v for v in settled if not v.intent.has_check]
+    verified = sum(1 for v in checked if v.state == State.EFFECT_VERIFIED)
+    acked = sum(1 for v in unchecked if v.state == State.ACKNOWLEDGED)
+    to_ack, to_effect = [], []
+    for view in views:
+        ack_at = first_at(view, (State.ACKNOWLEDGED,))
+        if ack_at is not None:
+            to_ack.append(ack_at - view.intent.created_at)
+        effect_at = first_at(view, EFFECT_STATES)
+        if ack_at is not None and effect_at is not None:
+            to_effect.append(effect_at - ack_at)
+    return Group(
+        key=key,
+        proposed=count(len(views), "intent_proposed events"),
+        dispatched=count(len(dispatched), "intents moved proposed -> dispatch_unknown (a request was sent)"),
+        held=count(sum(1 for v in views if v.intent.id in held),
+                   "intents with at least one observe_critical decision (held for an approval, a critical tool"
+                   " or an external effect)", sum(1 for v in views for h in v.history
+                                                  if h.kind == "decision" and h.state in HOLD_ACTIONS)),
+        rejected=count(len(rejected), "intents whose last transition is to rejected"),
+        rejected_by_reason=dict(sorted(Counter(final_reason(v) for v in rejected).items())),
+        expired_by_reason=dict(sorted(Counter(final_reason(v) for v in expired).items())),
+        in_flight=count(len(open_), "intents not in a terminal state at the end of the ledger", intent_events),
+        precision_effect=ratio(
+            verified, len(checked), "settled dispatched intents with --expect/--verify that reached effect_verified",
+            intent_events, "no settled dispatched intent had an effect to check (--expect/--verify)"),
+        precision_ack=ratio(
+            acked, len(unchecked), "settled dispatched intents with nothing to verify that reached acknowledged",
+            intent_events, "no settled dispatched intent was without an effect check"),
+        intent_to_ack=delays(to_ack, "intent_proposed -> first transition to acknowledged",
+                             "no intent was acknowledged"),
+        ack_to_effect=delays(to_effect, "acknowledged -> effect_verified or effect_failed",
+                             "no acknowledged intent reached an effect verdict"),
+    )
+
+
+def deadline(view: IntentView) -> float | None:
+    """When an open intent should have been settled or reported by the state it is in."""
+    intent = view.intent
+    match view.state:
+        case State.PROPOSED | State.QUEUED:
+            return intent.expires_at
+        case State.DISPATCH_UNKNOWN:
+            return intent.ack_deadline
+        case State.ACKNOWLEDGED | State.ACTION_STARTED:
+            return intent.effect_deadline
+    return None
+
+
+def _delivery(facts: Facts, views: list[IntentView]) -> Delivery:
+    reported = {r.intent_id for r in facts.reports if r.intent_id} | {
+        d.intent_id for d in facts.decisions if not d.shadow and d.action in ("report_overdue", "escalate")}
+    end = facts.last_at
+    lost = sorted(v.intent.id for v in views if not is_terminal(v.state, v.intent)
+                  and v.intent.id not in reported and end is not None
+                  and (limit := deadline(v)) is not None and end > limit)
+    ids = {v.intent.id for v in views}
+    echoes = {i: e for i, e in facts.echoes.items() if i in ids}
+    duplicated = sorted(i for i, e in echoes.items() if _deliveries(e) > 1)
+    extra = sum(_deliveries(e) - 1 for e in echoes.values() if _deliveries(e) > 1)
+    after_accept = [v for v in views if v.state == State.EXPIRED and final_reason(v) == "lost_after_accept"]
+    echo_events = sum(len(e) for e in echoes.values())
+    return Delivery(
+        duplicate_deliveries=count(extra, "echoes of our clientId beyond the first per intent (distinct turns or"
+                                          " item ids of user_message events)", echo_events),
+        silently_lost=count(len(lost), "open intents past the deadline of their state at the ledger's last time,"
+                                       " with no report and no report_overdue/escalate decision naming them",
+                            sum(len(v.history) for v in views)),
+        lost_after_accept=count(len(after_accept), "intents expired with reason lost_after_accept (reported)"),
+        lost_intents=lost, duplicated_intents=duplicated, ok=not lost and not extra,
+    )
+
+
+def _deliveries(echoes: set[tuple[str | None, str | None]]) -> int:
+    """One delivery per turn it landed in, or per item id when a turn shows more than one."""
+    turns = {turn for turn, _ in echoes}
+    items = {item for _, item in echoes if item is not None}
+    return max(len(turns), len(items))
+
+
+# -- the session --------------------------------------------------------------------
+
+
+def _cancelled(facts: Facts, inside: Callable[[float | None], bool]) -> CancelledWork:
+    turns = [t for t in facts.turns.values() if t.status == "interrupted" and inside(t.ended_at)]
+    interrupts = {(v.intent.thread_id, v.intent.expected_turn_id) for v in facts.projection.intents.values()
+                  if v.intent.mode == "interrupt" and reached(v, State.DISPATCH_UNKNOWN)}
+    keys = {(t.thread_id, t.turn_id): t for t in turns}
+    terminated = [c for c in facts.calls.values() if (c.thread_id, c.turn_id) in keys
+                  and _cut_short(c, keys[(c.thread_id, c.turn_id)])]
+    turn_seconds = [t.seconds for t in turns if t.seconds is not None]
+
+    def ran(call) -> float | None:
+        """From its start to its end, or to the turn's end when it outlived the turn."""
+        turn_end = keys[(call.thread_id, call.turn_id)].ended_at
+        end = call.ended_at if call.ended_at is not None and (turn_end is None or call.ended_at <= turn_end) \
+            else turn_end
+        return None if end is None or call.started_at is None else max(0.0, end - call.started_at)
+
+    command_seconds = [s for s in (ran(c) for c in terminated) if s is not None]
+    return CancelledWork(
+        interrupted_turns=count(len(turns), "turn_completed events with status interrupted", len(turns)),
+        interrupted_by_intent=count(sum(1 for t in turns if (t.thread_id, t.turn_id) in interrupts),
+                                    "interrupted turns that a dispatched interrupt intent targeted"),
+        turn_seconds=_seconds(turn_seconds, len(turns), "interrupted turns' run time (duration, else end - start)",
+                              "no interrupted turn"),
+        commands_terminated=count(len(terminated), "tool calls of interrupted turns still running when the turn ended"
+                                                   " (completed after it, or never), or completed"
+                                                   " interrupted/cancelled/aborted", 2 * len(terminated)),
+        command_seconds=_seconds(command_seconds, len(terminated), "terminated calls' run time (start to the"
+                                 " earlier of its end and the turn's end)", "no command was terminated"),
+    )
+
+
+def _cut_short(call, turn) -> bool:
+    if call.status in ("interrupted", "cancelled", "aborted"):
+        return True
+    return call.ended_seq is None or call.ended_seq > turn.ended_seq
+
+
+def _seconds(values: list[float], events: int, how: str, why_none: str) -> Figure:
+    if not values:
+        return Figure(value=None, how=how, events=events, why=why_none if not events else "no times recorded")
+    return Figure(value=round(sum(values), 3), how=f"sum of {how} over {len(values)}", events=events)
+
+
+def _owner(facts: Facts, inside: Callable[[float | None], bool]) -> OwnerInterruptions:
+    escalations = [d for d in facts.decisions if not d.shadow and d.action == "escalate" and inside(d.at)]
+    reports = [r for r in facts.reports if not r.shadow and r.action != "observe" and inside(r.at)]
+    return OwnerInterruptions(
+        escalations=count(len({d.intent_id for d in escalations}), "intents with an escalate decision",
+                          len(escalations)),
+        reports=count(len(reports), "report events for a person (not shadow, not observe-only)"),
+        reports_by_rule=dict(sorted(Counter(r.rule_id for r in reports).items())),
+    )
+
+
+def _reviewer(facts: Facts, inside: Callable[[float | None], bool]) -> Reviewer:
+    checkpoints = [c for c in facts.reviews.checkpoints.values() if inside(c.pending_at)]
+    calls = [c for c in checkpoints if c.pending_at is not None]
+    committed = [c.committed for c in checkpoints if c.committed is not None]
+    events = len(calls) + len(committed)
+    costs = [c.cost_usd for c in committed if c.cost_usd is not None]
+    tokens = [c.tokens for c in committed if c.tokens is not None]
+
+    def total(values: list, what: str) -> Figure:
+        if committed and not values:
+            return Figure(value=None, how=f"sum of review_committed {what}", events=events,
+                          why=f"none of the {len(committed)} committed reviews recorded its {what}")
+        note = f" ({len(committed) - len(values)} without one)" if len(values) < len(committed) else ""
+        return Figure(value=round(sum(values), 6), how=f"sum of review_committed {what}{note}", events=events)
+
+    return Reviewer(
+        calls=count(len(calls), "review_pending events (one per checkpoint called)", events),
+        cost_usd=total(costs, "cost_usd"),
+        tokens=total(tokens, "tokens"),
+        outcomes=dict(sorted(Counter(c.outcome for c in committed).items())),
+        dispositions=dict(sorted(Counter(c.disposition for c in committed if c.disposition).items())),
+        flagged=facts.reviews.flagged(),
+    )
+
+
+def _stalls(facts: Facts, inside: Callable[[float | None], bool]) -> Stalls:
+    items: list[Stall] = []
+    for report in facts.reports:
+        match = STALL_FINDING.match(report.finding)
+        if report.shadow or match is None or report.thread_id is None or not inside(report.at):
+            continue
+        items.append(_stall_end(facts, report.thread_id, match["turn"], report.at, report.seq))
+    ended = Counter(s.ended for s in items)
+    how = "stall reports (a turn_quiet finding) "
+    return Stalls(
+        detected=count(len(items), "report events with a turn_quiet finding"),
+        recovered_after_intervention=count(ended["recovered_after_intervention"], how + "whose turn moved again"
+                                           " after one of our intents on the thread was dispatched"),
+        recovered_alone=count(ended["recovered_alone"], how + "whose turn moved again with no intent dispatched"),
+        abandoned=count(ended["abandoned"], how + "whose turn ended interrupted or failed without moving again"),
+        unresolved=count(ended["unresolved"], how + "whose turn had not moved again when the ledger ends"),
+        items=items,
+    )
+
+
+def _stall_end(facts: Facts, thread_id: str, turn_id: str, at: float | None, seq: int) -> Stall:
+    moved = facts.first_activity_after(thread_id, turn_id, seq)
+    turn = facts.turns.get((thread_id, turn_id))
+    if moved is None:
+        if turn is not None and turn.status is not None and turn.status != "completed":
+            return Stall(thread_id=thread_id, turn_id=turn_id, at=at, seq=seq, ended="abandoned")
+        if turn is None or turn.status is None:
+            return Stall(thread_id=thread_id, turn_id=turn_id, at=at, seq=seq, ended="unresolved")
+        moved_seq = turn.ended_seq  # completed without another item: it recovered at its end
+    else:
+        moved_seq = moved.seq
+    helper = next((v.intent.id for v in facts.projection.intents.values() if v.intent.thread_id == thread_id
+                   and any(h.kind == "transition" and h.state == State.DISPATCH_UNKNOWN and seq < h.seq <= moved_seq
+                           for h in v.history)), None)
+    return Stall(thread_id=thread_id, turn_id=turn_id, at=at, seq=seq, by_intent=helper,
+                 ended="recovered_after_intervention" if helper else "recovered_alone")
