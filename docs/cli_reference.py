@@ -44,7 +44,11 @@ def help_sections(command: click.Command, ctx: click.Context, level: int = 2):
 
 
 def render() -> str:
-    ctx = click.Context(main, info_name="tillerman", terminal_width=WIDTH, max_content_width=WIDTH)
+    # main's own context settings (``-h`` beside ``--help``), as ``tillerman`` itself runs it:
+    # click keeps the help option it first built on the command, so a page made without
+    # them would depend on whatever ran before it in the same process.
+    ctx = click.Context(main, info_name="tillerman", terminal_width=WIDTH, max_content_width=WIDTH,
+                        **main.context_settings)
     parts = [INTRO]
     for heading, text in help_sections(main, ctx):
         parts.append(f"{heading}\n\n```text\n{text}\n```\n")
