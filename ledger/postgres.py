@@ -506,9 +506,6 @@ class PostgresRecorder(Recorder):
 
     # -- several daemons ----------------------------------------------------------
 
-    def change_listener(self) -> ChangeListener:
-        return ChangeListener(self._dsn)
-
     def change_feed(self) -> ListenerFeed:
         """Every commit's NOTIFY, heard on a connection of its own (``ChangeListener``)."""
         return ListenerFeed(ChangeListener(self._dsn))

@@ -21,6 +21,7 @@ from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 
 if TYPE_CHECKING:  # for the reader only: they import psycopg and sqlite3, which not every recorder needs
+    from tillerman.ledger.leases import Leases
     from tillerman.ledger.wal_checkpoints import BackgroundCheckpoints
 
 GENESIS = "0" * 64
@@ -79,7 +80,8 @@ class Recorder(abc.ABC):
     interface, never the backend's type. Those capabilities are bulk writes (``bulk``,
     ``load``, ``one_anchor``, ``append_unseen``, ``append_new``), a feed of other
     processes' commits (``change_feed``), history kept outside the live rows
-    (``history``), whether a daemon follows the ledger (``daemon_running``),
+    (``history``), whether a daemon follows the ledger (``daemon_running``), thread leases
+    for several daemons on one ledger (``leases``),
     the moving of a write-ahead log into the database off the writer's path
     (``checkpoint_in_background``), and writes off an event loop (``append_off_loop``).
     ``tests/ledger/recorder_contract.py`` holds every backend to them."""
@@ -135,12 +137,6 @@ class Recorder(abc.ABC):
         while the disk flushes. By default, ``append`` here."""
         return self.append(batch, **options)
 
-    def change_listener(self):
-        """For a backend that tells of commits itself (PostgreSQL's LISTEN/NOTIFY): a
-        listener whose ``wait(timeout)`` returns the last seq anyone committed since its
-        previous call (None when nothing was), and ``close()``. None: watch ``path``."""
-        return None
-
     def change_feed(self) -> ChangeFeed | None:
         """What tells this process of every commit to the ledger, by any process
         (``tillerman.ledger.changes``); None for a ledger no other process can write."""
@@ -157,6 +153,11 @@ class Recorder(abc.ABC):
         """Whether a daemon follows this ledger now. By default False: only a ledger other
         processes can reach has one."""
         return False
+
+    def leases(self) -> Leases | None:
+        """The thread leases several daemons sharing this ledger take (``tillerman.ledger.leases``).
+        By default None: one daemon owns such a ledger alone (``tillerman.ledger.lock``)."""
+        return None
 
     def checkpoint_in_background(self) -> BackgroundCheckpoints | None:
         """For a backend with a write-ahead log: move the log into the database on a

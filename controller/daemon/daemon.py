@@ -34,7 +34,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import msgspec
@@ -64,12 +63,12 @@ from tillerman.controller.daemon.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.dispatch.leases_keeper import LeaseKeeper
-from tillerman.controller.dispatch.ledger_writes import LEDGER_STEP_MS, ledger_writes
 from tillerman.controller.notify.notices import Notifier
 from tillerman.controller.notify.sinks import SinkRunner
 from tillerman.controller.review.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
+from tillerman.ledger.changes import ChangeFeed
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.ledger.errors import Fenced, IllegalTransition, OperationalError
@@ -79,7 +78,6 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor import codex_wire as wire
 from tillerman.monitor.appserver_client import (
     AppServerClient,
@@ -184,8 +182,8 @@ class Daemon:
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
         self.collector = Collector(self.started_at)
-        leases = getattr(recorder, "leases", None) if options.lease else None
-        self.keeper = LeaseKeeper(leases(), options.lease) if leases is not None else None
+        leases = recorder.leases() if options.lease else None
+        self.keeper = LeaseKeeper(leases, options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
         self.health = LedgerHealth()  # an outage of the ledger said once, and shown by `status`
 
@@ -210,11 +208,8 @@ class Daemon:
                 self.metrics.start(self.projection)
             self._due = self.clock()  # decide every open intent once: no new entry may touch them
             tg.start_soon(self._brain, tg)
-            ledger_path = self.recorder.path
-            if (listener := self.recorder.change_listener()) is not None:
-                tg.start_soon(self._listen_ledger, listener)
-            elif ledger_path != ":memory:":
-                tg.start_soon(self._watch_ledger, Path(ledger_path))
+            if (feed := self.recorder.change_feed()) is not None:
+                tg.start_soon(self._follow_ledger, feed)
             if self.options.watch:
                 tg.start_soon(self._follow_files)
             tg.start_soon(self.sink_runner.run)
@@ -225,35 +220,31 @@ class Daemon:
                 tg.start_soon(self._connection, tg)
             task_status.started()
 
-    async def _watch_ledger(self, path: Path) -> None:
-        async for _ in ledger_writes(path):
-            self.wake()
-
-    async def _listen_ledger(self, listener) -> None:
-        """A database ledger tells of every commit (LISTEN/NOTIFY): wake the brain on each
-        (another process proposing an intent). The wait runs on a worker thread, in
-        short slices so that stopping the daemon does not wait long. A lost connection
-        (the server restarted, failed over, or dropped it) is listened on again, with
-        backoff; the brain is woken then, for what was committed meanwhile unheard."""
+    async def _follow_ledger(self, feed: ChangeFeed) -> None:
+        """Wake the brain on every commit to the ledger by any process (another process
+        proposing an intent), as the ledger's change feed tells of it. A feed that can no
+        longer tell (a database connection lost: the server restarted, failed over, or
+        dropped it) is followed anew, with backoff; the brain is woken then, for what was
+        committed meanwhile unheard."""
         while True:
             try:
-                while True:
-                    if await anyio.to_thread.run_sync(listener.wait, LEDGER_STEP_MS / 1000 * 10) is not None:
-                        self.wake()
+                async for _ in feed:
+                    self.wake()
+                return
             except OperationalError as exc:
                 self._ledger_failed(exc)
             finally:
-                listener.close()
-            listener = await self._listen_again()
+                feed.close()
+            feed = await self._feed_again()
             self.wake()
 
-    async def _listen_again(self):
-        """A new change listener, tried with backoff until the database answers."""
+    async def _feed_again(self) -> ChangeFeed:
+        """A new change feed, tried with backoff until the database answers."""
         delays = backoff_delays(maximum=RECONNECT_MAX)
         while True:
             await anyio.sleep(next(delays))
             try:
-                return await anyio.to_thread.run_sync(self.recorder.change_listener)
+                return await anyio.to_thread.run_sync(self.recorder.change_feed)
             except OperationalError as exc:
                 self._ledger_failed(exc)
 
@@ -866,8 +857,7 @@ def run_daemon(recorder: Recorder, ledger_path: str | None, ruleset: RuleSet, op
     lock = LedgerLock(ledger_path) if ledger_path else None
     if lock:
         lock.acquire()
-    if isinstance(recorder, SQLiteRecorder):
-        recorder.checkpoint_in_background()  # no round's commit waits for a checkpoint
+    recorder.checkpoint_in_background()  # no round's commit waits for a checkpoint
     try:
         anyio.run(Daemon(recorder, ruleset, options).run)
     finally:

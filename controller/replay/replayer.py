@@ -41,7 +41,6 @@ from tillerman.controller.core.render import overdue_json
 from tillerman.controller.core.supervisor import Step
 from tillerman.controller.core.watches import Watches
 from tillerman.ledger import events as ev
-from tillerman.ledger.chain_only import ChainOnlyRecorder
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.ledger.errors import LedgerError
@@ -233,14 +232,14 @@ class Replayer:
         may_load = self._may_load(found)
         # The files named once, read only where they matter: an in-memory ledger keeps no
         # ids for their observations, and a load needs every file to be one.
-        asked = self.fmt != "ledger" and (may_load or isinstance(self.recorder, ChainOnlyRecorder))
+        asked = self.fmt != "ledger" and (may_load or self.recorder.forgets_new_ids)
         read_once = files_read_once(found) if asked else set()
         with self._loading(may_load and len(read_once) == len(found)), self._bulk:
             self._bulk.enter_context(self.recorder.bulk())
             # Into an empty ledger, a file's observations cannot be duplicates (their ids
             # name the file, ``file_event_id``) unless the file was replayed before.
             self._next_seq = 1 if self.recorder.max_seq() == 0 else None
-            if isinstance(self.recorder, ChainOnlyRecorder):
+            if self.recorder.forgets_new_ids:
                 self._read_once = read_once
             for path in found:
                 files.append(self._replay_file(path))
@@ -312,11 +311,16 @@ class Replayer:
         else:
             reader = FileReader(str(path), parser, identity, CHUNK)
         untimed, advance, take = parser.untimed, self._advance, self._take
-        aside = forked  # the log checkpointed on a thread once the child is forked
+        # While a forked child parses a file into a SQLite ledger, the ledger's log is
+        # copied into its database on a thread of its own, on the core the parent's
+        # commits leave free, not inside those commits (1M rollout lines: 35–37 → 33–34 s).
+        # Started once the child is forked, and stopped when the file ends, before the
+        # next fork: a thread alive at a fork would leave its locks held in the child.
+        aside = forked
         try:
             for done, events in reader.chunks():
                 if aside:
-                    _checkpoints_aside(self.recorder)
+                    self.recorder.checkpoint_in_background()
                     aside = False
                 for fe in events:
                     at = fe.at
@@ -334,7 +338,7 @@ class Replayer:
         except ReaderDied as exc:
             raise ReplayError(str(exc)) from exc
         finally:
-            _checkpoints_back(self.recorder)
+            self.recorder.checkpoint_in_commits()
         account = reader.account
         assert account is not None
         if fmt in ONE_SESSION_PER_FILE:
@@ -485,7 +489,6 @@ class Replayer:
         batch = [env if env.observed_at is not None else msgspec.structs.replace(env, observed_at=env.at)
                  for env in batch]
         if read_once:
-            assert isinstance(self.recorder, ChainOnlyRecorder)
             entries = self.recorder.append_new(batch).entries
         elif unseen:
             entries = self.recorder.append_unseen(batch).entries
@@ -527,22 +530,6 @@ class Replayer:
                 self.on_decision(line)
         elif isinstance(event, ev.Report):
             self.reports += 1
-
-
-def _checkpoints_aside(recorder: Recorder) -> None:
-    """While a forked child parses a file into a SQLite ledger, the ledger's log is
-    copied into its database on a thread of its own (``checkpoint_in_background``), on
-    the core the parent's commits leave free, not inside those commits (1M rollout lines:
-    35–37 → 33–34 s). Started once the child is forked, and stopped when the file ends
-    (``_checkpoints_back``), before the next fork: a thread alive at a fork would leave
-    its locks held in the child. A recorder without a log file has no such thread."""
-    if (start := getattr(recorder, "checkpoint_in_background", None)) is not None:
-        start()
-
-
-def _checkpoints_back(recorder: Recorder) -> None:
-    if (stop := getattr(recorder, "checkpoint_in_commits", None)) is not None:
-        stop()
 
 
 def _may_fork() -> bool:
@@ -616,8 +603,7 @@ def _review_counts(checkpoints: Checkpoints, held: list[str]) -> dict[str, dict[
 
 
 def _stored_entries(path: Path) -> Iterator[Entry]:
-    from tillerman.ledger import segments  # SQLite only for a ledger given as input
-    from tillerman.ledger.sqlite import SQLiteRecorder
+    from tillerman.ledger.sqlite import SQLiteRecorder  # SQLite only for a ledger given as input
 
     try:
         ledger: Recorder = SQLiteRecorder(path, readonly=True)
@@ -629,7 +615,7 @@ def _stored_entries(path: Path) -> Iterator[Entry]:
             raise DamagedLedger(f"{path}: the ledger is damaged ({report.problems[0]}); a replay of it would not"
                                 f" be the recorded history. `tillerman ledger verify --ledger {path}` says more")
         try:
-            yield from segments.history(ledger)  # its archive segments too, in seq order
+            yield from ledger.history()  # its archive segments too, in seq order
         except LedgerError as exc:
             raise ReplayError(f"{path}: not a readable tillerman ledger ({exc})") from exc
 

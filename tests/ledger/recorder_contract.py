@@ -251,6 +251,14 @@ class RecorderContract:
         assert anyio.run(append).seqs == (1,)
         assert recorder.max_seq() == 1
 
+    def test_leases_are_there_where_several_daemons_share_the_ledger(self, recorder):
+        """Thread leases where several daemons may follow the ledger; elsewhere None
+        (one daemon owns it, by its lock file), so a daemon asks for no lease there."""
+        leases = recorder.leases()
+        assert (leases is not None) == self.shares_daemons
+        if leases is not None:
+            assert leases.daemons() == []  # a ledger made for the test: no daemon took its place
+
     def test_capabilities_a_backend_lacks_are_their_defaults(self, recorder):
         assert recorder.daemon_running() is False  # no daemon follows a ledger made for the test
         assert recorder.damage is None

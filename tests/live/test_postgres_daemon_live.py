@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -18,10 +19,27 @@ from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, ruleset_from, session, wait_until
 from tests.live.test_daemon_live import NO_RULES, OWNER, OWNER_GRANT, our_echoes
 from tests.live.test_proposal_pickup_live import PICKUP_BOUND, held
+from tillerman.ledger.changes import ChangeFeed
 from tillerman.ledger.events import DecisionRecorded, IntentProposed
 from tillerman.ledger.postgres import PostgresRecorder
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
+
+
+class SpiedFeed(ChangeFeed):
+    """A change feed that notes each seq it tells of: the commits the daemon is woken for."""
+
+    def __init__(self, feed: ChangeFeed, heard: list[int]) -> None:
+        self._feed, self._heard = feed, heard
+
+    async def __aiter__(self) -> AsyncIterator[int | None]:
+        async for seq in self._feed:
+            if seq is not None:
+                self._heard.append(seq)
+            yield seq
+
+    def close(self) -> None:
+        self._feed.close()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,21 +60,8 @@ async def test_a_steer_proposed_elsewhere_wakes_the_daemon_on_postgresql_and_lan
     release = tmp_path / "release"
     hold = f"WAIT: {release}"
     recorder, notified = PostgresRecorder(postgres_dsn), []
-    listener_of = recorder.change_listener
-
-    def spied_listener():  # what the daemon's listener hears: the seqs it wakes the daemon for
-        listener = listener_of()
-        wait = listener.wait
-
-        def heard(timeout: float) -> int | None:
-            if (seq := wait(timeout)) is not None:
-                notified.append(seq)
-            return seq
-
-        listener.wait = heard
-        return listener
-
-    recorder.change_listener = spied_listener
+    feed_of = recorder.change_feed
+    recorder.change_feed = lambda: SpiedFeed(feed_of(), notified)
     async with session(app_server, tmp_path, recorder) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
         try:
