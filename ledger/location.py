@@ -1,5 +1,6 @@
-"""Where a ledger is: a SQLite file's path, or a PostgreSQL database's URL. The one place
-a recorder is chosen from what a person gave (``--ledger``, ``$TILLERMAN_LEDGER``)."""
+"""Where a ledger is: a SQLite file's path, or a PostgreSQL database's URL, and how a
+location is shown to a person with its secrets masked (``shown``). The recorder for a
+location is opened by ``tillerman.ledger.backends``."""
 
 from __future__ import annotations
 
@@ -8,26 +9,11 @@ import re
 import urllib.parse
 from pathlib import Path
 
-from tillerman.ledger.recorder import Recorder
-
 URL_SCHEMES = ("postgresql://", "postgres://")
 
 
 def is_database_url(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(URL_SCHEMES)
-
-
-def open_recorder(location: str | Path, *, readonly: bool = False, must_exist: bool = False) -> Recorder:
-    """The recorder for ``location``. ``readonly``: never writes; ``must_exist``: a
-    database without a ledger is refused instead of given one (a file's existence is
-    the caller's to check: it has the path)."""
-    if is_database_url(location):
-        from tillerman.ledger.postgres import PostgresRecorder  # psycopg only for a database ledger
-
-        return PostgresRecorder(str(location), readonly=readonly, create=not must_exist)
-    from tillerman.ledger.sqlite import SQLiteRecorder
-
-    return SQLiteRecorder(location, readonly=readonly)
 
 
 #: The connection parameters libpq takes a secret in: the server password, and the

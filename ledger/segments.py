@@ -46,7 +46,7 @@ from tillerman.ledger.errors import IntegrityError, LedgerError, OperationalErro
 from tillerman.ledger.events import Entry, LedgerArchived
 from tillerman.ledger.migrations import EVENT_COLUMNS, migrate
 from tillerman.ledger.paths import SQLITE_MAGIC, check_own_file, file_kind, ledger_files
-from tillerman.ledger.recorder import Recorder, VerifyReport
+from tillerman.ledger.recorder import VerifyReport
 from tillerman.ledger.verify import check_row
 
 #: The ``meta`` key that makes a file an archive segment (its value: the segment's header).
@@ -124,11 +124,6 @@ def markers(recorder: ArchivedLedger) -> list[tuple[int, LedgerArchived]]:
                                  " `tillerman ledger verify` says more")
         found.append((seq, marker))
     return found
-
-
-def history(recorder: Recorder, after_seq: int = 0, kinds: Collection[str] | None = None) -> Iterator[Entry]:
-    """``recorder.history``: the callers that read a ledger's whole history name this module."""
-    return recorder.history(after_seq, kinds)
 
 
 def merged_history(ledger: ArchivedLedger, after_seq: int = 0,

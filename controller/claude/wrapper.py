@@ -10,8 +10,9 @@ intents the daemon decided for that session. The relay's state (turns, running
 tools, our messages and requests, what goes on to the harness) is
 ``tillerman.controller.claude.relay``'s; this module does the I/O.
 
-The daemon stays the only place that decides: the wrapper watches the ledger (the
-daemon's WAL watcher, ``ledger_writes``) and claims an intent whose latest decision
+The daemon stays the only place that decides: the wrapper follows the ledger's
+change feed (``Recorder.change_feed``, as the daemon does), looks at the ledger at least
+every ``POLL_INTERVAL`` besides, and claims an intent whose latest decision
 dispatches it, through the same delivery machine and driver as the Codex adapter
 (``tillerman.controller.core.delivery``, ``tillerman.controller.dispatch.driver``): the durable
 ``dispatch_unknown`` record with its attempt token first, the boundary checks
@@ -66,7 +67,6 @@ from tillerman.controller.core.intent_requests import evidence_envelope, intent_
 from tillerman.controller.core.reconcile import observed, reconcile_fact, turn_items, under_way
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_at
-from tillerman.controller.dispatch.ledger_writes import ledger_writes
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import IllegalTransition, OperationalError
 from tillerman.ledger.events import Envelope
@@ -86,7 +86,7 @@ log = logging.getLogger("tillerman")
 
 CLAUDE_BIN_ENV = "TILLERMAN_CLAUDE_BIN"
 ANSWER_TIMEOUT = 10.0  # seconds the CLI has to acknowledge a message or answer a request
-POLL_INTERVAL = 1.0  # the longest sleep between two looks at the ledger: a net under the watcher
+POLL_INTERVAL = 1.0  # the longest sleep between two looks at the ledger: a net under the change feed
 CHUNK = 1 << 16  # bytes read from the CLI's stdout at a time
 _STREAM_FLAGS = (("--input-format", "stream-json"), ("--output-format", "stream-json"))
 _PAST_EXPIRY = ("report_overdue", "expires_at_passed")  # the daemon's decision on a queued intent past expiry
@@ -210,8 +210,7 @@ class Wrapper:
             self._process = process
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._harness_to_cli)
-                if self.recorder.path != ":memory:":
-                    tg.start_soon(self._watch_ledger, Path(self.recorder.path))
+                tg.start_soon(self._follow_ledger)
                 tg.start_soon(self._deliveries, tg)
                 await self._cli_to_harness(tg)
                 tg.cancel_scope.cancel()
@@ -348,9 +347,23 @@ class Wrapper:
         key = hashlib.sha256(f"{self.session}|{echo.uuid}|{echo.turn_id}".encode()).hexdigest()[:32]
         return Envelope(event_id=f"cw-{key}", event=event, source=source, at=self.clock())
 
-    async def _watch_ledger(self, path: Path) -> None:
-        async for _ in ledger_writes(path):
-            self._changed.set()
+    async def _follow_ledger(self) -> None:
+        """Look at the ledger again on every commit to it by any process (the daemon
+        deciding an intent for this session). A feed that cannot be had or can no longer
+        tell (a database connection lost) leaves the look every ``POLL_INTERVAL``."""
+        feed = None
+        try:
+            # Off the loop: a database's feed opens a connection of its own.
+            feed = await anyio.to_thread.run_sync(self.recorder.change_feed)
+            if feed is None:  # no other process can write the ledger
+                return
+            async for _ in feed:
+                self._changed.set()
+        except OperationalError as exc:
+            log.warning("ledger changes not followed (%s): looking at the ledger every %.0fs", exc, POLL_INTERVAL)
+        finally:
+            if feed is not None:
+                feed.close()
 
     def _refold(self) -> None:
         for entry in self.recorder.read(after_seq=self.projection.seq):

@@ -621,12 +621,10 @@ def ledger_export(after, ledger_path):
 
     Example: tillerman ledger export > ledger.jsonl
     """
-    from tillerman.ledger import segments
-
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     with open_intact_ledger(ledger_path) as recorder:
-        for entry in segments.history(recorder, after_seq=after):
+        for entry in recorder.history(after_seq=after):
             out.write(encoder.encode(entry))
             out.write(b"\n")
     out.flush()

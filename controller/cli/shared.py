@@ -15,7 +15,8 @@ import click
 from tillerman.controller.cli.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType, print_line
 from tillerman.controller.core.timefmt import parse_time
 from tillerman.ledger.errors import SchemaError, UnsafeOutput
-from tillerman.ledger.location import is_database_url, open_recorder, shown
+from tillerman.ledger.backends import open_recorder
+from tillerman.ledger.location import is_database_url, shown
 from tillerman.ledger.paths import check_ledger_path
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules.errors import RuleSetError
@@ -87,7 +88,7 @@ def open_intact_ledger(path: str | None) -> Recorder:
     """For a reading command that shows what the ledger holds: a file cut mid-page is
     damage (exit 1), not a partial answer."""
     recorder = open_ledger(path, readonly=True)
-    if getattr(recorder, "damage", None):  # a SQLite file cut mid-page
+    if recorder.damage:  # a SQLite file cut mid-page
         recorder.close()
         raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",
                    EXIT_CHECK_FAILED)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
 from pathlib import Path
 
 import msgspec
@@ -13,7 +11,6 @@ from tillerman.controller.core.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.daemon.link import HEARTBEAT
 from tillerman.ledger import projections
-from tillerman.ledger.paths import ledger_files
 from tillerman.ledger.projections import ThreadState
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import fold_reviews
@@ -45,7 +42,7 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
         })
     return {
         "ledger": str(ledger_path),
-        "daemon": _daemon(recorder, ledger_path),
+        "daemon": _daemon(recorder),
         "threads": threads,
         "unsupervised_threads": housekeeping,
         "open_intents": len(projection.open_intents()),
@@ -75,17 +72,15 @@ def flagged_reviewers(recorder: Recorder) -> dict[str, list[str]]:
 
 def _leases(recorder: Recorder) -> list[dict]:
     """The database's thread leases (a SQLite ledger has none: one daemon owns it all)."""
-    leases = getattr(recorder, "leases", None)
-    return leases().all() if leases is not None else []
+    return leases.all() if (leases := recorder.leases()) is not None else []
 
 
 def _daemons(recorder: Recorder) -> list[dict]:
     """Every daemon sharing the database, with its last renewal (none on a SQLite ledger)."""
-    leases = getattr(recorder, "leases", None)
-    return leases().daemons() if leases is not None else []
+    return leases.daemons() if (leases := recorder.leases()) is not None else []
 
 
-def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
+def _daemon(recorder: Recorder) -> dict:
     beat = recorder.load_snapshot(HEARTBEAT)
     try:
         info = msgspec.json.decode(beat[1]) if beat else {}
@@ -94,7 +89,7 @@ def _daemon(recorder: Recorder, ledger_path: Path | str) -> dict:
     if not isinstance(info, dict):
         info = {}
     return {
-        "running": _running(recorder, ledger_path),
+        "running": recorder.daemon_running(),  # a SQLite ledger's lock held; on a database, any daemon renewing
         "pid": info.get("pid"),
         "since": iso(info.get("since")),
         "heartbeat": iso(info.get("heartbeat")),
@@ -111,13 +106,6 @@ def _outage(outage: dict | None) -> dict | None:
     if not isinstance(outage, dict):
         return None
     return {"since": iso(outage.get("since")), "until": iso(outage.get("until")), "error": outage.get("error")}
-
-
-def _running(recorder: Recorder, ledger_path: Path | str) -> bool:
-    """A SQLite ledger's daemon holds its lock file; on a database, any daemon renewing."""
-    if (held := getattr(recorder, "daemon_running", None)) is not None:
-        return held()
-    return _lock_held(Path(ledger_files(ledger_path).lock))
 
 
 def _codex(link: dict | None) -> dict | None:
@@ -139,17 +127,3 @@ def version_warning(codex: dict | None) -> str | None:
     return (f"warning: Codex {codex['server_version']} is not a release tillerman's error classification was"
             f" checked against ({', '.join(CHECKED_CODEX_VERSIONS)}); a refusal worded differently is settled"
             " by readback instead of at once")
-
-
-def _lock_held(lock_path: Path) -> bool:
-    """Whether a daemon holds the ledger's lock right now (probing never takes it for long)."""
-    if not lock_path.exists():
-        return False
-    fd = os.open(lock_path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False

@@ -31,7 +31,7 @@ from tillerman.controller.core.boundary import BoundaryRefusal
 from tillerman.controller.core.delivery import DISPATCH_COMMANDS, Delivery, Fact, Replied
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.ledger.errors import Fenced
-from tillerman.ledger.recorder import AppendResult, Recorder
+from tillerman.ledger.recorder import Recorder
 
 if TYPE_CHECKING:
     from tillerman.controller.dispatch.leases_keeper import Fence
@@ -57,13 +57,6 @@ _stopped: set[str] = set()
 class StaleDelivery(Exception):
     """The ledger already holds a different record of this move: another machine made it.
     Rebuild the machine from the ledger (``Delivery.from_view``) and carry on from there."""
-
-
-async def _append(recorder: Recorder, envelopes, **options) -> AppendResult:
-    """Off the event loop where the recorder can (the daemon's ``GatedRecorder``), so
-    that its flush stops nothing else the loop does; here otherwise."""
-    off_loop = getattr(recorder, "append_off_loop", None)
-    return await off_loop(envelopes, **options) if off_loop else recorder.append(envelopes, **options)
 
 
 def kill_at(point: str) -> None:
@@ -103,10 +96,12 @@ async def carry_out(
         if output.envelopes:
             if output.durable:
                 checkpoint("dispatch_recording")
+            # Off the event loop where the recorder can (the daemon's ``GatedRecorder``), so
+            # that its flush stops nothing else the loop does.
             if output.durable and fence is not None:
-                appended = await _append(recorder, output.envelopes, durable=True, fence=fence.lease)
+                appended = await recorder.append_off_loop(output.envelopes, durable=True, fence=fence.lease)
             else:
-                appended = await _append(recorder, output.envelopes, durable=output.durable)
+                appended = await recorder.append_off_loop(output.envelopes, durable=output.durable)
             if appended.conflicts:
                 raise StaleDelivery(f"intent {machine.intent.id}: the ledger holds another {appended.conflicts[0]}")
             if output.durable:

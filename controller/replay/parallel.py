@@ -174,14 +174,12 @@ def _appender(ledger: Recorder, load: bool) -> Iterator[Callable[[GroupResult], 
     which keeps those ids, so one worker's record met again from another is dropped as
     the ledger would drop it."""
     with ledger.load() if load else contextlib.nullcontext(ledger) as target:
-        append_new = target.append_new if isinstance(target, ChainOnlyRecorder) else target.append
-
         def append(result: GroupResult) -> GroupResult:
             with target.bulk():
                 for chunk in result.envelopes:
                     for observed, run in itertools.groupby(_envelopes.decode(chunk),
                                                            key=lambda env: is_file_source(env.source)):
-                        (append_new if observed else target.append)(list(run))
+                        (target.append_new if observed else target.append)(list(run))
             return result
 
         yield append

@@ -40,10 +40,10 @@ from pathlib import Path
 import msgspec
 
 from tillerman.ledger import events as ev
-from tillerman.ledger import segments
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry
-from tillerman.ledger.location import is_database_url, open_recorder, shown
+from tillerman.ledger.backends import open_recorder
+from tillerman.ledger.location import is_database_url, shown
 from tillerman.ledger.projections import Projection
 from tillerman.rules.policy import decide
 from tillerman.rules.ruleset import RuleSet, ruleset_from_text
@@ -196,7 +196,7 @@ def check_ledger(path: str | Path, *, progress: Callable[[int, int], None] | Non
                                   f" recorded one. `tillerman ledger verify --ledger {path}` says more")
             rulesets = recorded_rulesets(ledger.read())  # rule sets stay in the live file when threads are archived
             # the whole history: the decisions of archived threads are in the ledger's segments
-            result = check(_reporting(segments.history(ledger), report.last_seq, progress), rulesets)
+            result = check(_reporting(ledger.history(), report.last_seq, progress), rulesets)
     except LedgerError as exc:
         raise CannotCheck(f"{path}: not a readable tillerman ledger ({exc})") from exc
     result.ledger = str(path)

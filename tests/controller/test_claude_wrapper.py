@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +33,8 @@ from tillerman.controller.core.reconcile import observed
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
+from tillerman.ledger.changes import ChangeFeed
+from tillerman.ledger.errors import OperationalError
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
@@ -36,6 +44,8 @@ from tillerman.monitor.codex_wire import IN_PROGRESS
 from tillerman.monitor.lines import MAX_LINE
 from tillerman.monitor.tailer import file_source
 from tillerman.rules.ruleset import Grant, build_ruleset
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_stream_json_flags_are_added_only_when_the_harness_did_not_give_them(monkeypatch):
@@ -261,3 +271,70 @@ def test_the_wrapper_ties_each_turn_to_the_hooks_prompt_id_through_the_transcrip
         thread = projection.threads[hooks[0].event.thread_id]
         assert len(thread.turn_states) == 5 and "unclosed" not in thread.turn_states.values(), thread.turn_states
     assert len([e for e in wrapped if isinstance(e.event, ev.TurnAlias)]) == 5  # one per turn, once
+
+
+# -- following the ledger ---------------------------------------------------------------
+
+FAKE_CLI = """\
+import sys, time
+for line in sys.stdin:
+    print('{"type":"result","subtype":"success","session_id":"S"}', flush=True)
+time.sleep(0.5)  # a session that runs a moment: the wrapper follows the ledger meanwhile
+"""
+
+
+def test_on_a_postgresql_ledger_the_wrapper_relays_and_exits_with_its_cli(postgres_dsn, tmp_path):
+    """It once watched a file named after the database URL: the watch failed at once and
+    took the wrapper down with a traceback, the CLI's output unrelayed."""
+    cli = tmp_path / "claude"
+    cli.write_text(f"#!{sys.executable}\n{FAKE_CLI}")
+    cli.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "tillerman", "claude", "--ledger", postgres_dsn],
+                          input='{"type":"user"}\n', capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, CLAUDE_BIN_ENV: str(cli), "PYTHONPATH": str(ROOT)})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == '{"type":"result","subtype":"success","session_id":"S"}\n'
+
+
+class LostFeed(ChangeFeed):
+    """A database's feed whose connection is lost at the first wait."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[int | None]:
+        raise OperationalError("server closed the connection unexpectedly")
+        yield None  # an async generator
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_feed_that_can_no_longer_tell_leaves_the_look_every_poll_interval(tmp_path, monkeypatch, caplog):
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
+        feed = LostFeed()
+        monkeypatch.setattr(recorder, "change_feed", lambda: feed)
+        anyio.run(claude_wrapper.Wrapper(recorder, [])._follow_ledger)
+    assert feed.closed
+    assert "ledger changes not followed (server closed the connection unexpectedly)" in caplog.text
+
+
+def test_a_commit_by_another_process_wakes_the_wrapper(tmp_path):
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder, \
+            SQLiteRecorder(tmp_path / "ledger.sqlite3") as other:
+        wrapper = claude_wrapper.Wrapper(recorder, [])
+
+        async def commit_until_woken() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wrapper._follow_ledger)
+                with anyio.fail_after(10):
+                    for n in itertools.count():  # the watch may need a moment to start
+                        other.append([Envelope(event_id=f"e{n}", source="test",
+                                               event=ev.ThreadStarted(thread_id=f"T{n}"))])
+                        with anyio.move_on_after(0.2):
+                            await wrapper._changed.wait()
+                        if wrapper._changed.is_set():
+                            break
+                tg.cancel_scope.cancel()
+
+        anyio.run(commit_until_woken)

@@ -30,7 +30,7 @@ from tillerman.ledger.events import (
 )
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.lock import LedgerLock
-from tillerman.ledger.segments import history, segment_dir
+from tillerman.ledger.segments import segment_dir
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 BEFORE = "1970-01-01T00:08:20Z"  # 500 s: threads last active before it are closed
@@ -291,8 +291,8 @@ def test_replay_of_the_archived_ledger_sees_the_whole_history(ledger, tmp_path):
     assert after["events"] == before["events"] == 6  # the observations, archived or not
     assert after["decisions_digest"] == before["decisions_digest"]
     with SQLiteRecorder(ledger, readonly=True) as rec:
-        assert [e.seq for e in history(rec, after_seq=4)] == [5, 6, 7, 8, 9, 10, 11]
-        assert [e.seq for e in history(rec, kinds=("turn_started",))] == [1, 2, 3, 6, 9, 10]
+        assert [e.seq for e in rec.history(after_seq=4)] == [5, 6, 7, 8, 9, 10, 11]
+        assert [e.seq for e in rec.history(kinds=("turn_started",))] == [1, 2, 3, 6, 9, 10]
 
 
 # -- the file shrinks ------------------------------------------------------------------------------
