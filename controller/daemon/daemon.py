@@ -32,7 +32,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -43,7 +43,6 @@ from tillerman.controller.claude.hook_delivery import Outboxes, is_hook_thread, 
 from tillerman.controller.core.delivery import READBACK_PAGE, Delivery, Dispatch, VerifyDue
 from tillerman.controller.core.intent_requests import intent_view
 from tillerman.controller.core.reconcile import (
-    observed,
     read_back,
     reconcile_fact,
     seen,
@@ -52,6 +51,7 @@ from tillerman.controller.core.reconcile import (
     under_way,
     verify_due,
 )
+from tillerman.controller.core.round import Carry, Round
 from tillerman.controller.core.supervisor import Step
 from tillerman.controller.core.watches import Watches
 from tillerman.controller.daemon.collector import Collector
@@ -75,6 +75,7 @@ from tillerman.ledger.errors import Fenced, IllegalTransition, OperationalError
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.file_offsets import FileOffset
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
 from tillerman.ledger.lock import LedgerLock
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
@@ -109,8 +110,6 @@ HEARTBEAT_EVERY = 5.0  # seconds; the fold snapshot is saved with it when the fo
 RECONNECT_MAX = 5.0  # seconds: the longest wait between two attempts to reach the server
 LEDGER_RETRY = 1.0  # seconds between two tries of a round the ledger refused
 ON_OVERDUE_TIMEOUT = 30.0  # seconds an --on-overdue command may take per notice
-_DELIVERY_EVENTS = (ev.UserMessage, ev.AgentMessage, ev.TurnCompleted, ev.TurnStarted, ev.ItemStarted,
-                    ev.ItemCompleted)
 
 
 @dataclass(frozen=True)
@@ -150,7 +149,6 @@ class Daemon:
         self.options = options
         self.clock = clock
         self.step = Step(ruleset, replay=False)
-        self.projection = Projection()
         self.tap = AppServerTap(options.url, patterns=options.patterns, retain_payloads=options.retain_payloads)
         self.adapter: GuardedAdapter | None = None
         self.tailer: Tailer | None = None  # set when --watch follows files
@@ -161,21 +159,21 @@ class Daemon:
         self._locks: dict[str, anyio.Lock] = {}
         self._inbox_send, self._inbox = anyio.create_memory_object_stream[list[Envelope] | FileBatch](64)
         self._due: float | None = None
-        # Each thread's rule triggers, and when the next round is due: kept up to date by
-        # ``_fold``, so a round runs the detection rules only where one can fire.
-        self.watches = Watches(self.projection, ruleset)
         # Threads with folded entries no decision round has judged yet. Every fold adds to
         # it, not only a round's first: a proposal another process commits while a round
         # writes is folded by that round's later folds, after its threads were chosen, and
         # once folded no "ledger changed" probe sees it again.
         self._unjudged: set[str] = set()
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
-        self._held: list[tuple[str, object]] | None = None  # inside a round: what it drives, for after its commit
         self._fold_ahead = False  # a round failed after folding rows it did not write
         sinks = options.notify_sinks()
         self.notifier = Notifier(sinks)
         self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
-        self.checkpoints = Checkpoints(options.reviewers)  # fed by ``_fold``; reviews run as tasks
+        self.checkpoints = Checkpoints(options.reviewers)  # fed by the round's fold; reviews run as tasks
+        # The decision round replay drives too (``tillerman.controller.core.round``): the
+        # daemon adds the ledger, the clock, the connection and the delivery tasks.
+        self.round = Round(Projection(), self.step, self._append_own, reviews=self.checkpoints,
+                           followers=(self._took_in,), delivering=self._delivering)
         # Claude Code sessions seen through their hooks: what each session's hook may deliver.
         self.outboxes = Outboxes(options.watch, self.recorder.path)
         self.connected = anyio.Event()
@@ -186,6 +184,18 @@ class Daemon:
         self.keeper = LeaseKeeper(leases, options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
         self.health = LedgerHealth()  # an outage of the ledger said once, and shown by `status`
+
+    @property
+    def projection(self) -> Projection:
+        return self.round.projection
+
+    @projection.setter
+    def projection(self, projection: Projection) -> None:
+        self.round.projection = projection  # the watches follow it at the next fold
+
+    @property
+    def watches(self) -> Watches:
+        return self.round.watches
 
     # -- the task group ---------------------------------------------------------------
 
@@ -202,7 +212,7 @@ class Daemon:
         self.collector.start(self.clock())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._signals, tg.cancel_scope)
-            self._refold(tg, self.clock())
+            self._catch_up(tg, self.clock())
             self.notifier.drop_settled(self.projection)
             if self.metrics is not None:
                 self.metrics.start(self.projection)
@@ -510,8 +520,8 @@ class Daemon:
         observations. The round runs on the loop; its commit (and the head anchor's one
         move, ``one_anchor``) on a worker thread, while the loop reads on: the rest of the
         daemon waits for it at the ledger's gate (``tillerman.controller.daemon.ledger_gate``).
-        Nothing the round decided starts before that commit (``_drive`` holds it): never
-        act without a record. A round that fails has folded rows that were not written:
+        Nothing the round decided starts before that commit (the round queues it: ``Round.take``):
+        never act without a record. A round that fails has folded rows that were not written:
         the fold is read again from the ledger before the next one."""
         if self._fold_ahead:
             self.projection = projections.load(self.recorder)
@@ -520,7 +530,6 @@ class Daemon:
             await self._round_and_commit(tg, batch, offsets)
 
     async def _round_and_commit(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None) -> None:
-        self._held = []
         try:
             with contextlib.ExitStack() as transaction:
                 transaction.enter_context(self.recorder.one_anchor())  # a round's commits move it once
@@ -529,23 +538,23 @@ class Daemon:
                 ending = transaction.pop_all()
             # What other tasks drive while the commit is out starts at once: their writes
             # wait at the gate. What this round drives waits for its commit.
-            held, self._held = self._held, None
+            held = self.round.take()
             committed = asyncio.wrap_future(self.recorder.commit_off_loop(ending.close))
             with anyio.CancelScope(shield=True):  # a stop waits for the commit: nothing half-written
                 await committed
         except BaseException:
-            self._held, self._fold_ahead = None, True
+            self.round.take()  # nothing of a round that did not commit is carried out
+            self._fold_ahead = True
             self._due = self.clock()  # every thread judged again once the ledger takes writes
             raise
-        for intent_id, fact in held:
-            tg.start_soon(self._carry_out, intent_id, fact)
+        self._carry(tg, held)
 
     def _round(self, tg, batch: list[Envelope], offsets: list[FileOffset] | None) -> None:
         now = self.clock()
         if batch or offsets:  # events and file positions together
-            self._fold_own(tg, now, self.recorder.append(batch, offsets=offsets or ()).entries)
+            self.round.fold(self._after_gap(self.recorder.append(batch, offsets=offsets or ()).entries), now)
         if self._ledger_changed():
-            self._refold(tg, now)  # what other writers added before this round's transaction
+            self._refold(now)  # what other writers added before this round's transaction
         try:
             self._decide(tg, now)
         except IllegalTransition as exc:
@@ -554,10 +563,13 @@ class Daemon:
             # so nothing of it was written; fold what won (its thread is judged again) and
             # decide again next round.
             log.info("an intent moved while this round decided (%s): deciding again", exc)
-            self._refold(tg, now)
+            self._refold(now)
             self._due = self.clock() + RETRY_AFTER  # soon, but never a busy loop
 
     def _decide(self, tg, now: float) -> None:
+        """The round for the threads this daemon judges now: those folded since the last
+        round, or every thread when a timer is due (``Round.decide``); then the hooks'
+        outboxes, the reviews due (as tasks), the notices, and when the next round is due."""
         timer_due = self._due is not None and now >= self._due
         if not self._unjudged and not timer_due:
             return
@@ -568,107 +580,99 @@ class Daemon:
         if self.checkpoints.reviewers:  # a reviewer's own session is never supervised
             threads = [t for t in threads
                        if not is_reviewer_thread(self.projection.recorded_cwd(t), self.checkpoints.reviewers.values())]
-        self.watches.rebase(self.projection, self.step.ruleset)
-        self._fold_own(tg, now, self._write(self.step.step(self.projection, self.watches.finding(threads, now), now)))
-        self._fold_own(tg, now, self._write(self.checkpoints.consequences(self.projection, self.step.ruleset, now)))
-        wanted = set(threads)
-        views = [v for v in self.projection.open_intents() if (timer_due or v.intent.thread_id in wanted)
-                 and (self.keeper is None or self.keeper.ready(v.intent.thread_id))]
-        envelopes, decided = self.step.decide_intents(self.projection, views, now)
-        self._fold_own(tg, now, self._write(envelopes))
-        for view, decision in decided:
-            self._act(tg, view, decision, now)
+        decided = self.round.decide(threads, now, every_intent=timer_due,
+                                    ready=self.keeper.ready if self.keeper is not None else None,
+                                    act=lambda decisions: self._act(decisions, now))
         self.outboxes.flush(self.projection)
-        if self.checkpoints.reviewers:
-            views = [self.projection.intents[v.intent.id] for v in views]
-            for job in self.checkpoints.due(self.projection, views, self.step.ruleset, now):
-                tg.start_soon(self._review, job)
+        for job in decided.jobs:
+            tg.start_soon(self._review, job)
         self.sink_runner.hand(self.notifier.due(self.projection, now))
         if self.metrics is not None:
             self.metrics.overdue.set(self.notifier.overdue_now)
-        self._due = min((t for t in (self._next_due(now), self.notifier.next_due()) if t is not None), default=None)
+        self._due = min((t for t in (self.round.next_due(now), self.notifier.next_due()) if t is not None),
+                        default=None)
 
     def _write(self, envelopes: list[Envelope]) -> tuple[Entry, ...]:
-        """Append; the rows written, for the brain to fold (``_fold_own``). A writer
-        outside the brain (the rule watcher) leaves them to the brain's next read."""
+        """Append; the rows written. A writer outside the brain (the rule watcher) leaves
+        them to the brain's next read."""
         return self.recorder.append(envelopes).entries if envelopes else ()
 
-    def _fold_own(self, tg, now: float, entries: tuple[Entry, ...]) -> None:
-        """Fold the rows this brain just appended, without reading them back. Rows of
-        other writers (another process, this daemon's delivery tasks) committed since the
-        last fold sit before ours: a gap between the fold and our first seq, read first."""
+    def _append_own(self, envelopes: list[Envelope]) -> list[Entry]:
+        """The round's append: the rows it wrote, to fold without reading them back."""
+        return self._after_gap(self._write(envelopes))
+
+    def _after_gap(self, entries: tuple[Entry, ...]) -> list[Entry]:
+        """Rows this brain just appended, and before them the rows of other writers (another
+        process, this daemon's delivery tasks) committed since the last fold: a gap
+        between the fold and our first seq, read first."""
         if not entries:
-            return
-        if (missing := entries[0].seq - 1 - self.projection.seq) > 0:
-            self._fold(tg, now, self.recorder.read(after_seq=self.projection.seq, limit=missing))
-        self._fold(tg, now, entries)
+            return []
+        missing = entries[0].seq - 1 - self.projection.seq
+        gap = list(self.recorder.read(after_seq=self.projection.seq, limit=missing)) if missing > 0 else []
+        return [*gap, *entries]
 
-    def _refold(self, tg, now: float) -> None:
+    def _refold(self, now: float) -> None:
         """Fold every row past the fold: what other writers added since (another process,
-        the delivery tasks, the rule watcher), or what the ledger holds at a start."""
-        self._fold(tg, now, self.recorder.read(after_seq=self.projection.seq))
+        the delivery tasks, the rule watcher), or what the ledger holds at a start. What
+        it queues for the deliveries is carried out with the round it is part of."""
+        self.round.fold(self.recorder.read(after_seq=self.projection.seq), now)
 
-    def _fold(self, tg, now: float, entries: Iterable[Entry]) -> None:
-        """Fold entries (ours or another writer's, the same way), mark their threads for
-        the next decision round (``_unjudged``), and hand each new observation to the
-        delivery machines of its thread."""
-        self.watches.rebase(self.projection, self.step.ruleset)
-        for entry in entries:
-            self.projection.apply(entry)
-            self.watches.note(entry, now)
-            self.checkpoints.note(entry)
-            self.notifier.fold(entry)
-            if self.metrics is not None:
-                self.metrics.fold(entry)
-            event = entry.envelope.event
-            if isinstance(event, ev.Undecodable):
-                log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
-                            entry.seq, event.stored_kind, event.error)
-            if event.thread_id is not None:
-                self._unjudged.add(event.thread_id)
-            if isinstance(event, ev.IntentProposed):
-                self._unjudged.add(event.intent.thread_id)
-            if isinstance(event, _DELIVERY_EVENTS):
-                waiting = [m for m in self.machines.values() if m.intent.thread_id == event.thread_id
-                           and not m.finished]
-                snapshot = self.projection.snapshot(event.thread_id) if waiting else None
-                for machine in waiting:
-                    self._drive(tg, machine.intent.id, observed(snapshot, machine.intent, event, now))
+    def _catch_up(self, tg, now: float) -> None:
+        """``_refold`` outside a round: what it queues for the deliveries starts at once."""
+        self._refold(now)
+        self._carry(tg, self.round.take())
 
-    def _next_due(self, now: float) -> float | None:
-        """The earliest deadline of an open intent or rule timer of a thread after ``now``
-        (``tillerman.controller.core.timers``: only the threads folded since are computed again)."""
-        due = self.watches.timers.next_due(self.projection, self.step.ruleset, now)
-        if self.checkpoints.reviewers:  # an intent overdue for the second time is a checkpoint
-            second = self.checkpoints.next_due(self.projection.open_intents(), self.step.ruleset)
-            if second is not None and second > now:
-                due = second if due is None else min(due, second)
-        return due
+    def _took_in(self, entry: Entry) -> None:
+        """What the daemon keeps of each entry the round folds: the notices and metrics,
+        and the threads the next round judges (``_unjudged``)."""
+        self.notifier.fold(entry)
+        if self.metrics is not None:
+            self.metrics.fold(entry)
+        event = entry.envelope.event
+        if isinstance(event, ev.Undecodable):
+            log.warning("ledger seq %d cannot be decoded and was skipped (%s: %s)",
+                        entry.seq, event.stored_kind, event.error)
+        if event.thread_id is not None:
+            self._unjudged.add(event.thread_id)
+        if isinstance(event, ev.IntentProposed):
+            self._unjudged.add(event.intent.thread_id)
+
+    def _delivering(self, thread_id: str) -> list[Intent]:
+        """The intents whose deliveries under way on the thread wait for what is seen there."""
+        return [m.intent for m in self.machines.values() if m.intent.thread_id == thread_id and not m.finished]
 
     # -- acting on decisions ----------------------------------------------------------
 
-    def _act(self, tg, view: IntentView, decision: Decision, now: float) -> None:
+    def _act(self, decisions: list[tuple[IntentView, Decision]], now: float) -> None:
+        """What the round's decisions lead to, inside the round: a fact for each delivery,
+        queued with the round's own (``Round.carry``) and started after its commit."""
+        for view, decision in decisions:
+            if is_hook_thread(self.projection.snapshot(view.intent.thread_id)):
+                self._act_through_hooks(view, decision, now)
+            elif (fact := self._fact(view, decision, now)) is not None:
+                self.round.carry(view.intent.id, fact)
+
+    def _fact(self, view: IntentView, decision: Decision, now: float) -> object | None:
+        """The fact one decision is for its intent's delivery machine, or None."""
         intent_id = view.intent.id
-        if is_hook_thread(self.projection.snapshot(view.intent.thread_id)):
-            self._act_through_hooks(tg, view, decision, now)
-            return
         if decision.action in DISPATCH_ACTIONS:
             if self.options.dry_run or view.state != State.PROPOSED:
-                return
+                return None
             if not self.checkpoints.may_dispatch(view, self.step.ruleset):
-                return  # held until its review answers ready_for_existing_gate (a task asks it)
+                return None  # held until its review answers ready_for_existing_gate (a task asks it)
             active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
-            self._drive(tg, intent_id, Dispatch(now, uuid.uuid4().hex, active_turn))
-        elif decision.action is Action.RECONCILE:
-            self._drive(tg, intent_id, reconcile_fact(self.projection, view, now))
-        elif decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
+            return Dispatch(now, uuid.uuid4().hex, active_turn)
+        if decision.action is Action.RECONCILE:
+            return reconcile_fact(self.projection, view, now)
+        if decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
             # The machine asks for the readback itself when it sees the turn end; this
             # covers a restart after the end.
             if verify_due(self.projection, view):
                 self._verifying.add(intent_id)
-                self._drive(tg, intent_id, VerifyDue(now))
+                return VerifyDue(now)
+        return None
 
-    def _act_through_hooks(self, tg, view: IntentView, decision: Decision, now: float) -> None:
+    def _act_through_hooks(self, view: IntentView, decision: Decision, now: float) -> None:
         """A session reached through Claude Code's hooks: a dispatch puts the intent in its
         outbox for the hook to claim (``tillerman.controller.claude.hook_delivery``); a delivery
         under way settles from the spool's evidence. Nothing goes to an app-server."""
@@ -678,12 +682,12 @@ class Daemon:
             return
         self.outboxes.drop(view)
         if decision.action is Action.RECONCILE:
-            self._fold_own(tg, now, self._write(settle(self.projection, view, now)))
+            self.round.record(settle(self.projection, view, now), now)
 
     async def _reconcile_under_way(self, tg, client: AppServerClient) -> None:
         """Every intent whose delivery is under way is read back before anything new is
         sent (after a start, or a reconnect)."""
-        self._refold(tg, self.clock())
+        self._catch_up(tg, self.clock())
         await self._read_back_turns(tg, client)
         for view in under_way(self.projection):
             if self.keeper is None or self.keeper.holds(view.intent.thread_id):
@@ -712,7 +716,7 @@ class Daemon:
                 self._due = self.clock()  # the brain re-decides every thread with what was read back
             except OperationalError as exc:
                 log.error("ledger not writable (%s): turns that ended meanwhile not recorded yet", exc)
-        self._refold(tg, self.clock())
+        self._catch_up(tg, self.clock())
 
     async def _list_turns(self, client: AppServerClient, thread_id: str) -> tuple[wire.Turn, ...] | None:
         """The thread's latest turns (``thread/turns/list``), or None when the server did
@@ -745,10 +749,11 @@ class Daemon:
             return  # `tillerman claude` carries out this session's intents (it claims what we decided)
         if self.keeper is not None and view is not None and not self.keeper.holds(view.intent.thread_id):
             return  # another daemon's thread (or ours no longer): its owner carries it out
-        if self._held is not None:  # inside a round: once its transaction has committed
-            self._held.append((intent_id, fact))
-        else:
-            tg.start_soon(self._carry_out, intent_id, fact)
+        tg.start_soon(self._carry_out, intent_id, fact)
+
+    def _carry(self, tg, facts: list[Carry]) -> None:
+        for intent_id, fact in facts:
+            self._drive(tg, intent_id, fact)
 
     async def _carry_out(self, intent_id: str, fact) -> None:
         """One fact for one intent, in order: a lock per intent serializes its facts."""
@@ -828,7 +833,7 @@ class Daemon:
         if self._client is not None:
             await self._read_back_turns(tg, self._client, only=taken)
         else:
-            self._refold(tg, self.clock())
+            self._catch_up(tg, self.clock())
         for view in under_way(self.projection):
             if view.intent.thread_id in taken and self.keeper.holds(view.intent.thread_id):
                 self.machines.pop(view.intent.id, None)  # rebuilt from the ledger: another daemon moved it

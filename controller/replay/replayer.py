@@ -38,15 +38,15 @@ import msgspec
 
 from tillerman.controller.core.overdue import overdue
 from tillerman.controller.core.render import overdue_json
+from tillerman.controller.core.round import Round
 from tillerman.controller.core.supervisor import Step
-from tillerman.controller.core.watches import Watches
 from tillerman.ledger import events as ev
 from tillerman.ledger.command_patterns import DEFAULT as DEFAULT_PATTERNS
 from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry, Envelope
 from tillerman.ledger.forgetting import ForgettingProjection
-from tillerman.ledger.projections import IntentView, is_open
+from tillerman.ledger.projections import is_open
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import Call
 from tillerman.monitor.counts import Counts, EventCounter
@@ -54,7 +54,6 @@ from tillerman.monitor.file_reader import FileReader, ForkedFileReader, ReaderDi
 from tillerman.monitor.formats import PARSERS, detect_format, layout_note
 from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.tailer import file_source
-from tillerman.rules.detect import triggers_may_find
 from tillerman.rules.review import Reviewer
 from tillerman.rules.ruleset import RuleSet
 
@@ -173,7 +172,6 @@ class Replayer:
         # Each decision's line of the digest, as it is hashed: a parallel replay
         # (``tillerman.controller.replay.parallel``) digests its groups' lines in order.
         self.on_decision = on_decision
-        self.step = Step(ruleset, replay=True)
         # Reviews (``tillerman.controller.review.checkpoints``): a recorded answer is used, a new
         # checkpoint is held (no call: deterministic) or, with ``review``, asked.
         self.checkpoints = _checkpoints(reviewers) if reviewers else None
@@ -183,13 +181,12 @@ class Replayer:
         self.parse_ahead = parse_ahead
         self._recorded_reviews: dict[str, list[Envelope]] = {}  # checkpoint id -> its records in the inputs
         self._held: list[str] = []
-        self.projection = ForgettingProjection()
-        # Open intents by id, kept up to date as entries are folded (``_record``):
-        # scanning every intent a long session ever had, at every event, was quadratic.
-        self._open: dict[str, IntentView] = {}
-        # Each thread's rule triggers, kept as it is folded, and when the next timer
-        # fires: no snapshot is built unless a decision may be made, nothing rescanned.
-        self.watches = Watches(self.projection, ruleset)
+        # The daemon's decision round, on a fold that forgets what no later decision
+        # reads (``_forget_settled``) and the virtual clock; nothing waits on a delivery.
+        self.round = Round(ForgettingProjection(), Step(ruleset, replay=True), self._write,
+                           reviews=self.checkpoints, followers=(self._account, self._forget_settled))
+        self.projection = self.round.projection
+        self.watches = self.round.watches
         self.timers = self.watches.timers
         # The open ``Recorder.bulk`` block, committed every COMMIT_EVERY rows or so (``_append``).
         self._bulk = contextlib.ExitStack()
@@ -369,7 +366,7 @@ class Replayer:
     def _forget_idle(self, thread_ids: list[str]) -> None:
         """Memory stays flat over many files: a thread whose session ended is forgotten
         once nothing can happen on it (``tillerman.ledger.forgetting``)."""
-        busy = {view.intent.thread_id for view in self._open.values()}
+        busy = {view.intent.thread_id for view in self.projection.open_intents()}
         for thread_id in thread_ids:
             if thread_id in busy:
                 continue
@@ -394,70 +391,52 @@ class Replayer:
         if ahead:
             self._fold_ahead(env)
         else:
-            self._record([env])
+            self.round.record([env], self.now)
         thread = env.event.thread_id
-        if thread is not None and (self._open or self.checkpoints is not None or (
-                (found := self.watches.kept(thread)) is not None and triggers_may_find(found, now))):
-            self._evaluate([thread], now)
+        if thread is not None and self.round.may_decide(thread, now):
+            self._decide([thread])
         if self.end is None or now > self.end:
             self.end = now
 
     def _fire_timers(self, until: float) -> None:
+        """The virtual clock fires the rule and intent timers (``Round.timers_due``); a
+        review's overdue-twice checkpoint is asked at the next event, not at its moment."""
         while self.now is not None:
-            due = self._next_due(self.now)
+            due = self.round.timers_due(self.now)
             if due is None or due > until:
                 return
             self.now = due
-            self._evaluate(list(self.projection.threads), due)
+            self._decide(list(self.projection.threads))
 
-    def _next_due(self, now: float) -> float | None:
-        return self.timers.next_due(self.projection, self.ruleset, now)
+    def _decide(self, thread_ids: list[str]) -> None:
+        """One round at the virtual time (before the source has told any: judged at 0,
+        folded untimed). Nothing it decides is carried out: replay never dispatches."""
+        decided = self.round.decide(thread_ids, self.now, answer=self._answer)
+        self._held += [job.packet.checkpoint_id for job in decided.jobs]  # held: never asked, never dispatched
 
-    def _evaluate(self, thread_ids: list[str], now: float) -> None:
-        finding = self.watches.finding(thread_ids, now)  # elsewhere ``detect`` would find nothing
-        if finding:
-            self._record(self.step.step(self.projection, finding, now))
-        views = []
-        if self._open:  # most events come with no intent open
-            wanted = set(thread_ids)
-            views = [v for v in self._open.values() if v.intent.thread_id in wanted]
-            if views:
-                self._record(self.step.decide_intents(self.projection, views, now)[0])
-        if self.checkpoints is not None:
-            self._checkpoints([v.intent.id for v in views], now)
-
-    def _checkpoints(self, intent_ids: list[str], now: float) -> None:
+    def _answer(self, job) -> list[Envelope] | None:
+        """A checkpoint's records now: the answer the inputs recorded (no call), the
+        record of one settled without a call, or with ``review`` the reviewer asked in
+        this thread; None: held."""
         from tillerman.controller.review.checkpoints import asked_now, without_call
 
-        checkpoints = self.checkpoints
-        self._record(checkpoints.consequences(self.projection, self.ruleset, now))
-        views = [self._open[i] for i in intent_ids if i in self._open]
-        for job in checkpoints.due(self.projection, views, self.ruleset, now):
-            recorded = self._recorded_reviews.get(job.packet.checkpoint_id)
-            if recorded:
-                self._record(recorded)  # the answer the ledger recorded: no call
-            elif not isinstance(job.plan, Call):
-                self._record([without_call(job, now)])
-            elif self.review:
-                self._record(asked_now(job, now, retain_payloads=self.retain_payloads))
-            else:
-                self._held.append(job.packet.checkpoint_id)  # held: never asked, never dispatched
-        self._record(checkpoints.consequences(self.projection, self.ruleset, now))
+        at = self.now if self.now is not None else 0.0
+        if recorded := self._recorded_reviews.get(job.packet.checkpoint_id):
+            return recorded
+        if not isinstance(job.plan, Call):
+            return [without_call(job, at)]
+        if self.review:
+            return asked_now(job, at, retain_payloads=self.retain_payloads)
+        return None
 
     def _fold_ahead(self, env: Envelope) -> None:
         """Fold an observation the ledger is certain to store as the next row (it cannot
         be a duplicate: ``_run``), and append it later with others: one append per
         BATCH observations instead of one per event. Anything of replay's own is
-        appended after the observations before it (``_record`` flushes first), so the
-        rows and their order are those of an append per event. (``_fold`` for a parsed
-        observation: it is never a decision, a report or an intent.)"""
+        appended after the observations before it (``_write`` flushes first), so the
+        rows and their order are those of an append per event."""
         waiting = self._waiting
-        seq = self._next_seq + len(waiting)
-        self.projection.apply_envelope(env, seq)
-        if env.event.thread_id is not None:
-            self.watches.fold(env.event.thread_id, self.now)
-        if self.checkpoints is not None:
-            self.checkpoints.note(Entry(seq=seq, envelope=env, prev_hash="", hash=""))
+        self.round.fold_ahead(env, self._next_seq + len(waiting), self.now)
         waiting.append(env)
         if len(waiting) >= BATCH:
             self._flush()
@@ -471,13 +450,11 @@ class Replayer:
             raise RuntimeError(f"the ledger stored {len(entries)} of {len(waiting)} observations folded ahead"
                                f" from seq {first}: the replay's fold no longer matches it")
 
-    def _record(self, batch: list[Envelope]) -> None:
-        """Append, and fold the entries ``append`` returns (nothing is read back)."""
-        if not batch:
-            return
+    def _write(self, batch: list[Envelope]) -> tuple[Entry, ...]:
+        """The round's append: after the observations folded ahead of it; the entries
+        ``append`` returns are the rows to fold (nothing is read back)."""
         self._flush()
-        for entry in self._append(batch):
-            self._fold(entry)
+        return self._append(batch)
 
     def _append(self, batch: list[Envelope], *, read_once: bool = False, unseen: bool = False) -> tuple[Entry, ...]:
         """``read_once``: no id of the batch is ever offered again (``files_read_once``);
@@ -503,20 +480,14 @@ class Replayer:
             self._bulk.enter_context(self.recorder.bulk())
         return entries
 
-    def _fold(self, entry: Entry) -> None:
-        self._account(entry)
-        self.projection.apply(entry)
+    def _forget_settled(self, entry: Entry) -> None:
+        """An intent that settled is forgotten: no later step reads it
+        (``tillerman.ledger.forgetting``)."""
         event = entry.envelope.event
-        self.watches.note(entry, self.now)
-        if self.checkpoints is not None:
-            self.checkpoints.note(entry)
         if isinstance(event, ev.IntentProposed | ev.IntentTransition):
             intent_id = event.intent.id if isinstance(event, ev.IntentProposed) else event.intent_id
             view = self.projection.intents.get(intent_id)
-            if view is not None and is_open(view):
-                self._open[intent_id] = view
-            else:  # settled: no later step reads it (tillerman.ledger.forgetting)
-                self._open.pop(intent_id, None)
+            if view is None or not is_open(view):
                 self.projection.forget_intent(intent_id)
 
     def _account(self, entry: Entry) -> None:

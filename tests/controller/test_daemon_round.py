@@ -51,7 +51,7 @@ def _daemon(recorder, started: list) -> Daemon:
     step = daemon.step.step
 
     def step_that_drives(projection, threads, now):
-        daemon._drive(daemon.tasks, "in-held", "a fact")  # as _act and _fold do for a delivery
+        daemon.round.carry("in-held", "a fact")  # as _act and the fold do for a delivery
         assert started == []  # nothing starts inside the round
         return step(projection, threads, now)
 
