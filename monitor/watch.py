@@ -32,13 +32,13 @@ import anyio.lowlevel
 from anyio.abc import TaskStatus
 from watchfiles import Change, awatch
 
+from tillerman.ledger.changes import RUST_TIMEOUT_MS  # the same for every watch of ours
 from tillerman.monitor.tailer import FileBatch, Tailer, followed, scan
 
 log = logging.getLogger("tillerman.watch")
 
 DEBOUNCE_MS = 30  # longest wait to group a burst of changes (watchfiles default: 1600)
 STEP_MS = 15  # a burst ends after this long without a change (watchfiles default: 50)
-RUST_TIMEOUT_MS = 1000  # how long a cancelled watch may take to notice
 RESCAN_FIRST = 1.0  # seconds after start: catches what changed before the watch was in place
 RESCAN_EVERY = 30.0
 RESTART_DELAY = 1.0  # after the watcher itself failed
