@@ -1,7 +1,8 @@
 """The pure core: what the controller decides, written once and shared by the daemon,
 replay and the wrapper. The delivery machine (``delivery``) and its boundary checks
 (``boundary``), restart planning (``reconcile``), app-server refusals read into types
-(``rpc_errors``), one supervision step (``supervisor``) with each thread's rule triggers
+(``rpc_errors``), the decision round the daemon and replay both drive (``round``), one
+supervision step (``supervisor``) with each thread's rule triggers
 (``watches``) and when the next round is due (``timers``), overdue intents (``overdue``),
 intents on request (``intent_requests``, through the recorder interface only), and the
 plain values people read: times (``timefmt``), outside text made safe (``printable``),

@@ -9,12 +9,14 @@ dispatched: the intents the rules propose are marked ``replayed`` and the policy
 never lets one reach a transport. The ordered decision stream is digested, so two
 replays of the same input print the same ``decisions_digest``.
 
-The pipeline, per event, does only what the event can change: it is folded (ahead of
-its append, which waits for BATCH others: ``_fold_ahead``); its thread's rule
-triggers are taken again from the small part of its state they read, with no
-snapshot (``tillerman.controller.core.watches``, as in the daemon); a full snapshot is
-built only where a decision may be made: detection runs only where a rule can fire,
-the policy only for that thread's open intents. The clock asks the timers
+The decisions are the daemon's own: replay drives the same decision round
+(``tillerman.controller.core.round``), adding the files and the virtual clock. The
+pipeline, per event, does only what the event can change: it is folded (ahead of its
+append, which waits for BATCH others: ``_fold_ahead``); its thread's rule triggers
+are taken again from the small part of its state they read, with no snapshot
+(``tillerman.controller.core.watches``); a full snapshot is built only where a
+decision may be made: detection runs only where a rule can fire, the policy only for
+that thread's open intents. The clock asks the timers
 (``tillerman.controller.core.timers``) for the next due only when an event reaches their
 horizon: a thread's due moving later, as its quiet timer does at nearly every event,
 is not even pushed. What it records is row for row what an append and a rescan per
