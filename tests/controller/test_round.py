@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 from tillerman.controller.core import intent_requests
 from tillerman.controller.core.delivery import Observed
@@ -17,13 +18,13 @@ from tillerman.controller.core.supervisor import Step
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger import events as ev
-from tillerman.ledger.events import Envelope
+from tillerman.ledger.events import OBSERVATION_KINDS, Envelope
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.rules.decision import Action
 from tillerman.rules.files import default_ruleset
-from tillerman.rules.ruleset import Grant, Rule, TurnQuiet, build_ruleset
+from tillerman.rules.ruleset import ApprovalWaiting, Grant, Rule, TurnLong, TurnQuiet, build_ruleset
 
 T0 = 1_000_000.0
 #: A recorded session on which a built-in rule proposes an intent, and the policy decides it.
@@ -191,3 +192,49 @@ def test_the_daemon_and_replay_drive_the_same_round(tmp_path, monkeypatch):
 
         anyio.run(one_round)
     assert isinstance(daemon.round, Round) and daemon.round in drove
+
+
+def _report_rule(rule_id: str, condition) -> Rule:
+    return Rule(id=rule_id, version=1, status="active", condition=condition, action=Action.REPORT_OVERDUE,
+                owner="ann", review_by=datetime.date(2099, 1, 1), text=rule_id)
+
+
+#: Rules that only report, each firing on the recorded sessions between their events
+#: (a timer) as well as at them: what they find does not depend on who carries it out.
+REPORTING = build_ruleset((_report_rule("quiet", TurnQuiet(for_seconds=3.0)),
+                           _report_rule("long", TurnLong(for_seconds=20.0)),
+                           _report_rule("approval", ApprovalWaiting(for_seconds=2.0))), ())
+
+
+def _reports(rows) -> list[tuple[str, float]]:
+    return [(e.envelope.event_id, e.envelope.at) for e in rows if isinstance(e.envelope.event, ev.Report)]
+
+
+@pytest.mark.parametrize("session", ["appserver-trace/steer-approval-interrupt.jsonl",
+                                     "codex-rollout/rollout-2025-09-02T10-00-00-0199a1b2-0000-7000-8000-00000000aa01.jsonl"])
+def test_the_same_observations_give_the_same_findings_through_the_daemon_and_replay(tmp_path, session):
+    """A recorded session replayed, and its observations handed to a daemon one round per
+    event on a clock at the event's time (with a round at every due in between, as the
+    daemon's brain sleeps until one): the same reports, at the same moments (each found
+    by a timer, between two events)."""
+    session = SESSION.parent / session
+    replayed = MemoryRecorder()
+    Replayer(replayed, REPORTING).run([str(session)])
+    observations = [e.envelope for e in replayed.read() if ev.kind_of(e.envelope.event) in OBSERVATION_KINDS]
+    assert _reports(replayed.read())  # the rules found something to compare
+
+    with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
+        now = [observations[0].at]
+        daemon = Daemon(recorder, REPORTING, DaemonOptions(), clock=lambda: now[0])
+
+        async def rounds() -> None:
+            async with anyio.create_task_group() as tg:
+                for env in observations:
+                    while daemon._due is not None and daemon._due <= env.at:
+                        now[0] = daemon._due
+                        await daemon._think(tg, [])
+                    now[0] = env.at
+                    await daemon._think(tg, [env])
+
+        anyio.run(rounds)
+        assert _reports(recorder.read()) == _reports(replayed.read())
