@@ -31,7 +31,6 @@ Several daemons: thread leases and the fence on a dispatch record
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -163,15 +162,6 @@ def _translate(exc: psycopg.Error, dsn: str) -> Exception:
     return OperationalError(f"PostgreSQL: {message}")
 
 
-class _Block(threading.local):
-    """A ``bulk()`` block belongs to the thread that opened it: the daemon's commit thread
-    runs a round's block while its event loop renews leases through the same recorder,
-    each statement on a pooled connection of its own."""
-
-    conn: psycopg.Connection | None = None  # inside ``bulk()``: its connection, in its transaction
-    broken = False  # the database failed inside the block: it rolls back
-
-
 class PostgresRecorder(Recorder):
     def __init__(self, dsn: str, *, readonly: bool = False, create: bool = True) -> None:
         """``create``: make the schema in an empty database (a reader, or ``create=False``,
@@ -180,7 +170,8 @@ class PostgresRecorder(Recorder):
         self._dsn = dsn  # with its password: for the listener's and the daemon lock's own connections
         self.readonly = readonly
         self.anchor_error = None
-        self._block = _Block()
+        self._bulk: psycopg.Connection | None = None  # inside ``bulk()``: its connection, in its transaction
+        self._bulk_broken = False  # the database failed inside the block: it rolls back
         self._unreachable = False  # the last statement lost its connection, or got none
 
         def configure(conn: psycopg.Connection) -> None:
@@ -235,7 +226,7 @@ class PostgresRecorder(Recorder):
 
     @contextlib.contextmanager
     def _transaction(self, durable: bool = False) -> Iterator[psycopg.Connection]:
-        if self._block.conn is not None:
+        if self._bulk is not None:
             raise ValueError("inside bulk() only appends are made, and none durable")
         with self._connection() as conn, conn.transaction():
             if durable:  # whatever the server's default: on disk before the commit returns
@@ -283,21 +274,21 @@ class PostgresRecorder(Recorder):
         returns its entries at once. A refused append adds nothing; what was appended
         before is committed even when the block raises — unless the database itself
         failed, which rolls back the whole block."""
-        if self._block.conn is not None:  # nested: the outer block commits
+        if self._bulk is not None:  # nested: the outer block commits
             yield
             return
         failure: BaseException | None = None
         with self._transaction() as conn:
             before = self._locked_head(conn)[0]
-            self._block.conn, self._block.broken = conn, False
+            self._bulk, self._bulk_broken = conn, False
             try:
                 yield
             except BaseException as exc:
-                if self._block.broken:
+                if self._bulk_broken:
                     raise
                 failure = exc
             finally:
-                self._block.conn = None
+                self._bulk = None
             if (after := self._locked_head(conn)[0]) > before:
                 _notify(conn, after)  # once for the block
         if failure is not None:
@@ -312,11 +303,11 @@ class PostgresRecorder(Recorder):
         otherwise."""
         if not batch and not offsets:
             return AppendResult()
-        if self._block.conn is not None and not durable:
+        if self._bulk is not None and not durable:
             try:
-                return self._append_on(self._block.conn, batch, offsets, fence)
+                return self._append_on(self._bulk, batch, offsets, fence)
             except psycopg.Error as exc:
-                self._block.broken = True
+                self._bulk_broken = True
                 raise self._failed(exc) from None
         with self._transaction(durable) as conn:
             return self._append_on(conn, batch, offsets, fence, notify=True)

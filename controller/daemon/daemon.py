@@ -180,7 +180,7 @@ class Daemon:
         self.link = Link(options.url, options.client_name, options.default_socket, since=clock())
         self.started_at = clock()
         self.collector = Collector(self.started_at)
-        leases = recorder.leases() if options.lease else None
+        leases = self.recorder.leases() if options.lease else None  # through the gate, as every other use
         self.keeper = LeaseKeeper(leases, options.lease) if leases is not None else None
         self._client: AppServerClient | None = None  # the live connection, for a takeover's readback
         self.health = LedgerHealth()  # an outage of the ledger said once, and shown by `status`

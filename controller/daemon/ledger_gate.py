@@ -70,13 +70,33 @@ class GatedRecorder:
             with anyio.CancelScope(shield=True):
                 return await written
 
+    def leases(self) -> Any:
+        """The recorder's thread leases (``Recorder.leases``), each call run only while no
+        round is committing: the lease keeper renews on the loop while a round's commit
+        may be out, and the round's transaction is the recorder's until that commit ends."""
+        leases = self._recorder.leases()
+        return None if leases is None else _Gated(leases, self._committing)
+
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._recorder, name)
-        if not callable(value):
-            return value
+        return _gated(getattr(self._recorder, name), self._committing)
 
-        def gated(*args: Any, **kwargs: Any) -> Any:
-            with self._committing:
-                return value(*args, **kwargs)
 
-        return gated
+class _Gated:
+    """Any object, each of its methods run only while the gate is open."""
+
+    def __init__(self, target: Any, gate: threading.Lock) -> None:
+        self._target, self._gate = target, gate
+
+    def __getattr__(self, name: str) -> Any:
+        return _gated(getattr(self._target, name), self._gate)
+
+
+def _gated(value: Any, gate: threading.Lock) -> Any:
+    if not callable(value):
+        return value
+
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        with gate:
+            return value(*args, **kwargs)
+
+    return gated

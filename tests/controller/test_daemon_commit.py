@@ -11,7 +11,6 @@ import anyio
 
 from tests.controller.test_daemon_fold import _full_fold, _setup, seen
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
-from tillerman.controller.dispatch.driver import _append
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope
@@ -114,7 +113,7 @@ def test_a_delivery_record_is_written_off_the_loop_and_a_round_waits_its_turn(tm
                 recorder.armed = True
                 started = time.monotonic()
                 async with anyio.create_task_group() as both:
-                    both.start_soon(lambda: _append(daemon.recorder, [record], durable=True))
+                    both.start_soon(lambda: daemon.recorder.append_off_loop([record], durable=True))
                     await anyio.sleep(SLOW / 3)  # the record is being written
                     daemon._due = daemon.clock()
                     await daemon._think(tg, [seen("T1", 1)])

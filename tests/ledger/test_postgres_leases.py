@@ -144,30 +144,3 @@ def test_a_ledger_made_before_the_daemons_table_gets_it_from_a_writer(postgres_d
     with PostgresRecorder(postgres_dsn) as ledger:
         ledger.leases().beat("host:1:a", "host", 1, 5.0)
         assert [d["id"] for d in ledger.leases().daemons()] == ["host:1:a"]
-
-
-def test_leases_are_renewed_from_another_thread_while_a_bulk_block_is_open(ledger):
-    """The daemon's commit thread holds a round's ``bulk()`` block while its event loop
-    renews leases through the same recorder: the block is the opening thread's alone (the
-    renewal raised "inside bulk() only appends are made" and ended the daemon)."""
-    leases = ledger.leases()
-    lease = leases.acquire("T", "daemon-a", 30)
-    inside, renewed, done = threading.Event(), [], threading.Event()
-
-    def round_on_the_commit_thread() -> None:
-        with ledger.bulk():
-            ledger.append([turn(1, thread="T")])
-            inside.set()
-            done.wait(10)
-
-    commit = threading.Thread(target=round_on_the_commit_thread)
-    commit.start()
-    try:
-        assert inside.wait(10)
-        renewed.append(leases.renew(lease, 30))
-        leases.beat("daemon-a", "host", 1, 30)
-    finally:
-        done.set()
-        commit.join(10)
-    assert renewed[0] is not None and renewed[0].token == lease.token
-    assert ledger.max_seq() == 1  # the block committed its append
