@@ -1,11 +1,14 @@
 import os
 import shutil
 import subprocess
-import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.installs import OtherUser, build_wheel, fresh_venv, install_for_other_user, why_no_other_user
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -26,37 +29,31 @@ def _isolated_state(tmp_path, monkeypatch):
     os.umask(0o022)
 
 
-def fresh_venv(root: Path, *requirements: str | Path) -> Path:
-    """A new virtual environment in ``root`` with ``requirements`` pip-installed; its bin folder."""
-    subprocess.run([sys.executable, "-m", "venv", root], check=True)
-    pip = [root / "bin" / "python", "-m", "pip", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", *requirements], check=True, timeout=600)
-    return root / "bin"
-
-
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheel of this tree, built as a user's ``pip install`` builds it, once per run."""
-    # From a copy of the files git would ship (tracked, or new and not ignored): setuptools
-    # packs whatever a local build/ folder still holds, so a stale build of an older layout
-    # would slip into a wheel of the working tree.
-    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                            check=True, capture_output=True).stdout.decode().split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check", "wheel", "--no-deps",
-                    "--wheel-dir", dist, source], check=True, timeout=600)
-    (built,) = dist.glob("tillerman-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
     """The wheel in a fresh virtual environment, without the dev extra; its bin folder."""
     return fresh_venv(tmp_path_factory.mktemp("installed") / "venv", wheel)
+
+
+@pytest.fixture(scope="session")
+def other_user(wheel: Path) -> Iterator[OtherUser]:
+    """``nobody``, with the wheel in a virtual environment of theirs: the checkout may sit
+    in a private folder that nobody cannot enter (pytest's own temporary folders are
+    private too, so this one is made apart and removed afterwards). Skipped, with the
+    reason, where this run cannot act as another user."""
+    if (reason := why_no_other_user()) is not None:
+        pytest.skip(reason)
+    folder = Path(tempfile.mkdtemp(prefix="tillerman-other-user-"))
+    try:
+        yield install_for_other_user(folder, wheel)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, fresh_venv
+from tests.conftest import ROOT
+from tests.installs import fresh_venv
 
 
 def _top_level(paths: list[str]) -> set[str]:
@@ -64,3 +65,15 @@ def test_tillerman_and_another_rules_package_install_side_by_side(
     shown = json.loads(_run([bin_dir / "tillerman", "rules", "show", "--json"], cwd, env).stdout)
     here = json.loads(_run([sys.executable, "-m", "tillerman", "rules", "show", "--json"], ROOT, env).stdout)
     assert shown["rules"] and shown["digest"] == here["digest"]
+
+
+def test_another_user_runs_the_installed_wheel_not_this_checkout(other_user) -> None:
+    """The tests that run tillerman as another user must pass from a checkout in a private
+    folder (0700, as a home directory is), which that user cannot enter: their tillerman
+    is the wheel, in a folder they can read."""
+    done = subprocess.run(other_user.command("-c", "import tillerman.controller as c; print(c.__file__)"), cwd="/",
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    imported = Path(done.stdout.strip())
+    assert not imported.is_relative_to(ROOT) and "site-packages" in imported.parts
+    assert all(os.stat(folder).st_mode & 0o005 == 0o005 for folder in imported.parents)  # each one open to others

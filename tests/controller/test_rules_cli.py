@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from fixtures.rule_texts import ANN_STEERS, NO_OWNER_GRANT, grant, notify, reviewer, rule
+from tests.installs import give_to_other_user
 from tillerman.controller.cli.main import main
 from tillerman.ledger import events as ev
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -360,7 +361,7 @@ def test_run_refuses_rule_and_config_files_others_could_have_written(here):
                            " since its commands would run as you; fix: chmod go-w rules.toml\n")
     (here / "rules.toml").chmod(0o644)
     (here / "config.toml").write_text(ANN_STEERS)
-    os.chown(here / "config.toml", NOBODY.pw_uid, NOBODY.pw_gid)
+    give_to_other_user(here / "config.toml")
     done = tillerman("run", "--no-codex", "--watch", "sessions", "--rules", "rules.toml", "--config", "config.toml",
                      cwd=here)
     assert done.returncode == 2 and done.stderr.startswith("Error: config.toml: owned by nobody, not by you")
@@ -397,7 +398,7 @@ def test_promote_keeps_the_rule_file_mode_owner_and_symlink(here):
     real.parent.mkdir()
     shutil.copy(ROOT / "rules" / "defaults.toml", real)
     real.chmod(0o600)
-    os.chown(real, NOBODY.pw_uid, NOBODY.pw_gid)
+    give_to_other_user(real)
     (here / "rules.toml").symlink_to(real)
     code, _, err = run("promote", "quiet-steer", "--to", "shadow", "--by", "ann", "--evaluation", "e",
                        "--rollback-trigger", "r", "--rules", "rules.toml")

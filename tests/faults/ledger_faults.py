@@ -21,20 +21,22 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.installs import OtherUser, build_wheel, install_for_other_user, why_no_other_user
+
 ROOT = Path(__file__).resolve().parents[2]
 #: Every reading command, with the arguments it needs after ``--ledger PATH``.
 READERS = (["ledger", "verify"], ["intents"], ["status"], ["ledger", "export"], ["overdue"])
 
 
-def run_cli(*args: str, user: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``tillerman ARGS`` in a new process; as ``user`` (e.g. nobody) when given: root
-    ignores file modes, so only an unprivileged user sees a read-only ledger. ``env``:
-    more environment variables (a fault hook)."""
-    group = "nogroup" if user == "nobody" else user
-    prefix = ["setpriv", f"--reuid={user}", f"--regid={group}", "--clear-groups"] if user else []
+def run_cli(*args: str, user: OtherUser | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``tillerman ARGS`` in a new process; as another ``user`` when given (root ignores
+    file modes, so only an unprivileged user sees a read-only ledger), with that user's
+    installed tillerman, from a folder they can enter. ``env``: more environment
+    variables (a fault hook)."""
+    command = ("-m", "tillerman.controller", *args)
+    argv, cwd = (user.command(*command), "/") if user else ([sys.executable, *command], ROOT)
     env = dict(os.environ, HOME="/tmp", PYTHONDONTWRITEBYTECODE="1", **(env or {}))
-    return subprocess.run([*prefix, sys.executable, "-m", "tillerman.controller", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @contextlib.contextmanager
@@ -69,12 +71,13 @@ def cut_tail(path: Path, after: int) -> None:
 
 
 class Stage:
-    def __init__(self) -> None:
+    def __init__(self, other_user: OtherUser) -> None:
+        self.other_user = other_user
         self.failures: list[str] = []
         self.committed: dict[Path, list[str]] = {}
         self.commands = 0
 
-    def run(self, *args: str, user: str | None = None, expect: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+    def run(self, *args: str, user: OtherUser | None = None, expect: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
         done = run_cli(*args, user=user)
         self.commands += 1
         if "Traceback" in done.stderr:
@@ -91,7 +94,7 @@ class Stage:
             self.committed.setdefault(ledger, []).append(json.loads(done.stdout)["id"])
         return done
 
-    def readers(self, ledger: Path, user: str | None = None, expect: tuple[int, ...] = (0,)) -> None:
+    def readers(self, ledger: Path, user: OtherUser | None = None, expect: tuple[int, ...] = (0,)) -> None:
         for command in READERS:
             self.run(*command, "--ledger", str(ledger), user=user, expect=expect)
 
@@ -151,9 +154,9 @@ def read_only(stage: Stage) -> str:
         path = _seeded(folder, stage)
         for file in folder.iterdir():
             file.chmod(0o644)
-        stage.readers(path, user="nobody")
+        stage.readers(path, user=stage.other_user)
         stage.run("intent", "propose", "--ledger", str(path), "--thread", "T1", "--mode", "queue", "--text", "x",
-                  user="nobody", expect=(2,))
+                  user=stage.other_user, expect=(2,))
         stage.nothing_lost(path, "read-only")
         return "read-only: readers ok as nobody, propose refused with exit 2"
 
@@ -184,10 +187,23 @@ def tail_cut(stage: Stage) -> str:
         return "tail cut then appended: appends refused, reported until accept-tail"
 
 
-def ledger_faults() -> tuple[bool, str]:
-    """The torture run's ledger stage: (passed, summary table)."""
-    stage = Stage()
+def ledger_faults(other_user: OtherUser) -> tuple[bool, str]:
+    """The torture run's ledger stage: (passed, summary table). ``other_user`` reads the
+    read-only ledger."""
+    stage = Stage(other_user)
     lines = [scenario(stage) for scenario in (disk_full, read_only, anchor_missing, tail_cut)]
     table = "\n".join(["ledger faults — %d commands" % stage.commands, *("  " + line for line in lines),
                        *("  FAIL " + f for f in stage.failures)])
     return not stage.failures, table
+
+
+def ledger_faults_on_their_own() -> tuple[bool, str]:
+    """``ledger_faults`` outside pytest (the torture run): this tree's wheel installed for
+    the other user in a scratch folder first."""
+    if (reason := why_no_other_user()) is not None:
+        return False, f"ledger faults — not run: {reason}"
+    with _scratch_folder("tillerman-other-user-") as folder:
+        (folder / "source").mkdir()
+        (folder / "dist").mkdir()
+        wheel = build_wheel(folder / "source", folder / "dist")
+        return ledger_faults(install_for_other_user(folder, wheel))

@@ -54,7 +54,7 @@ from fixtures.codex_server import (
 )
 from fixtures.rule_texts import ANN_DISPATCHES_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
-from tests.faults.ledger_faults import ledger_faults
+from tests.faults.ledger_faults import ledger_faults_on_their_own
 from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.controller.core.overdue import overdue
 from tillerman.controller.dispatch.driver import CHECKPOINTS, KILL_AT_ENV
@@ -592,7 +592,7 @@ async def _main(args: argparse.Namespace) -> int:
                     daemon.stop()
         finally:
             shutil.rmtree(home, ignore_errors=True)
-    ledger_ok, ledger_table = ledger_faults()
+    ledger_ok, ledger_table = ledger_faults_on_their_own()
     print()
     print(summary.table())
     if race_lines:

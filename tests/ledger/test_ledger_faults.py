@@ -140,7 +140,7 @@ def test_full_disk_on_a_tiny_filesystem(monkeypatch):
 # -- 4: a read-only ledger can be inspected ---------------------------------------------------
 
 
-def test_read_only_ledger_can_be_inspected_by_an_unprivileged_user():
+def test_read_only_ledger_can_be_inspected_by_an_unprivileged_user(other_user):
     """Root ignores file modes, so the commands run as nobody on a root-owned 0644 ledger."""
     folder = Path(tempfile.mkdtemp(prefix="tillerman-ro-"))
     try:
@@ -154,13 +154,13 @@ def test_read_only_ledger_can_be_inspected_by_an_unprivileged_user():
             file.chmod(0o644)
         before = {f.name: f.read_bytes() for f in folder.iterdir()}
         for command in (*READERS, ["intent", "show", intent_id]):
-            done = run_cli(*command, "--ledger", str(path), user="nobody")
+            done = run_cli(*command, "--ledger", str(path), user=other_user)
             assert done.returncode == 0, (command, done.stdout, done.stderr)
             assert "writable" not in done.stderr
-        assert intent_id in run_cli("intents", "--ledger", str(path), user="nobody").stdout
+        assert intent_id in run_cli("intents", "--ledger", str(path), user=other_user).stdout
         assert {f.name: f.read_bytes() for f in folder.iterdir()} == before  # nothing written
         refused = run_cli("intent", "propose", "--ledger", str(path), "--thread", "T1", "--mode", "queue",
-                          "--text", "x", user="nobody")
+                          "--text", "x", user=other_user)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -417,8 +417,8 @@ def test_ledger_truncated_mid_page_is_damage_with_the_last_good_seq(tmp_path):
 # -- the torture run's ledger stage ----------------------------------------------------------
 
 
-def test_torture_ledger_stage_passes():
-    passed, table = ledger_faults()
+def test_torture_ledger_stage_passes(other_user):
+    passed, table = ledger_faults(other_user)
     assert passed, table
 
 

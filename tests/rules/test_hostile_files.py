@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from fixtures.rule_texts import ANN_STEERS, rule
+from tests.installs import give_to_other_user
 from tillerman.rules.config import load_effective
 from tillerman.rules.durations import parse_duration
 from tillerman.rules.errors import RuleSetError
 from tillerman.rules.file_safety import MAX_FILE_BYTES
 
 CONFIG = ANN_STEERS
-NOBODY = pwd.getpwnam("nobody")
 
 
 def check_rule(quiet: str) -> str:
@@ -50,7 +50,7 @@ def test_a_rule_file_others_can_write_is_refused(tmp_path, mode, writers):
 def test_a_config_owned_by_another_user_is_refused(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(CONFIG)
-    os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    give_to_other_user(path)
     me = pwd.getpwuid(os.geteuid()).pw_name
     assert refusal(config=path) == (f"{path}: owned by nobody, not by you ({me}) or root: tillerman run refuses it,"
                                     f" since its commands would run as you; fix: chown {me} {path}")
