@@ -14,8 +14,15 @@ $(STAMP): pyproject.toml
 # The PostgreSQL tests (marked postgres) start a throwaway server when its binaries are
 # here (`python -m fixtures.postgres_server install` puts them there), and are skipped
 # with the reason when they are not.
+#
+# The suite runs in PYTEST_JOBS processes (pytest-xdist), two per core: it waits on
+# processes and sockets more than it computes (in one process it keeps half a core
+# busy). A whole file goes to one process (--dist loadfile), so that a module's
+# app-server and scripted model start once; each process starts its own PostgreSQL
+# server and builds its own wheel. PYTEST_JOBS=0 runs the suite in one process.
+PYTEST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: $(STAMP)
-	$(PY) -m pytest -m 'not slow' -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not slow' -rs -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m fixtures.demo
