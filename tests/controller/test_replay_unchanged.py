@@ -19,12 +19,15 @@ decisions: ``python -m tests.controller.test_replay_unchanged > tests/controller
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from functools import cache
+from unittest import mock
 from pathlib import Path
 
 import msgspec
@@ -37,6 +40,7 @@ from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger.load import LedgerLoad
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.rules import owner
 from tillerman.rules.config import load_effective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +48,22 @@ SESSIONS = ROOT / "fixtures" / "sessions"
 DISAGREEMENT = ROOT / "fixtures" / "disagreement"
 GOLDEN = Path(__file__).with_name("replay_digests.json")
 AGAIN = "replayed again into the ledger of a first replay: "
+#: Who the golden digests were recorded as: the built-in owner grant (``owner:<login>``)
+#: is part of every rule set's digest, so each case replays as that owner, whoever runs
+#: the tests.
+RECORDED_OWNER = "root"
+
+
+@contextlib.contextmanager
+def as_recorded_owner() -> Iterator[None]:
+    with mock.patch.object(owner, "local_login", lambda: RECORDED_OWNER):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _recorded_owner() -> Iterator[None]:
+    with as_recorded_owner():
+        yield
 
 EAGER_RULES = "\n".join((
     rule("quiet-steer", condition={"kind": "turn_quiet", "for": "3s"}, action="steer",
@@ -97,7 +117,7 @@ def inputs(folder: Path) -> dict[str, list[Path]]:
     stall = SESSIONS / "replay" / "rollout-2026-10-19T22-00-00-0199b000-0000-7000-8000-00000000bb01.jsonl"
     found["the stall fixture named twice (one run)"] = [stall, stall]  # the second copy's rows are duplicates
     found[f"{AGAIN}fixtures/sessions"] = [SESSIONS]
-    with SQLiteRecorder(folder / "stall.sqlite3") as ledger:  # its rows: the stall fixture's, under its ids
+    with SQLiteRecorder(folder / "stall.sqlite3") as ledger, as_recorded_owner():  # the stall fixture, its ids
         Replayer(ledger, load_effective(None, None).ruleset).run([str(stall)])
     found["a ledger of the stall fixture, then the fixture (one run)"] = [folder / "stall.sqlite3", stall]
     return found
@@ -231,5 +251,6 @@ def ev_kind(env) -> str:
 
 
 if __name__ == "__main__":
-    json.dump(digests(), sys.stdout, indent=1, sort_keys=True)
+    with as_recorded_owner():
+        json.dump(digests(), sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
