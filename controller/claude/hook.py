@@ -153,7 +153,16 @@ def keep_and_answer(argv: list[str]) -> None:
         try:
             print(json.dumps(answer), flush=True)
         except OSError as exc:
+            _stdout_to_devnull()
             raise AnswerNotWritten(exc.strerror or str(exc)) from exc
+
+
+def _stdout_to_devnull() -> None:
+    """The answer a failed write left in stdout's buffer would be written again as the
+    interpreter exits, fail again, and add a traceback to our one line on stderr."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: list[str]) -> int:

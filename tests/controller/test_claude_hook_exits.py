@@ -94,12 +94,15 @@ sys.exit(claude_hook.main(sys.argv[1:]))
 
 def test_an_answer_claude_code_no_longer_reads_exits_0_with_one_line(tmp_path: Path) -> None:
     """Claude Code closed our stdout before the decision was written: the payload's line
-    is kept (it says what was answered), the hook says the answer was lost, exit 0."""
+    is kept (it says what was answered), the hook says the answer was lost, exit 0. With
+    stdout buffered, as Claude Code starts the hook (PYTHONUNBUFFERED unset), the answer
+    left in the buffer is not written again, and fails again, at exit."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody reads the answer
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     try:
         result = subprocess.run([sys.executable, "-c", ANSWERING_HOOK, "--spool", str(tmp_path)], input=PAYLOAD,
-                                stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+                                stdout=write_end, stderr=subprocess.PIPE, env=buffered, timeout=60)
     finally:
         os.close(write_end)
     assert result.returncode == 0, result.stderr
