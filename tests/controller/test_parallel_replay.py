@@ -1,5 +1,6 @@
 """``tillerman replay --jobs N``: thread families on worker processes, one result for any N."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -94,7 +95,7 @@ def test_a_bad_file_among_many_fails_as_it_does_alone(tmp_path, jobs):
     assert replay("--jobs", jobs, LEGACY, unknown, STALL_FILE) == replay(unknown)
     ledger = tmp_path / "damaged.sqlite3"
     replay_json("--ledger", ledger, STALL_FILE)
-    with sqlite3.connect(ledger) as db:
+    with contextlib.closing(sqlite3.connect(ledger)) as db, db:  # committed, then closed
         db.execute("UPDATE events SET at = at + 1 WHERE seq = 2")
     code, out = replay("--jobs", jobs, STALL_FILE, ledger, LEGACY)
     assert code == 1 and "the ledger is damaged" in out
@@ -336,7 +337,7 @@ def test_the_parent_loads_observations_without_keeping_their_ids_and_drops_a_rec
                 for group in groups:
                     append(group)
             assert ledger.verify().ok
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db:
             rows.append(db.execute("SELECT seq, event_id, prev_hash, hash FROM events ORDER BY seq").fetchall())
     assert [row[1] for row in rows[0]] == ["a:0", "report:shared", "b:0", "c:0"]
     assert rows[1] == rows[0]

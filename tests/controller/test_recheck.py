@@ -4,6 +4,7 @@ cannot be checked is refused (exit 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 
@@ -222,7 +223,7 @@ def test_cli_refuses_what_it_cannot_check_with_exit_2(tmp_path):
     code, out = run("--check", tmp_path / "missing.sqlite3")
     assert code == 2 and "not a ledger file" in out
     damaged = sqlite_ledger(tmp_path / "damaged.sqlite3")
-    with sqlite3.connect(damaged) as db:
+    with contextlib.closing(sqlite3.connect(damaged)) as db, db:  # committed, then closed
         db.execute("UPDATE events SET payload = replace(payload, 'authorized', 'authorised') WHERE kind = 'decision'")
     code, out = run("--check", damaged)
     assert code == 2 and "the ledger is damaged" in out

@@ -222,7 +222,7 @@ def test_into_a_sqlite_ledger_its_load_writes_the_rows_its_appends_write(name, r
             digests = replay_digests(paths, *rule_sets(folder)[rules], runs=runs, parse_ahead=True, recorder=ledger)
             assert digests["decisions_digest"] == golden["decisions_digest"]
             assert ledger.verify().ok
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db:  # the with of a connection only commits
             stored.append(db.execute("SELECT * FROM events ORDER BY seq").fetchall())
     assert stored[0] == stored[1]
     named_once = len(set(paths)) == len(paths) and not any(p.suffix == ".sqlite3" for p in paths)

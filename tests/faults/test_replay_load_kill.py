@@ -3,6 +3,7 @@
 was sent and exits; the ledger verifies, holds a prefix of the chain, and a replay into
 a new ledger afterwards writes the same rows from the start."""
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -32,7 +33,7 @@ def _gone(pid: int) -> bool:
 
 def _rows(path: Path) -> int:
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             return db.execute("SELECT count(*) FROM events").fetchone()[0]
     except sqlite3.Error:
         return 0  # not created yet

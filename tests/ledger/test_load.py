@@ -2,6 +2,7 @@
 written by the writer process. Its rows against the SQLite recorder's own, and its
 failures: a writer killed, another writer first, the caller failing mid-load."""
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -21,7 +22,7 @@ from tillerman.ledger.sqlite import SQLiteRecorder
 
 
 def _stored(path) -> list[tuple]:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         return db.execute("SELECT * FROM events ORDER BY seq").fetchall()
 
 
@@ -86,7 +87,7 @@ def test_the_load_keeps_under_60_bytes_for_each_record_of_the_callers_own(tmp_pa
 
 
 def _indexes(path) -> set[str]:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
 
 
@@ -106,7 +107,7 @@ def test_the_load_builds_the_key_index_last_and_keys_a_shared_key_once(tmp_path)
                 time.sleep(0.01)
             assert ledger.max_seq() == 3 and "events_key" not in _indexes(path)  # not while rows go in
         assert "events_key" in _indexes(path)
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db:
             keys = [key for (key,) in db.execute("SELECT id_key FROM events ORDER BY seq")]
         assert keys[0] == event_key(_shared_key(1).event_id) and keys[1] is None and keys[2] is not None
         # both found again, by the key and by the id: duplicates, neither a conflict nor an error
@@ -147,13 +148,13 @@ def test_a_ledger_with_one_id_stored_twice_is_refused_when_its_key_index_is_buil
     path = tmp_path / "l.sqlite3"
     with SQLiteRecorder(path) as ledger:
         ledger.append([turn(1)])
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # committed, then closed
         db.execute("DROP INDEX events_key")
         db.execute("INSERT INTO events SELECT seq + 1, event_id, at, observed_at, source, thread_id, turn_id, kind,"
                    " intent_id, offset, length, payload, digest, prev_hash, hash, id_key FROM events")
     with pytest.raises(IntegrityError, match="the id e1 is stored twice"):
         SQLiteRecorder(path)
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT count(*) FROM events WHERE id_key IS NOT NULL").fetchone()[0] == 2
 
 
