@@ -577,7 +577,11 @@ async def _main(args: argparse.Namespace) -> int:
                             daemon.ensure()
                             rng = random.Random(seed + 1)
                             started = time.monotonic()
-                            outcomes = [await rollover_trial(h, rng, n, workspace) for n in range(args.races)]
+                            outcomes = []
+                            for n in range(args.races):
+                                outcomes.append(await rollover_trial(h, rng, n, workspace))
+                                if (n + 1) % 10 == 0 or n + 1 == args.races:
+                                    print(f"race {n + 1}/{args.races}", flush=True)
                             ends = Counter(f"{o.state}/{o.reason}" for o in outcomes)
                             wrong = sum(1 for o in outcomes if o.wrong_turn)
                             unreconciled = [o for o in outcomes if not reconciled(o)]
