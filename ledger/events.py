@@ -50,8 +50,20 @@ class ThreadStarted(Event, tag="thread_started"):
 TurnStatus = Literal["completed", "interrupted", "failed"]
 
 
+#: What started a turn: a person's or client's ``turn/start`` ("user"), a goal's
+#: continuation ("goal"), a queued message ("queue"), or "unknown" where the source
+#: cannot tell (the app-server's wire marks none of them; see ``GoalUpdated``).
+TurnTrigger = Literal["user", "goal", "queue", "unknown"]
+
+
 class TurnStarted(Event, tag="turn_started"):
-    pass
+    # UNSET (a source that says nothing of it) is left out of the encoding, so turns
+    # recorded before triggers were read keep their bytes and digests.
+    trigger: TurnTrigger | msgspec.UnsetType = msgspec.UNSET
+    # True when the trigger is inferred (the live wire) rather than read (a rollout's
+    # ``turn_attribution``): a turn with no user message that started right after a
+    # goal thread's turn ended.
+    trigger_inferred: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class TurnAlias(Event, tag="turn_alias"):
@@ -116,6 +128,32 @@ class DenyNotHonoured(Event, tag="deny_not_honoured"):
     item_id: str
     client_id: str
     status: str
+
+
+# -- goals: Codex's long-running objectives ----------------------------------------
+
+
+class GoalUpdated(Event, tag="goal_updated"):
+    """A thread's goal as its source last reported it: set by a client
+    (``thread/goal/set``; no ``turn_id``), or updated at the end of a turn (the
+    turn it names). Codex starts continuation turns while ``status`` is "active";
+    "paused", "complete", "budgetLimited" (and "blocked", "usageLimited") end them.
+    ``by`` is "tillerman" when tillerman's own request made the change (a stop)."""
+
+    status: str
+    objective_digest: str | None = None
+    objective: str | None = None  # only with --retain-payloads
+    origin: str | None = None  # "user" | "automatic", as the client that set it said
+    token_budget: int | None = None
+    tokens_used: int | None = None
+    time_used_seconds: float | None = None
+    by: str | None = None
+
+
+class GoalCleared(Event, tag="goal_cleared"):
+    """The thread's goal was removed (``thread/goal/clear``): no more continuations."""
+
+    by: str | None = None
 
 
 class ApprovalRequested(Event, tag="approval_requested"):
@@ -400,6 +438,8 @@ AnyEvent = (
     | UserMessage
     | AgentMessage
     | DenyNotHonoured
+    | GoalUpdated
+    | GoalCleared
     | ApprovalRequested
     | ApprovalResolved
     | QueueChanged
@@ -431,8 +471,8 @@ OBSERVATION_KINDS = frozenset(
     cls.__struct_config__.tag
     for cls in (
         ThreadStarted, TurnStarted, TurnAlias, TurnCompleted, ItemStarted, ItemCompleted,
-        UserMessage, AgentMessage, DenyNotHonoured, ApprovalRequested, ApprovalResolved,
-        QueueChanged, QueueEntryRemoved, StatusChanged, Error,
+        UserMessage, AgentMessage, DenyNotHonoured, GoalUpdated, GoalCleared, ApprovalRequested,
+        ApprovalResolved, QueueChanged, QueueEntryRemoved, StatusChanged, Error,
     )
 )
 
