@@ -28,10 +28,12 @@ from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.id_table import IdTable
-from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot, Watched, turn_state
+from tillerman.ledger.snapshot import (
+    ENDED_TURN_STATES, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
+)
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v8"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v9"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -81,6 +83,7 @@ class ThreadState(msgspec.Struct):
     # our clientIds whose hook deny the CLI did not honour -> the call that ran anyway
     not_honoured: dict[str, str] = {}
     cwd: str | None = None  # the working directory its session named (kept with --retain-payloads only)
+    goal: ThreadGoal | None = None  # Codex's thread goal as last reported (ThreadSnapshot.goal)
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
@@ -192,6 +195,7 @@ class Projection(msgspec.Struct):
             queue=t.queue,
             queue_paused=t.queue_paused,
             failures=dict(t.failures) if t.failures else {},
+            goal=t.goal,
         )
 
     def watched(self, thread_id: str) -> Watched | None:
@@ -419,6 +423,28 @@ def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
         _progress(t, e, at)
 
 
+def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        _set_goal(t, e.status, at, e.by, e.turn_id, objective_digest=e.objective_digest, origin=e.origin,
+                  token_budget=e.token_budget, tokens_used=e.tokens_used, time_used_seconds=e.time_used_seconds)
+
+
+def _goal_cleared(p, e: ev.GoalCleared, at, seq, source) -> None:
+    t = _touch(p, e, at, source)
+    if t is not None:
+        _set_goal(t, GOAL_CLEARED, at, e.by, e.turn_id)
+
+
+def _set_goal(t: ThreadState, status: str, at: float | None, by: str | None, turn_id: str | None, **fields) -> None:
+    """The goal as reported now. ``changed_at``/``changed_by`` move only when the status
+    does: every turn's end reports the goal again, mostly with more tokens used."""
+    old = t.goal
+    changed_at, changed_by = (at, by) if old is None or old.status != status else (old.changed_at, old.changed_by)
+    t.goal = ThreadGoal(status=status, changed_at=changed_at, changed_by=changed_by, updated_at=at,
+                        turn_id=t.canonical_turn(turn_id), **fields)
+
+
 def _approval_requested(p, e: ev.ApprovalRequested, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
@@ -511,6 +537,8 @@ _APPLY = {
     ev.UserMessage: _user_message,
     ev.AgentMessage: _agent_message,
     ev.DenyNotHonoured: _deny_not_honoured,
+    ev.GoalUpdated: _goal_updated,
+    ev.GoalCleared: _goal_cleared,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalResolved: _approval_resolved,
     ev.QueueChanged: _queue_changed,

@@ -18,6 +18,33 @@ TURN_STATES = ("active", "completed", "interrupted", "failed", "unclosed", "unli
 ENDED_TURN_STATES = frozenset(TURN_STATES) - {"active", "unlinked"}
 
 
+#: The goal status under which Codex starts a continuation turn after every turn; the
+#: others ("paused", "complete", "budgetLimited", ...) and "cleared" start none.
+GOAL_ACTIVE = "active"
+#: The status a goal reads once it was cleared (``thread/goal/cleared``).
+GOAL_CLEARED = "cleared"
+
+
+class ThreadGoal(msgspec.Struct, frozen=True, kw_only=True):
+    """A thread's goal as its last ``goal_updated`` (or ``goal_cleared``) said: Codex
+    starts a continuation turn after every turn while ``status`` is "active"."""
+
+    status: str  # "active" | "paused" | "complete" | "budgetLimited" | ... | "cleared"
+    objective_digest: str | None = None
+    origin: str | None = None  # "user" | "automatic", as the client that set it said
+    token_budget: int | None = None
+    tokens_used: int | None = None
+    time_used_seconds: float | None = None
+    changed_at: float | None = None  # when the status last changed (not every update)
+    changed_by: str | None = None  # "tillerman" when our own request changed it
+    updated_at: float | None = None  # the last report of it
+    turn_id: str | None = None  # the turn whose end the last report came with
+
+    @property
+    def active(self) -> bool:
+        return self.status == GOAL_ACTIVE
+
+
 class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str
     known: bool = True  # any event for this thread was seen
@@ -46,6 +73,19 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     queue_paused: bool = False
     # repeated failures in the active turn: args digest -> (count, tool, last exit code)
     failures: dict[str, tuple[int, str | None, int | None]] = {}
+    # Codex's thread goal, as last reported (None: the thread never had one seen).
+    goal: ThreadGoal | None = None
+
+    @property
+    def goal_status(self) -> str | None:
+        """The goal's status ("active", "paused", "complete", "budgetLimited", ...,
+        "cleared"), or None when no goal was ever seen on the thread."""
+        return self.goal.status if self.goal is not None else None
+
+    @property
+    def goal_active(self) -> bool:
+        """Whether Codex will start more turns by itself: the thread's goal is active."""
+        return self.goal is not None and self.goal.active
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (or of the turn it is another source's id of): one of
