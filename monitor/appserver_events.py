@@ -24,6 +24,8 @@ from tillerman.ledger.events import (
     ApprovalResolved,
     Error,
     Event,
+    GoalCleared,
+    GoalUpdated,
     ItemCompleted,
     ItemStarted,
     QueueChanged,
@@ -35,7 +37,7 @@ from tillerman.ledger.events import (
     kind_of,
 )
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
-from tillerman.monitor.codex_wire import parse_turn_page
+from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8
 from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
@@ -109,10 +111,14 @@ class AppServerEvents:
         ``thread/resume`` is how a supervisor that attaches late learns of the
         turn already running (its ``turn/started`` went by before it subscribed);
         ``thread/read`` tells it what a thread it did not see start is (the user's
-        work, or one of Codex's ephemeral housekeeping threads).
+        work, or one of Codex's ephemeral housekeeping threads). ``thread/goal/get``
+        and ``thread/goal/set`` answer with the thread's goal (a set is tillerman's own
+        change: ``by="tillerman"``).
         """
         if method == "thread/read":
             return self._thread_started(result)
+        if method in ("thread/goal/get", "thread/goal/set"):
+            return self._goal(parse_goal(result), None, by="tillerman" if method == "thread/goal/set" else None)
         if method != "thread/resume":
             return []
         thread_id = text(obj(result, "thread"), "id")
@@ -202,6 +208,26 @@ class AppServerEvents:
             return []
         return [ApprovalResolved(thread_id=asked.thread_id, turn_id=asked.turn_id, item_id=asked.item_id)]
 
+    def _goal_updated(self, params: dict) -> list[Event]:
+        goal = parse_goal(params)
+        return self._goal(goal, text(params, "turnId"), thread_id=text(params, "threadId") or goal.thread_id)
+
+    def _goal(self, goal: Goal, turn_id: str | None, *, thread_id: str | None = None,
+              by: str | None = None) -> list[Event]:
+        """A goal as the server reported it; a reply that holds none (``{"goal": null}``)
+        records nothing: whether the thread had one before is not known from it."""
+        if goal.status is None:
+            return []
+        objective = payload(goal.objective, retain=self.retain_payloads) if goal.objective is not None else None
+        return [GoalUpdated(thread_id=thread_id or goal.thread_id, turn_id=turn_id, status=goal.status,
+                            objective_digest=objective.digest if objective else None,
+                            objective=objective.text if objective else None, origin=goal.origin,
+                            token_budget=goal.token_budget, tokens_used=goal.tokens_used,
+                            time_used_seconds=goal.time_used_seconds, by=by)]
+
+    def _goal_cleared(self, params: dict) -> list[Event]:
+        return [GoalCleared(thread_id=text(params, "threadId"))]
+
     def _queue_changed(self, params: dict) -> list[Event]:
         # The server says only "changed"; the contents need a thread/queue/list.
         return [QueueChanged(thread_id=text(params, "threadId"), known=False)]
@@ -223,6 +249,8 @@ _HANDLERS = {
     "item/completed": AppServerEvents._item_completed,
     "serverRequest/resolved": AppServerEvents._resolved,
     "thread/queue/changed": AppServerEvents._queue_changed,
+    "thread/goal/updated": AppServerEvents._goal_updated,
+    "thread/goal/cleared": AppServerEvents._goal_cleared,
     "error": AppServerEvents._error,
 }
 

@@ -93,6 +93,11 @@ def thread_read(thread_id: str) -> Request:
     return "thread/read", {"threadId": thread_id}
 
 
+def goal_get(thread_id: str) -> Request:
+    """The thread's goal (``{"goal": null}`` when it has none); starts no turn."""
+    return "thread/goal/get", {"threadId": thread_id}
+
+
 def text_input(text: str) -> list[dict[str, str]]:
     """A user input of one text part, as steer, queue add and turn start take it."""
     return [{"type": "text", "text": text}]
@@ -178,6 +183,20 @@ class QueueStarted(msgspec.Struct, frozen=True):
     turn_id: str | None = None
 
 
+class Goal(msgspec.Struct, frozen=True):
+    """A thread goal as ``thread/goal/set``, ``thread/goal/get`` and ``thread/goal/updated``
+    carry it (``{"goal": {threadId, objective, status, tokenBudget, tokensUsed,
+    timeUsedSeconds, …}}``; 0.171 sends no ``origin`` back). ``status`` None: no goal."""
+
+    thread_id: str | None = None
+    objective: str | None = None
+    status: str | None = None
+    token_budget: int | None = None
+    tokens_used: int | None = None
+    time_used_seconds: float | None = None
+    origin: str | None = None
+
+
 Reply = (SteerAccepted | InterruptAccepted | QueuedSubmission | QueuePage | TurnPage | TerminalList | Terminated
          | QueueStarted)
 #: The replies that list what the server holds: absence may be concluded only from a
@@ -228,6 +247,14 @@ def parse_thread_cwd(result: object) -> str | None:
     return _text(_object(_object(result).get("thread")).get("cwd")) or None
 
 
+def parse_goal(result: object) -> Goal:
+    """``{"goal": {…}}`` (a reply or a ``thread/goal/updated``'s params) → its goal."""
+    goal = _object(_object(result).get("goal"))
+    return Goal(_text(goal.get("threadId")), _text(goal.get("objective")), _text(goal.get("status")),
+                _integer(goal.get("tokenBudget")), _integer(goal.get("tokensUsed")),
+                _number(goal.get("timeUsedSeconds")), _text(goal.get("origin")))
+
+
 def _turn(turn: dict) -> Turn:
     return Turn(_text(turn.get("id")), _text(turn.get("status")),
                 tuple(TurnItem(_text(item.get("type")), _text(item.get("id")), _text(item.get("clientId")),
@@ -254,6 +281,14 @@ def _objects(value: object) -> list[dict]:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _process_id(value: object) -> str | None:

@@ -8,6 +8,8 @@ from tillerman.ledger.events import (
     ApprovalRequested,
     ApprovalResolved,
     Error,
+    GoalCleared,
+    GoalUpdated,
     ItemCompleted,
     ItemStarted,
     QueueChanged,
@@ -162,3 +164,33 @@ def test_trace_reads_only_what_the_server_said():
     assert kinds([p.event for p in parsed]) == ["turn_started", "turn_completed", "quarantined", "quarantined"]
     assert [p.at for p in parsed[:2]] == [1.6, 2.0]
     assert parser.unknown_types == {"remoteControl/status/changed": 1}
+
+
+# The shapes Codex 0.171.0 sent (fixtures/sessions/appserver-trace/live-goal.jsonl).
+GOAL = {"threadId": T, "objective": "keep going", "status": "budgetLimited", "tokenBudget": 200,
+        "tokensUsed": 13354, "timeUsedSeconds": 0, "createdAt": 1796562309, "updatedAt": 1796562309}
+
+
+def test_goal_updates_and_clears_are_recorded_with_the_objective_as_a_digest():
+    events = AppServerEvents().normalize(note("thread/goal/updated", {"threadId": T, "turnId": U, "goal": GOAL}))
+    assert events == [GoalUpdated(thread_id=T, turn_id=U, status="budgetLimited", objective_digest=digest("keep going"),
+                                  token_budget=200, tokens_used=13354, time_used_seconds=0.0)]
+    retained = AppServerEvents(retain_payloads=True).normalize(
+        note("thread/goal/updated", {"threadId": T, "turnId": None, "goal": GOAL}))
+    assert retained[0].objective == "keep going" and retained[0].turn_id is None
+    assert AppServerEvents().normalize(note("thread/goal/cleared", {"threadId": T})) == [GoalCleared(thread_id=T)]
+
+
+def test_a_goal_in_a_reply_is_recorded_and_our_own_set_says_so():
+    mapping = AppServerEvents()
+    got, = mapping.response("thread/goal/get", {"goal": GOAL})
+    assert (got.thread_id, got.status, got.by) == (T, "budgetLimited", None)
+    set_, = mapping.response("thread/goal/set", {"goal": {**GOAL, "status": "paused"}})
+    assert (set_.status, set_.by) == ("paused", "tillerman")
+    assert mapping.response("thread/goal/get", {"goal": None}) == []  # no goal: nothing to record
+
+
+def test_a_garbled_goal_field_reads_as_absent():
+    event, = AppServerEvents().normalize(note("thread/goal/updated", {"threadId": T, "goal": {
+        "status": "active", "tokenBudget": "lots", "tokensUsed": True, "objective": 7}}))
+    assert (event.token_budget, event.tokens_used, event.objective_digest) == (None, None, None)
