@@ -31,6 +31,7 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import (
     ENDED_TURN_STATES, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
 )
+from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
 SNAPSHOT_NAME = "projection-v9"  # bump when Projection changes shape
@@ -84,10 +85,20 @@ class ThreadState(msgspec.Struct):
     not_honoured: dict[str, str] = {}
     cwd: str | None = None  # the working directory its session named (kept with --retain-payloads only)
     goal: ThreadGoal | None = None  # Codex's thread goal as last reported (ThreadSnapshot.goal)
+    # What started each recent turn: (trigger, inferred), read from the source or inferred
+    # live (``tillerman.ledger.turn_triggers``); pruned with ``turn_states``.
+    turn_triggers: dict[str, tuple[str, bool]] = {}
+    opening: TurnOpening | None = None  # the facts of the active turn's start, while inferring
+    last_turn_ended_at: float | None = None
+    queued_client_ids: tuple[str, ...] = ()  # client ids lately seen in its queue (a queued turn's opener)
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
         return turn_state(self.turn_states, self.earlier_turns, self.canonical_turn(turn_id))
+
+    def turn_trigger(self, turn_id: str | None) -> tuple[str, bool] | None:
+        """What started ``turn_id`` and whether that was inferred; None: not known."""
+        return self.turn_triggers.get(self.canonical_turn(turn_id)) if turn_id is not None else None
 
     def canonical_turn(self, turn_id: str | None) -> str | None:
         """The id the thread knows ``turn_id``'s turn by (itself unless another source's)."""
@@ -101,6 +112,7 @@ class ThreadState(msgspec.Struct):
         if len(self.turn_states) > RECENT_TURNS:
             oldest, ended = next((t, s) for t, s in self.turn_states.items() if s in ENDED_TURN_STATES)
             del self.turn_states[oldest]
+            self.turn_triggers.pop(oldest, None)
             for alias in [a for a, known in self.turn_aliases.items() if known == oldest]:
                 del self.turn_aliases[alias]
             if self.earlier_turns is None:
@@ -314,9 +326,14 @@ def _merge_turns(t: ThreadState, one: str, other: str) -> None:
 
 def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
     t = _touch(p, e, at, source)
-    if t is None or e.turn_id is None or t.turn_state(e.turn_id) is not None:
+    if t is None or e.turn_id is None:
+        return
+    if isinstance(e.trigger, str):  # the source says (a rollout): it outranks an inference
+        t.turn_triggers[t.canonical_turn(e.turn_id)] = (e.trigger, e.trigger_inferred is True)
+    if t.turn_state(e.turn_id) is not None:
         return  # a second source's copy, or a late start after the end: one turn
     turn = t.canonical_turn(e.turn_id)
+    _open_live_turn(t, turn, e, at, source)
     _close_unlinked(t)
     if t.active_turn_id is not None:
         t.set_turn_state(t.active_turn_id, t.held_end or ("unlinked" if _link_may_follow(t, source) else "unclosed"))
@@ -341,6 +358,7 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
     t.set_turn_state(turn, e.status)
     if t.active_turn_id == turn:
         _close_unlinked(t)
+        t.last_turn_ended_at, t.opening = at, None
         t.held_end = None
         t.active_turn_id = None
         t.active_turn_started_at = None
@@ -348,6 +366,43 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
         t.failures = {}  # repeated failures are counted within one turn
         if e.status == "interrupted" and t.queue:
             t.queue_paused = True  # the app-server stops draining after an interrupt
+
+
+def _open_live_turn(t: ThreadState, turn: str, e: ev.TurnStarted, at: float | None, source: str) -> None:
+    """Gather what the trigger inference reads of a turn the app-server started: the
+    wire does not say what started it (``tillerman.ledger.turn_triggers``)."""
+    t.opening = None
+    if isinstance(e.trigger, str) or not source.startswith("appserver"):
+        return
+    goal_active = t.goal is not None and t.goal.active
+    since = [s for s in (t.last_turn_ended_at, t.goal.changed_at if goal_active else None) if s is not None]
+    t.opening = TurnOpening(goal_active, at - max(since) if since and at is not None else None)
+    t.turn_triggers.setdefault(turn, (infer_trigger(t.opening), True))
+
+
+def _first_input(p: Projection, t: ThreadState, e: ev.Event) -> None:
+    """The active turn's first input settles its inferred trigger: a user message (a
+    queued one by its client id) or anything else."""
+    if t.opening is None or t.opening.first_input is not None or t.canonical_turn(e.turn_id) != t.active_turn_id:
+        return
+    first = "none"
+    if isinstance(e, ev.UserMessage):
+        first = "queue" if _queued(p, t, e.client_id) else "user"
+    t.opening = msgspec.structs.replace(t.opening, first_input=first)
+    turn = t.active_turn_id
+    if t.turn_triggers.get(turn, ("", True))[1]:  # never over a trigger the source said
+        t.turn_triggers[turn] = (infer_trigger(t.opening), True)
+
+
+def _queued(p: Projection, t: ThreadState, client_id: str | None) -> bool:
+    """Whether a user message's client id is a queued message's: seen in the thread's
+    queue, or one of tillerman's queue intents (``Intent.client_user_message_id``)."""
+    if client_id is None:
+        return False
+    if client_id in t.queued_client_ids:
+        return True
+    view = p.intents.get(client_id.removeprefix("tillerman-")) if client_id.startswith("tillerman-") else None
+    return view is not None and view.intent.mode == "queue"
 
 
 def _link_may_follow(t: ThreadState, source: str) -> bool:
@@ -382,6 +437,7 @@ def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
     if t is None:
         return
     _progress(t, e, at)
+    _first_input(p, t, e)
     if e.item_id not in t.running:
         t.running[e.item_id] = RunningItem(t.canonical_turn(e.turn_id), e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
 
@@ -407,6 +463,7 @@ def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
     if t is None:
         return
     _progress(t, e, at)
+    _first_input(p, t, e)
     if e.client_id and e.client_id.startswith("tillerman-"):
         t.client_ids.setdefault(e.client_id, t.canonical_turn(e.turn_id))
 
@@ -421,6 +478,7 @@ def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
         _progress(t, e, at)
+        _first_input(p, t, e)
 
 
 def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:
@@ -432,7 +490,9 @@ def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:
 
 def _goal_cleared(p, e: ev.GoalCleared, at, seq, source) -> None:
     t = _touch(p, e, at, source)
-    if t is not None:
+    # Codex reports "cleared" on every thread/resume of a thread with no goal (its goal
+    # snapshot): there is nothing to clear then, and the thread still never had a goal.
+    if t is not None and t.goal is not None:
         _set_goal(t, GOAL_CLEARED, at, e.by, e.turn_id)
 
 
@@ -465,6 +525,9 @@ def _queue_changed(p, e: ev.QueueChanged, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None and e.known:
         t.queue = e.entries
+        seen = [entry.client_id for entry in e.entries if entry.client_id and entry.client_id not in t.queued_client_ids]
+        if seen:
+            t.queued_client_ids = (*t.queued_client_ids, *seen)[-RECENT_TURNS:]
 
 
 def _status_changed(p, e: ev.StatusChanged, at, seq, source) -> None:

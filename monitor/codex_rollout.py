@@ -23,8 +23,8 @@ from typing import Any, Union
 
 import msgspec
 
-from tillerman.ledger.events import Error, Event, ThreadStarted, TurnCompleted, TurnStarted
-from tillerman.monitor.digest import digest
+from tillerman.ledger.events import Error, Event, GoalUpdated, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.monitor.digest import digest, payload
 from tillerman.monitor.lines import TypedLines, decode_json, nested
 from tillerman.monitor.parser import (
     Call,
@@ -36,6 +36,7 @@ from tillerman.monitor.parser import (
     as_obj,
     as_text,
     command_text,
+    integer,
     iso_time,
     obj,
     text,
@@ -82,6 +83,11 @@ def _quiet(tags: frozenset[str], base: type = _Tagged) -> tuple[type, ...]:
 # event_msg bodies
 class _TaskStarted(_Tagged, tag="task_started"):
     turn_id: Any = None
+    turn_attribution: Any = None  # 0.171: {"turn_trigger": "goal" | "queue" | null, …}
+
+
+class _GoalUpdated(_Tagged, tag="thread_goal_updated"):
+    goal: Any = None
 
 
 class _TaskComplete(_Tagged, tag="task_complete"):
@@ -220,7 +226,7 @@ class _QuietLine(_Line):
 
 
 _EVENT_BODIES = (_TaskStarted, _TaskComplete, _TurnAborted, _UserMessage, _AgentMessage, _ErrorMsg, _StreamError,
-                 _ItemCompleted, _ExecBegin, _PatchBegin, _McpBegin, _ExecEnd, _PatchEnd, _McpEnd,
+                 _ItemCompleted, _ExecBegin, _PatchBegin, _McpBegin, _ExecEnd, _PatchEnd, _McpEnd, _GoalUpdated,
                  *_quiet(_QUIET_EVENTS))
 _ITEM_BODIES = (_FunctionCall, _LocalShellCall, _CustomToolCall, _FunctionCallOutput, _CustomToolCallOutput,
                 _WebSearchCall, *_quiet(_QUIET_ITEMS))
@@ -289,10 +295,10 @@ class CodexRolloutParser(Parser):
             **workdir(as_text(body.cwd, "cwd"), retain=self.retain_payloads),
         )]
 
-    def _start_turn(self, turn_id: str) -> list[Event]:
+    def _start_turn(self, turn_id: str, trigger: str | msgspec.UnsetType = msgspec.UNSET) -> list[Event]:
         self._turn = turn_id
         self._said.clear()
-        return [TurnStarted(thread_id=self._thread, turn_id=self._turn)]
+        return [TurnStarted(thread_id=self._thread, turn_id=self._turn, trigger=trigger)]
 
     def _end_turn(self, turn_id: str | None, status: str, duration_ms: int | None = None) -> list[Event]:
         turn_id = turn_id or self._turn
@@ -306,7 +312,22 @@ class CodexRolloutParser(Parser):
 
     def _task_started(self, body: _TaskStarted) -> list[Event]:
         self._explicit_turns = True
-        return self._start_turn(as_text(body.turn_id, "turn_id") or f"turn@{self._offset}")
+        return self._start_turn(as_text(body.turn_id, "turn_id") or f"turn@{self._offset}",
+                                _trigger(body.turn_attribution))
+
+    def _goal_updated(self, body: _GoalUpdated) -> list[Event]:
+        """The goal as set by a client or changed by the model's ``update_goal`` (0.171
+        writes these; its budget accounting's updates and a clear are not written)."""
+        goal = as_obj(nested(body.goal, 3), "goal") or {}
+        status = text(goal, "status")
+        if status is None:
+            return []
+        objective = text(goal, "objective")
+        p = payload(objective, retain=self.retain_payloads) if objective is not None else None
+        return [GoalUpdated(thread_id=self._thread, turn_id=self._turn, status=status,
+                            objective_digest=p.digest if p else None, objective=p.text if p else None,
+                            token_budget=integer(goal, "tokenBudget"), tokens_used=integer(goal, "tokensUsed"),
+                            time_used_seconds=_seconds_used(goal.get("timeUsedSeconds")))]
 
     def _task_complete(self, body: _TaskComplete) -> list[Event]:
         status = "interrupted" if isinstance(body, _TurnAborted) else "completed"
@@ -470,7 +491,7 @@ _EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = 
     _UserMessage: _P._user_message_msg, _AgentMessage: _P._agent_message_msg, _ErrorMsg: _P._error_msg,
     _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_msg, _ExecBegin: _P._exec_begin,
     _PatchBegin: _P._patch_begin, _McpBegin: _P._mcp_begin, _ExecEnd: _P._exec_end, _PatchEnd: _P._patch_end,
-    _McpEnd: _P._mcp_end,
+    _McpEnd: _P._mcp_end, _GoalUpdated: _P._goal_updated,
 }
 _RECORD_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _SessionMeta: _P._session_meta_record, dict: _P._untyped,
@@ -481,6 +502,26 @@ _ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _WebSearchCall: _P._web_search_call,
 }
 _BODY_HANDLERS = {**_EVENT_HANDLERS, **_ITEM_HANDLERS}  # the body types of the two are distinct classes
+
+
+#: ``turn_attribution.turn_trigger`` → ``TurnStarted.trigger``: null is a client's ``turn/start``.
+_TRIGGERS = {None: "user", "goal": "goal", "queue": "queue"}
+
+
+def _trigger(attribution) -> str | msgspec.UnsetType:
+    """What started the turn, where the rollout says (0.163 and later write
+    ``turn_attribution``); a trigger this version does not know reads "unknown"."""
+    if attribution is None:
+        return msgspec.UNSET
+    # Read leniently: the turn's start is worth more than a garbled label on it.
+    if not isinstance(attribution, dict) or "turn_trigger" not in attribution:
+        return msgspec.UNSET
+    trigger = attribution["turn_trigger"]
+    return _TRIGGERS.get(trigger, "unknown") if trigger is None or isinstance(trigger, str) else "unknown"
+
+
+def _seconds_used(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _command_from_arguments(arguments) -> str | None:
