@@ -227,8 +227,10 @@ async def paused_past_its_lease(checkpoint: str, daemons: int, app_server: AppSe
         try:
             with PostgresRecorder(dsn) as ledger:
                 # The turn outlasts a takeover on a loaded machine (three daemons starting,
-                # a lease running out, a readback): a steer for an ended turn expires.
-                thread, turn = await command_turn(harness, log, workspace, 30)
+                # a lease running out, a readback): a steer for an ended turn expires. 30 s
+                # was once not enough beside a busy machine's other work; the test ends when
+                # the steer settles, so a longer turn costs no time.
+                thread, turn = await command_turn(harness, log, workspace, 120)
                 await wait_until(lambda: owner_pid(ledger, thread) == first.process.pid, "the first daemon's lease", 60)
                 others = [start_daemon(app_server, dsn, config, f"other{i}") for i in range(daemons - 1)]
                 await wait_until(lambda: len(ledger.leases().daemons()) == daemons, "every daemon to register", 60)
