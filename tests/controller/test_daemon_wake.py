@@ -74,7 +74,7 @@ def test_a_proposal_committed_during_a_round_is_decided_by_the_next(tmp_path, mo
                 seen = Envelope(event_id="seen:T0", source="test", at=None,
                                 event=ev.ThreadStarted(thread_id="T0", source_format="appserver"))
                 await daemon._inbox_send.send([seen])
-                with anyio.fail_after(5):  # far below any deadline, the poll, or the next event on T1
+                with anyio.fail_after(20):  # far below any deadline, the poll (60 s), or the next event on T1
                     while not proposed or (view := daemon.projection.intents.get(proposed[0].id)) is None \
                             or view.last_decision is None:
                         await anyio.sleep(0.02)

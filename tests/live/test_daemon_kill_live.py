@@ -64,7 +64,8 @@ async def test_killed_mid_dispatch_then_settled_by_readback_at_most_once(
     async with watched_connection(app_server.url, client_name="harness") as (harness, log):
         daemon = start_daemon(app_server, ledger, config, kill_at)
         try:
-            thread, turn = await start_command(harness, log, workspace, "RUN: sleep 3")
+            # Long enough for a daemon starting on a loaded machine to dispatch within the turn.
+            thread, turn = await start_command(harness, log, workspace, "RUN: sleep 8")
             with SQLiteRecorder(ledger) as rec:
                 intent = propose(rec, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                                  text=f"KILLTEST {kill_at}: stop after this command.")
