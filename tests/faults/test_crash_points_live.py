@@ -68,7 +68,9 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
         daemon.start(kill_at=point)
         try:
             thread = await h.start_thread(workspace)
-            turn = await h.start_turn(thread, "RUN: sleep 3")
+            # Killed before the dispatch was recorded, the restarted daemon dispatches: its
+            # turn outlasts a restart on a loaded machine (3 s once did not).
+            turn = await h.start_turn(thread, f"RUN: sleep {10 if point == 'dispatch_recording' else 3}")
             await h.command_started(thread, turn)
             text = f"CRASHTEST {mode} at {point}: note this and carry on."
             if mode == "queue":
