@@ -54,6 +54,13 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     # app-server's running turn); "pre_tool_use", before the agent's next tool runs (Claude
     # Code's PreToolUse hook denies the call with the text). UNSET keeps old bytes too.
     deliver_at: str | msgspec.UnsetType = msgspec.UNSET
+    # A steer proposed for "the thread's current work" (``--expected-turn active``): it
+    # follows the active turn. ``expected_turn_id`` is the turn active at the proposal (its
+    # first target; None between two turns of a busy thread); a steer the server refuses
+    # because that turn ended is sent again, under a new dispatch record, to a turn that
+    # started after the proposal (docs/goals.md "Steering a moving target"). UNSET (a
+    # named turn, today's strict meaning) is left out of the encoding: old bytes kept.
+    follows_active: bool | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def task_label(self) -> str:
@@ -62,6 +69,19 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def delivery_point(self) -> str | None:
         return self.deliver_at if isinstance(self.deliver_at, str) else None
+
+    @property
+    def follows_active_turn(self) -> bool:
+        """A steer that may be retargeted to the thread's current turn (``follows_active``)."""
+        return self.follows_active is True
+
+    def may_follow_to(self, turn_id: str | None, started_at: float | None) -> bool:
+        """Whether a steer that follows the active turn may be sent to ``turn_id`` (started at
+        ``started_at``, the ledger's time of its start): the turn its proposal named, or one
+        that started after the proposal; never an older one."""
+        if turn_id is None:
+            return False
+        return turn_id == self.expected_turn_id or (started_at is not None and started_at >= self.created_at)
 
     @property
     def drops_queued(self) -> bool:

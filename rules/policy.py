@@ -21,13 +21,19 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
     proposed          now >= expires_at                                expire            expires_at_passed
                       snapshot of another thread                       reconcile_turn    snapshot_thread_mismatch
                       thread never seen                                reconcile_turn    thread_unknown
-                      steer/interrupt without an expected turn         escalate          missing_expected_turn
-                      steer/interrupt, expected turn ended             expire            turn_ended
+                      steer/interrupt without an expected turn (other  escalate          missing_expected_turn
+                        than a steer that follows the active turn)
+                      steer/interrupt, expected turn ended (other      expire            turn_ended
+                        than a steer that follows the active turn)
                       approval pending                                 observe_critical  approval_pending
                       external effect unknown                          observe_critical  external_effect_unknown
                       critical tool, forced interrupt without grant    observe_critical  critical_tool_force_not_granted
                       critical tool (other than a granted forced       observe_critical  critical_tool
                         interrupt)
+                      steer that follows the active turn:
+                        no active turn                                 reconcile_turn    awaiting_next_turn
+                        the active turn started before the proposal    reconcile_turn    active_turn_predates_proposal
+                          (and is not the turn it named)
                       steer/interrupt, no active turn                  reconcile_turn    no_active_turn
                       steer/interrupt, another turn active             reconcile_turn    expected_turn_not_active
                       thread only followed through files (not replay)  escalate          not_steerable
@@ -137,9 +143,10 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
     if not snapshot.known:
         return Action.RECONCILE_TURN, "thread_unknown"
     targets_turn = intent.mode != "queue"
-    if targets_turn and intent.expected_turn_id is None:
+    named_turn = targets_turn and not intent.follows_active_turn  # a following steer waits for the next turn
+    if named_turn and intent.expected_turn_id is None:
         return Action.ESCALATE, "missing_expected_turn"
-    if targets_turn and _expected_turn_ended(intent, snapshot):
+    if named_turn and _expected_turn_ended(intent, snapshot):
         return Action.EXPIRE, "turn_ended"
     found = hazard(intent, snapshot, ruleset)
     if found is not None:
@@ -190,20 +197,37 @@ def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | 
     """Why nothing may be sent to the thread right now, if anything. The one definition of
     the hazards: the adapter's boundary (``tillerman.controller.core.boundary``) judges an
     interrupt by it again just before the send."""
+    found = send_hazard(snapshot)
+    if found != "critical_tool" or not (intent.mode == "interrupt" and intent.force):
+        return found
+    if not ruleset.allows(intent.producer, INTERRUPT_CRITICAL, intent.thread_id):
+        return "critical_tool_force_not_granted"
+    return None
+
+
+def send_hazard(snapshot: ThreadSnapshot) -> str | None:
+    """What holds any send to the thread now, whoever asks (only a granted forced
+    interrupt passes a critical tool: ``hazard``). A steer that follows the active turn
+    is sent again to a new turn only when this is None."""
     if snapshot.approval_pending:
         return "approval_pending"
     if snapshot.external_effect_unknown:
         return "external_effect_unknown"
     if snapshot.critical_tool:
-        if not (intent.mode == "interrupt" and intent.force):
-            return "critical_tool"
-        if not ruleset.allows(intent.producer, INTERRUPT_CRITICAL, intent.thread_id):
-            return "critical_tool_force_not_granted"
+        return "critical_tool"
     return None
 
 
 def _turn_problem(intent: Intent, snapshot: ThreadSnapshot) -> str | None:
-    """Why a steer or interrupt cannot target its expected turn right now."""
+    """Why a steer or interrupt cannot target its expected turn right now (a steer that
+    follows the active turn: why it cannot be sent to the running turn)."""
+    if intent.follows_active_turn:
+        if snapshot.active_turn_id is None:
+            return "awaiting_next_turn"
+        if not intent.may_follow_to(snapshot.active_turn_id, snapshot.active_turn_started_at) \
+                and not snapshot.is_active(intent.expected_turn_id):
+            return "active_turn_predates_proposal"
+        return None
     if snapshot.active_turn_id is None:
         return "no_active_turn"
     if not snapshot.is_active(intent.expected_turn_id):  # under any source's id of the turn

@@ -44,6 +44,7 @@ from tillerman.controller.core.delivery import (
     RunVerify,
     Steer,
     Terminate,
+    dispatch_record,
 )
 from tillerman.controller.core.intent_requests import evidence_envelope
 from tillerman.controller.core.rpc_errors import Refusal
@@ -152,14 +153,16 @@ def _dispatch_refusal(view: IntentView, command: Steer | QueueAdd | Interrupt) -
     expected_kind = {"steer": Steer, "queue": QueueAdd, "interrupt": Interrupt}[intent.mode]
     if not isinstance(command, expected_kind):
         return CommandMismatch(f"a {type(command).__name__} for a {intent.mode} intent")
+    # The latest record: the dispatch, or a following steer's latest retarget (which names
+    # the turn it is sent to).
+    record = dispatch_record(view)
+    expected = record[1] if record is not None and intent.follows_active_turn else intent.expected_turn_id
     turn = getattr(command, "expected_turn_id", None) or getattr(command, "turn_id", None)
-    if intent.mode != "queue" and turn != intent.expected_turn_id:
-        return CommandMismatch(f"command targets turn {turn}, intent {intent.id} expects {intent.expected_turn_id}")
+    if intent.mode != "queue" and turn != expected:
+        return CommandMismatch(f"command targets turn {turn}, intent {intent.id} expects {expected}")
     if view.state != State.DISPATCH_UNKNOWN:
         return NoDispatchRecord(f"intent {intent.id} is {view.state} in the ledger, not dispatch_unknown")
-    record = next((h for h in reversed(view.history)
-                   if h.kind == "transition" and h.state == State.DISPATCH_UNKNOWN), None)
-    if record is None or record.evidence.get("attempt") != command.attempt:
+    if record is None or record[0] != command.attempt:
         return NoDispatchRecord(f"the ledger's dispatch record of {intent.id} is not attempt {command.attempt}")
     return None
 

@@ -31,9 +31,20 @@ Theory of operation (docs/design.md "Intents: the delivery protocol"):
   (with a token: said after our message → acknowledged, not said → expired
   ``ack_token_missing``, reported); absent → expired ``not_delivered``
   (dispatch_unknown) or ``lost_after_accept`` (queued, reported). A refusal is
-  final — a stale turn is never retried against the turn the server says is active.
+  final — a stale turn is never retried against the turn the server says is active —
+  except for a steer that follows the active turn (``Intent.follows_active``, below).
   The token of a queued message is owed in the turn it started: that turn's end
   reads it back the same way.
+* Steer that follows the active turn (``--expected-turn active``): the dispatch names the
+  turn running at send time (``target_turn``), if the intent may follow to it
+  (``Intent.may_follow_to``: the turn its proposal named, or one that started after the
+  proposal). A definite ``stale_turn`` / ``no_active_turn`` refusal of that send (a
+  refused steer adds nothing to the thread) is ``retarget_waiting`` evidence, not a
+  rejection; the next ``Reconcile`` that brings an eligible running turn the intent was
+  not refused for, no hazard, and a fresh attempt token writes a durable ``retargeted``
+  record (from turn, to turn, why) and sends again to that turn — one send outstanding at
+  a time, each under its own record, until ``expires_at`` (then rejected with the last
+  refusal). The echo counts only in the turn the current send named.
 * Queue: the server does not deduplicate by ``clientUserMessageId``, so the add is
   preceded by a ``QueueList``; our entry already there → queued, no add. The new
   turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``).
@@ -74,7 +85,7 @@ from tillerman.ledger.events import (
 )
 from tillerman.ledger.intent_states import State, check_transition, is_terminal
 from tillerman.ledger.intents import Intent
-from tillerman.ledger.projections import IntentView
+from tillerman.ledger.projections import HistoryItem, IntentView
 from tillerman.ledger.snapshot import ENDED_TURN_STATES
 from tillerman.monitor.codex_wire import (
     InterruptAccepted,
@@ -98,6 +109,9 @@ REPORTER, REPORTER_VERSION = "tillerman:delivery", 1
 READBACK_PAGE = 20
 _UNSETTLED = frozenset({S.DISPATCH_UNKNOWN, S.QUEUED})
 _CHECKING = frozenset({S.ACKNOWLEDGED, S.ACTION_STARTED})
+#: Refusals that say the turn a steer named is no longer the running one (and that the
+#: steer added nothing): a steer that follows the active turn waits for the next.
+_TURN_MOVED_ON = frozenset({Refusal.STALE_TURN, Refusal.NO_ACTIVE_TURN})
 Evidence = Mapping[str, EvidenceValue]
 
 
@@ -181,6 +195,7 @@ class Dispatch:
     now: float
     attempt: str
     active_turn: str | None = None  # the thread's running turn: the one a queue add waits behind
+    active_turn_started_at: float | None = None  # when the ledger saw it start (a following steer)
 
 
 @dataclass(frozen=True)
@@ -199,6 +214,13 @@ class Reconcile:
     turn_items: frozenset[str] = frozenset()
     echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
     behind_turn_state: str | None = None  # queue: the state of the turn the add waits behind
+    # A steer that follows the active turn, waiting after a refusal: the turn running now,
+    # when it started, what holds a send now (``tillerman.rules.policy.send_hazard``), and a
+    # fresh token for the send's record (None: this fact may not send).
+    active_turn: str | None = None
+    active_turn_started_at: float | None = None
+    held_by: str | None = None
+    attempt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +318,12 @@ class Delivery:
         self._recorded: set[str] = set()  # evidence keys written by this machine
         self._behind_turn: str | None = None  # queue: the turn active when the add was dispatched
         self._behind_ended = False  # ...and it has ended: the server drained its queue since
+        # A steer that follows the active turn: the turn its current send names (None while
+        # it waits for one), the turns the server refused it for, and why the last was.
+        self._target_turn: str | None = intent.expected_turn_id
+        self._refused_turns: set[str] = set()
+        self._waiting: tuple[str, str] | None = None  # waiting after a refusal: (refused turn, why)
+        self._retargets = 0
 
     @classmethod
     def from_view(cls, view: IntentView, *, turn_items: frozenset[str] = frozenset()) -> Delivery:
@@ -304,6 +332,8 @@ class Delivery:
         machine._behind_turn = behind_turn(view)
         machine._ack_turn = ack_turn(view)
         for item in view.history:
+            if view.intent.follows_active_turn:
+                machine._follow_record(item)
             if item.kind == "evidence" and item.reason == "delivered":
                 machine._delivered_in = _str(item.evidence.get("turn_id"))
             elif item.kind == "evidence" and item.reason == "terminate_requested":
@@ -313,9 +343,28 @@ class Delivery:
                 machine._exited.add(str(item.evidence["item_id"]))
         return machine
 
+    def _follow_record(self, item: HistoryItem) -> None:
+        """Rebuild a following steer's target and refusals from one record of its history."""
+        if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN:
+            self._attempt, self._target_turn = _str(item.evidence.get("attempt")), _str(item.evidence.get("target_turn"))
+        elif item.kind == "evidence" and item.reason == "retarget_waiting":
+            refused = str(item.evidence.get("from_turn"))
+            self._refused_turns.add(refused)
+            self._target_turn, self._waiting = None, (refused, str(item.evidence.get("why")))
+        elif item.kind == "evidence" and item.reason == "retargeted":
+            self._attempt, self._target_turn = _str(item.evidence.get("attempt")), _str(item.evidence.get("to_turn"))
+            self._waiting = None
+            self._retargets = int(item.evidence.get("retarget") or 0)
+
     @property
     def client_id(self) -> str:
         return self.intent.client_user_message_id
+
+    @property
+    def expected_turn(self) -> str | None:
+        """The turn this intent's send names: its expected turn, or for a steer that follows
+        the active turn the one its current send named (None while it waits for one)."""
+        return self._target_turn if self.intent.follows_active_turn else self.intent.expected_turn_id
 
     @property
     def finished(self) -> bool:
@@ -353,9 +402,14 @@ class Delivery:
         intent = self.intent
         if intent.replayed:
             return self._out(self._move(S.REJECTED, "not_dispatchable", {"replayed": True}, fact.now))
-        if intent.mode != "queue" and intent.expected_turn_id is None:
+        following = intent.mode == "steer" and intent.follows_active_turn
+        if intent.mode != "queue" and intent.expected_turn_id is None and not following:
             return self._out(self._move(S.REJECTED, "invalid", {"missing": "expected_turn_id"}, fact.now))
-        evidence = {"attempt": fact.attempt, "mode": intent.mode}
+        evidence: dict[str, EvidenceValue] = {"attempt": fact.attempt, "mode": intent.mode}
+        if following:
+            if not self._may_follow_to(fact.active_turn, fact.active_turn_started_at):
+                return Output()  # between turns, or only an older turn runs: wait for the next
+            self._target_turn = evidence["target_turn"] = fact.active_turn
         if intent.mode == "queue":
             self._behind_turn = fact.active_turn
             evidence["behind_turn"] = fact.active_turn
@@ -364,8 +418,7 @@ class Delivery:
         ids = {"intent_id": intent.id, "thread_id": intent.thread_id}
         command: Command
         if intent.mode == "steer":
-            command = Steer(**ids, expected_turn_id=intent.expected_turn_id, client_user_message_id=self.client_id,
-                            text=intent.delivered_text, attempt=fact.attempt)
+            command = self._steer(fact.attempt)
         elif intent.mode == "interrupt":
             command = Interrupt(**ids, turn_id=intent.expected_turn_id, attempt=fact.attempt)
         else:
@@ -373,6 +426,45 @@ class Delivery:
             self._awaiting_add = True
             command = QueueList(**ids)
         return Output((record,), (command,), durable=True)
+
+    def _steer(self, attempt: str) -> Steer:
+        return Steer(**self._ids(), expected_turn_id=self.expected_turn, client_user_message_id=self.client_id,
+                     text=self.intent.delivered_text, attempt=attempt)
+
+    def _may_follow_to(self, turn_id: str | None, started_at: float | None) -> bool:
+        return self.intent.may_follow_to(turn_id, started_at) and turn_id not in self._refused_turns
+
+    # -- following the active turn -----------------------------------------------------
+
+    def _retarget_waiting(self, command: Steer, fact: Refused) -> Output:
+        """The server refused the send for a turn that ended: nothing was added, so wait for
+        the next turn (``_retarget``), unless the intent's time is up."""
+        refusal = fact.refusal.value
+        evidence = {"command": _kind(command), **fact.evidence}
+        if fact.now >= self.intent.expires_at:
+            return self._out(self._move(S.REJECTED, refusal, evidence, fact.now))
+        self._refused_turns.add(command.expected_turn_id)
+        self._target_turn, self._waiting = None, (command.expected_turn_id, refusal)
+        return self._out(self._evidence("retarget_waiting", {
+            "from_turn": command.expected_turn_id, "why": refusal, "attempt": command.attempt, **evidence},
+            f"retarget_waiting:{command.attempt}", fact.now))
+
+    def _retarget(self, fact: Reconcile) -> Output:
+        """Waiting after a refusal: send again to the turn running now, if the intent may
+        follow to it, nothing holds a send, and the fact brings a fresh attempt token."""
+        refused_turn, refusal = self._waiting
+        if fact.now >= self.intent.expires_at:
+            return self._out(self._move(S.REJECTED, refusal, {"retarget": "expires_at_passed"}, fact.now))
+        if fact.held_by is not None or fact.attempt is None \
+                or not self._may_follow_to(fact.active_turn, fact.active_turn_started_at):
+            return Output()
+        self._retargets += 1
+        record = self._evidence("retargeted", {
+            "attempt": fact.attempt, "from_turn": refused_turn, "to_turn": fact.active_turn,
+            "why": refusal, "retarget": self._retargets}, f"retargeted:{self._retargets}", fact.now)
+        self._attempt, self._target_turn, self._waiting = fact.attempt, fact.active_turn, None
+        # Durable, like the first dispatch record: a crash never leaves a send unrecorded.
+        return Output(record, (self._steer(fact.attempt),), durable=True)
 
     # -- replies ----------------------------------------------------------------------
 
@@ -510,6 +602,11 @@ class Delivery:
         refuses_delivery = isinstance(command, DISPATCH_COMMANDS) or (
             isinstance(command, QueueList) and self._awaiting_add)
         self._awaiting_add = False
+        if isinstance(command, Steer) and self.intent.follows_active_turn and command.attempt != self._attempt:
+            refuses_delivery = False  # an earlier send's: the current one is still under way
+        elif self.state is S.DISPATCH_UNKNOWN and isinstance(command, Steer) and self.intent.follows_active_turn \
+                and fact.refusal in _TURN_MOVED_ON:
+            return self._retarget_waiting(command, fact)
         if self.state is S.DISPATCH_UNKNOWN and refuses_delivery:
             # Definite and final: a stale turn is never retried against the one found.
             return self._out(self._move(S.REJECTED, refusal, evidence, fact.now))
@@ -558,7 +655,7 @@ class Delivery:
 
     def _echo(self, turn_id: str | None, item_id: str | None, now: float) -> Output:
         evidence = {"turn_id": turn_id, "item_id": item_id}
-        if self.intent.mode == "steer" and turn_id != self.intent.expected_turn_id:
+        if self.intent.mode == "steer" and turn_id != self.expected_turn:
             return self._out(self._evidence("echo_in_other_turn", evidence, f"echo:{item_id}", now))
         if self.state not in _UNSETTLED:
             # A second echo, or one after the intent settled: evidence, never a refusal.
@@ -581,7 +678,7 @@ class Delivery:
     def _turn_completed(self, event: TurnCompleted, now: float) -> Output:
         if event.turn_id is not None and event.turn_id == self._behind_turn:
             self._behind_ended = True
-        if event.turn_id == self.intent.expected_turn_id and self.state in _UNSETTLED:
+        if event.turn_id is not None and event.turn_id == self.expected_turn and self.state in _UNSETTLED:
             return self._expected_turn_ended(event.status, now)
         if event.turn_id is not None and event.turn_id == self._delivered_in and self.state in _UNSETTLED:
             return self._out(commands=(self._read_back_token(),))  # queue: the turn our message started
@@ -591,7 +688,7 @@ class Delivery:
 
     def _expected_turn_ended(self, status: str, now: float) -> Output:
         """The expected turn ended with this intent unsettled (or a restart found it ended)."""
-        evidence = {"turn_id": self.intent.expected_turn_id, "turn_status": status}
+        evidence = {"turn_id": self.expected_turn, "turn_status": status}
         if self.intent.mode == "interrupt":
             if status == "interrupted":
                 out = self._out(self._acknowledge("turn_interrupted", evidence, now))
@@ -602,7 +699,7 @@ class Delivery:
             return Output()
         # Our message landed or not, the token said or not: the turn's history decides.
         return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id,
-                                            turn_id=self.intent.expected_turn_id),))
+                                            turn_id=self.expected_turn),))
 
     def _read_back_token(self) -> ReadBack:
         """The turn that took our message (token still owed) ended: did the agent say it?"""
@@ -626,6 +723,8 @@ class Delivery:
         if self.state not in _UNSETTLED:
             return Output()
         mode = self.intent.mode
+        if self._waiting is not None and self.state is S.DISPATCH_UNKNOWN and fact.echo_turn_id is None:
+            return self._retarget(fact)
         if fact.echo_turn_id is not None and mode != "interrupt":
             echoed = self._echo(fact.echo_turn_id, None, fact.now)
             if self._delivered_in is not None and fact.echo_turn_state in ENDED_TURN_STATES:
@@ -716,6 +815,29 @@ def behind_turn(view: IntentView) -> str | None:
     """The turn a queue intent's add waits behind, from its dispatch record."""
     return next((_str(item.evidence.get("behind_turn")) for item in view.history
                  if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN), None)
+
+
+def dispatch_record(view: IntentView) -> tuple[str | None, str | None] | None:
+    """The latest record a send must belong to, as (attempt, the turn it names): the
+    dispatch transition, or a following steer's latest ``retargeted`` evidence; None
+    before dispatch."""
+    following = view.intent.follows_active_turn
+    found = None
+    for item in view.history:
+        if item.kind == "transition" and item.state == S.DISPATCH_UNKNOWN:
+            turn = _str(item.evidence.get("target_turn")) if following else view.intent.expected_turn_id
+            found = (_str(item.evidence.get("attempt")), turn)
+        elif following and item.kind == "evidence" and item.reason == "retargeted":
+            found = (_str(item.evidence.get("attempt")), _str(item.evidence.get("to_turn")))
+    return found
+
+
+def target_turn(view: IntentView) -> str | None:
+    """The turn an intent's delivery names now: its expected turn, or for a steer that
+    follows the active turn the one its current send named (None while it waits)."""
+    if not view.intent.follows_active_turn:
+        return view.intent.expected_turn_id
+    return Delivery.from_view(view).expected_turn
 
 
 def ack_turn(view: IntentView) -> str | None:

@@ -61,7 +61,8 @@ def build_intent(
     **fields,
 ) -> Intent:
     """Validate a request completely and bind it to its target; ``expected_turn='active'``
-    resolves to the turn active now and records it. Every value is checked here, before
+    resolves to the turn active now and records it (a steer also records that it follows
+    the active turn: ``Intent.follows_active``). Every value is checked here, before
     anything is written: an intent is one append, and a bad row in an append-only ledger
     is there forever."""
     if mode not in MODES:
@@ -83,8 +84,15 @@ def build_intent(
     if mode in ("steer", "interrupt") and not expected_turn:
         raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
     if expected_turn == "active":
-        expected_turn = projection.snapshot(thread_id).active_turn_id
-        if expected_turn is None:
+        snapshot = projection.snapshot(thread_id)
+        expected_turn = snapshot.active_turn_id
+        # A steer for the thread's current work follows it from turn to turn (docs/goals.md
+        # "Steering a moving target"); between two turns of a thread whose goal keeps it
+        # busy it waits for the next turn instead of failing.
+        follows = mode == "steer" and deliver_at is None
+        if follows:
+            fields["follows_active"] = True
+        if expected_turn is None and not (follows and snapshot.goal_active):
             raise IntentError(
                 f"thread {thread_id} has no active turn in the ledger; give a turn id, or use --mode queue"
             )

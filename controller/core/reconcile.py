@@ -27,11 +27,12 @@ sources' ids (``ThreadSnapshot.same_turn``), and the machine compares ids.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import get_args
 
 import msgspec
 
-from tillerman.controller.core.delivery import Observed, Reconcile, ack_turn, behind_turn
+from tillerman.controller.core.delivery import Observed, Reconcile, ack_turn, behind_turn, target_turn
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope, Event
 from tillerman.ledger.intent_states import State
@@ -39,6 +40,7 @@ from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
 from tillerman.monitor.codex_wire import Turn
+from tillerman.rules.policy import send_hazard
 
 #: Intent states whose delivery is under way: sent or possibly sent, not settled.
 UNDER_WAY = frozenset({State.DISPATCH_UNKNOWN, State.QUEUED})
@@ -49,16 +51,22 @@ def under_way(projection: Projection) -> list[IntentView]:
     return [view for view in projection.open_intents() if view.state in UNDER_WAY]
 
 
-def reconcile_fact(projection: Projection, view: IntentView, now: float) -> Reconcile:
-    """What the ledger knows now that settles (or moves on) a delivery under way."""
+def reconcile_fact(projection: Projection, view: IntentView, now: float, attempt: str | None = None) -> Reconcile:
+    """What the ledger knows now that settles (or moves on) a delivery under way; for a
+    steer that follows the active turn also the turn running now and what holds a send,
+    with ``attempt`` (a fresh token) if the driver lets this fact send again."""
     intent = view.intent
     thread = projection.threads.get(intent.thread_id)
     snapshot = projection.snapshot(intent.thread_id)
     echo = thread.client_ids.get(intent.client_user_message_id) if thread else None
-    return Reconcile(now, snapshot.turn_state(intent.expected_turn_id), as_intent_names(snapshot, intent, echo),
+    fact = Reconcile(now, snapshot.turn_state(target_turn(view)), as_intent_names(snapshot, intent, echo),
                      turn_items(projection, view),
                      echo_turn_state=snapshot.turn_state(echo),
                      behind_turn_state=snapshot.turn_state(behind_turn(view)))
+    if not intent.follows_active_turn:
+        return fact
+    return replace(fact, active_turn=snapshot.active_turn_id, active_turn_started_at=snapshot.active_turn_started_at,
+                   held_by=send_hazard(snapshot), attempt=attempt)
 
 
 def turn_items(projection: Projection, view: IntentView) -> frozenset[str]:
@@ -102,9 +110,9 @@ def turns_to_read_back(projection: Projection) -> dict[str, set[str]]:
         snapshot = projection.snapshot(intent.thread_id)
         if not snapshot.known:
             wanted.setdefault(intent.thread_id, set())
-        if intent.expected_turn_id is not None and snapshot.turn_state(intent.expected_turn_id) \
-                not in ENDED_TURN_STATES:
-            wanted.setdefault(intent.thread_id, set()).add(intent.expected_turn_id)
+        turn = target_turn(view)
+        if turn is not None and snapshot.turn_state(turn) not in ENDED_TURN_STATES:
+            wanted.setdefault(intent.thread_id, set()).add(turn)
     return wanted
 
 

@@ -660,10 +660,11 @@ class Daemon:
                 return None
             if not self.checkpoints.may_dispatch(view, self.step.ruleset):
                 return None  # held until its review answers ready_for_existing_gate (a task asks it)
-            active_turn = self.projection.snapshot(view.intent.thread_id).active_turn_id
-            return Dispatch(now, uuid.uuid4().hex, active_turn)
+            snapshot = self.projection.snapshot(view.intent.thread_id)
+            return Dispatch(now, uuid.uuid4().hex, snapshot.active_turn_id, snapshot.active_turn_started_at)
         if decision.action is Action.RECONCILE:
-            return reconcile_fact(self.projection, view, now)
+            # A fresh token: a steer that follows the active turn may send again with it.
+            return reconcile_fact(self.projection, view, now, None if self.options.dry_run else uuid.uuid4().hex)
         if decision.action is Action.VERIFY_EFFECT and intent_id not in self._verifying:
             # The machine asks for the readback itself when it sees the turn end; this
             # covers a restart after the end.
