@@ -44,30 +44,28 @@ torture: $(STAMP)
 	$(PY) -m tests.faults.torture --rounds $(TORTURE_ROUNDS) --races $(TORTURE_RACES) $(if $(SEED),--seed $(SEED),)
 
 # Supported Codex releases: the oldest and the newest. `make compat` runs the live tests
-# against each, from a cached venv per release (pip install openai-codex-cli-bin==VERSION);
-# `make compat-smoke` (CI) runs the refusal and --spawn-codex checks against the oldest.
-# tests/test_compat.py keeps these equal to controller/core/rpc_errors.py CHECKED_CODEX_VERSIONS.
+# against each, on the binary users install (npm @openai/codex), fetched the first time
+# into $(COMPAT_CACHE)/npm/VERSION/codex by `python -m fixtures.codex_npm VERSION`;
+# `make compat CODEX_NEWEST=0.172.0` checks a new release. `make compat-smoke` (CI) runs
+# the refusal and --spawn-codex checks against the oldest. tests/test_compat.py keeps
+# these equal to the ends of controller/core/rpc_errors.py CHECKED_CODEX_VERSIONS.
 CODEX_OLDEST := 0.153.4
-CODEX_NEWEST := 0.163.0
+CODEX_NEWEST := 0.171.0
 COMPAT_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tillerman/compat
 COMPAT_SMOKE := tests/live/test_rpc_errors_live.py tests/live/test_spawn_codex_live.py
-codex_bin = $$($(COMPAT_CACHE)/$(1)/bin/python -c 'import codex_cli_bin; print(codex_cli_bin.bundled_codex_path())')
+# the binary of release $(1), fetched when absent; a failed fetch ends the recipe
+fetch_codex = binary=$$(COMPAT_CACHE=$(COMPAT_CACHE) $(PY) -m fixtures.codex_npm $(1)) || exit 1
 
-$(COMPAT_CACHE)/%/.installed:
-	rm -rf $(COMPAT_CACHE)/$*
-	$(PYTHON) -m venv $(COMPAT_CACHE)/$*
-	$(COMPAT_CACHE)/$*/bin/python -m pip install --quiet openai-codex-cli-bin==$*
-	touch $@
-
-compat: $(STAMP) $(COMPAT_CACHE)/$(CODEX_OLDEST)/.installed $(COMPAT_CACHE)/$(CODEX_NEWEST)/.installed
+compat: $(STAMP)
 	@for version in $(CODEX_OLDEST) $(CODEX_NEWEST); do \
-		echo "== Codex $$version"; \
-		TILLERMAN_CODEX_BIN=$(call codex_bin,$$version) \
-			$(PY) -m pytest -m 'live and not slow' tests/live $(PYTEST_ARGS) || exit 1; \
+		$(call fetch_codex,$$version); \
+		echo "== Codex $$version ($$binary)"; \
+		TILLERMAN_CODEX_BIN=$$binary $(PY) -m pytest -m 'live and not slow' tests/live $(PYTEST_ARGS) || exit 1; \
 	done
 
-compat-smoke: $(STAMP) $(COMPAT_CACHE)/$(CODEX_OLDEST)/.installed
-	TILLERMAN_CODEX_BIN=$(call codex_bin,$(CODEX_OLDEST)) $(PY) -m pytest -m live $(COMPAT_SMOKE) $(PYTEST_ARGS)
+compat-smoke: $(STAMP)
+	@$(call fetch_codex,$(CODEX_OLDEST)); \
+		TILLERMAN_CODEX_BIN=$$binary $(PY) -m pytest -m live $(COMPAT_SMOKE) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,3 +1,4 @@
+import functools
 import os
 import shutil
 import subprocess
@@ -100,3 +101,28 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "postgres_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A live test runs the Codex release under test (``fixtures.codex_npm``), fetched from
+    npm the first time; where it cannot be, the test is skipped with the reason, and
+    under CI it fails instead."""
+    if item.get_closest_marker("live") is None:
+        return
+    if (reason := why_no_codex()) is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs the live tests, but {reason}")
+        pytest.skip(f"live tests skipped: {reason}")
+
+
+@functools.cache
+def why_no_codex() -> str | None:
+    """Asked once per run: a registry that is not there is not asked again for each test."""
+    from fixtures.codex_npm import CodexUnavailable, codex_under_test
+
+    try:
+        codex_under_test()
+    except CodexUnavailable as reason:
+        return str(reason)
+    return None

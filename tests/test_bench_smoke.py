@@ -16,11 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _codex_available() -> bool:
-    from tillerman.controller.codex.process import CodexBinaryMissing, find_codex_binary
+    from fixtures.codex_npm import CodexUnavailable, codex_under_test
 
     try:
-        find_codex_binary()
-    except CodexBinaryMissing:
+        codex_under_test()
+    except CodexUnavailable:
         return False
     return True
 
@@ -43,7 +43,7 @@ def test_quick_run_prints_one_table_and_writes_json(tmp_path):
         assert set(COLUMNS) <= set(row)
         assert row["verdict"] in ("pass", "FAIL", "info")
         if "real app-server" in row["benchmark"] and not _codex_available():
-            continue  # the pickup benchmark needs the pinned codex binary
+            continue  # the pickup benchmark needs the Codex binary of the live tests
         assert not row["measured"].startswith("error"), row  # each benchmark ran to the end
         assert row["ratio"] is None or isinstance(row["ratio"], float)
     brain = next(r for r in rows if "in-process brain" in r["benchmark"])

@@ -269,8 +269,7 @@ def _watchable(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 @click.option("--spawn-codex", is_flag=True,
               help="Start a shared app-server (on $CODEX_HOME, default ~/.codex) and attach to it.")
 @click.option("--codex-bin", type=PathType(dir_okay=False),
-              help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH,"
-                   " else the one of the openai-codex-cli-bin package).")
+              help="The codex binary --spawn-codex runs (default: $TILLERMAN_CODEX_BIN, else codex on PATH).")
 @click.option("--watch", "watch_dirs", multiple=True, type=PathType(file_okay=False), callback=_watchable,
               help="Follow the session files (*.jsonl) under this directory as they grow; repeatable"
                    " (e.g. ~/.codex/sessions, ~/.claude/projects). One that does not exist yet is followed"

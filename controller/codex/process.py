@@ -3,7 +3,7 @@
 ``AppServer(codex_home, binary=...).start()`` runs ``codex app-server --listen
 unix://SOCKET`` on a CODEX_HOME and waits until the socket accepts connections;
 ``tillerman run --spawn-codex`` (with the binary `find_codex_binary` picks), the tests
-and the demo (with the pinned release of ``openai-codex-cli-bin``, or
+and the demo (with the release ``fixtures.codex_npm`` fetches, or
 ``$TILLERMAN_CODEX_BIN``) all start it this way. Codex replaces the
 socket path with a symlink to ``/tmp/codex-daemon-<uid>/<sha256>`` (mode 0600), so
 only the same uid can connect.
@@ -27,40 +27,19 @@ class CodexBinaryMissing(RuntimeError):
     """No usable Codex binary where we looked."""
 
 
-def find_codex_binary(explicit: str | os.PathLike[str] | None = None, *, search_path: bool = True) -> Path:
+def find_codex_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The ``codex`` to run: `explicit` (``--codex-bin``), else ``$TILLERMAN_CODEX_BIN``,
-    else ``codex`` on PATH (when `search_path`), else the binary of the installed
-    ``openai-codex-cli-bin`` package (the pinned release the tests and the demo run).
-
-    The tests pass ``search_path=False``: the error classification is checked against
-    exact messages of known releases, so a test run never picks up whatever is on PATH.
-    """
+    else ``codex`` on PATH, where ``npm install -g @openai/codex`` puts it."""
     for origin, value in (("--codex-bin", explicit), (CODEX_BIN_ENV, os.environ.get(CODEX_BIN_ENV))):
         if value:
             binary = Path(value).expanduser()
             if not (binary.is_file() and os.access(binary, os.X_OK)):
                 raise CodexBinaryMissing(f"{origin} {binary}: no executable file there; {INSTALL_HINT}")
             return binary
-    on_path = shutil.which("codex") if search_path else None
-    if on_path:
-        return Path(on_path)
-    packaged = _packaged_codex_binary()
-    if packaged is None:
-        where = "on PATH or " if search_path else ""
-        raise CodexBinaryMissing(f"no codex binary {where}from the openai-codex-cli-bin package; {INSTALL_HINT}")
-    return packaged
-
-
-def _packaged_codex_binary() -> Path | None:
-    try:
-        import codex_cli_bin
-    except ImportError:  # an optional dependency (the dev extra pins it)
-        return None
-    try:
-        binary = codex_cli_bin.bundled_codex_path()
-    except FileNotFoundError:
-        return None
-    return binary if os.access(binary, os.X_OK) else None
+    on_path = shutil.which("codex")
+    if on_path is None:
+        raise CodexBinaryMissing(f"no codex binary on PATH; {INSTALL_HINT}")
+    return Path(on_path)
 
 
 def helper_path_dir(binary: Path) -> Path | None:
@@ -96,8 +75,7 @@ class AppServer:
     def __init__(self, codex_home: Path, socket_path: Path | None = None, *, binary: Path | None = None,
                  isolated_home: bool = True, cwd: Path | None = None):
         self.codex_home = codex_home
-        # None: the tests' and the demo's binary ($TILLERMAN_CODEX_BIN, else the pinned package)
-        self.binary = binary
+        self.binary = binary  # None: the one `find_codex_binary` finds
         self.cwd = cwd  # a client that sends no cwd (`codex --remote`) works here
         self.isolated_home = isolated_home
         self.socket_path = socket_path or codex_home / "app-server.sock"
@@ -122,7 +100,7 @@ class AppServer:
         return sorted(self.sessions_dir.rglob("rollout-*.jsonl"))
 
     def start(self, timeout: float = 15.0) -> AppServer:
-        self.binary = self.binary or find_codex_binary(search_path=False)
+        self.binary = self.binary or find_codex_binary()
         env = codex_environment(self.codex_home, self.binary, isolated_home=self.isolated_home)
         with open(self.stderr_path, "ab") as stderr:
             self.process = subprocess.Popen(

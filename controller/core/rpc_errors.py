@@ -32,10 +32,11 @@ from tillerman.monitor.jsonrpc import RpcError
 
 EvidenceValue = str | int | float | bool | None
 
-# The releases whose exact refusal messages the patterns below were checked against, live
-# (`make compat` runs tests/live against the oldest and the newest; README "Supported
-# Codex versions"). `tillerman status` warns about a server that is not one of them.
-CHECKED_CODEX_VERSIONS = ("0.153.4", "0.163.0")
+# The releases whose exact refusal messages the patterns below were checked against, live,
+# oldest first: `make compat` runs tests/live against the first and the last, the live
+# tests run the last by default (docs/operations/upgrading-codex.md). `tillerman status`
+# warns about a server that is not one of them.
+CHECKED_CODEX_VERSIONS = ("0.153.4", "0.163.0", "0.171.0")
 
 
 class Refusal(StrEnum):

@@ -28,11 +28,12 @@ from typing import TypeVar
 import anyio
 import pytest
 
+from fixtures.codex_npm import codex_under_test
 from fixtures.codex_server import is_item, is_notification, make_codex_home, start_command, watched_connection
 from fixtures.scripted_model import ScriptedModel
 from fixtures.tui import DefaultSocketServer, default_socket
 from tests.monitor.tailer_support import append, facts, rollout_name, session_meta
-from tillerman.controller.codex.process import CODEX_BIN_ENV, find_codex_binary
+from tillerman.controller.codex.process import CODEX_BIN_ENV
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 pytestmark = pytest.mark.live
@@ -156,7 +157,7 @@ def test_the_installed_spawn_codex_runs_the_codex_on_path(
     """A new user's `tillerman run --spawn-codex`, with only the wheel and `codex` on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "codex").symlink_to(find_codex_binary(search_path=False))
+    (bin_dir / "codex").symlink_to(codex_under_test())
     home = make_codex_home(scripted_model.base_url)
     env = {k: v for k, v in os.environ.items() if k not in (CODEX_BIN_ENV, "PYTHONPATH")}
     env.update(PATH=f"{bin_dir}{os.pathsep}/usr/bin:/bin", CODEX_HOME=str(home), HOME=str(home))

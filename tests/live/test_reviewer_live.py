@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.codex_npm import codex_under_test
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
 from tests.controller.test_reviewer import packet
-from tillerman.controller.codex.process import find_codex_binary
 from tillerman.controller.review.reviewer import ask
 from tillerman.rules.review import Accepted, Reviewer
 
@@ -26,7 +26,7 @@ def test_codex_exec_json_answers_a_review_packet(scripted_model: ScriptedModel, 
     configured = make_codex_home(scripted_model.base_url, parent=tmp_path)
     shutil.copytree(configured, home / ".codex")
     reviewer = Reviewer(name="codex", adapter="codex-exec-json", timeout=120.0, home=str(home),
-                        command=(str(find_codex_binary(search_path=False)), "exec", "--json",
+                        command=(str(codex_under_test()), "exec", "--json",
                                  "--skip-git-repo-check", "-"))
     asked = ask(reviewer, "before_dispatch", packet())
     assert isinstance(asked.outcome, Accepted), asked.outcome

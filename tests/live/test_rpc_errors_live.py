@@ -1,5 +1,5 @@
 """Every refusal ``tillerman.controller.core.rpc_errors`` knows, provoked on the real server under test
-(the pinned release, or ``$TILLERMAN_CODEX_BIN``; ``make compat`` runs this against the
+(the newest checked release from npm, or ``$TILLERMAN_CODEX_BIN``; ``make compat`` runs this against the
 oldest and the newest supported release) and read back as the refusal it is meant to be.
 
 A release that words one of these differently fails here, and then does not belong in
@@ -63,6 +63,7 @@ async def test_every_known_refusal_is_recognized_on_this_release(app_server: App
         await refused("thread/queue/start", {"threadId": thread}, Refusal.REFUSED)  # the queue is empty
         await refused("thread/turns/list", {"threadId": UNKNOWN_THREAD, "limit": 1}, Refusal.THREAD_NOT_FOUND)
         await refused("thread/no-such-method", {}, Refusal.REFUSED)  # Invalid request: unknown variant
+        await refused("thread/goal/set", {"threadId": thread, "status": "paused"}, Refusal.REFUSED)  # no goal
 
     # every pattern of the classification met a real message of this release
     unmatched = [pattern.pattern for pattern, _ in _PATTERNS

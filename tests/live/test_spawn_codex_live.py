@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fixtures.codex_npm import codex_under_test
 from fixtures.codex_server import make_codex_home
 from fixtures.scripted_model import ScriptedModel
 from tillerman.controller.cli.main import main
-from tillerman.controller.codex.process import CODEX_BIN_ENV, find_codex_binary
+from tillerman.controller.codex.process import CODEX_BIN_ENV
 
 pytestmark = pytest.mark.live
 
@@ -33,7 +34,7 @@ def _env(path: str, home: Path) -> dict[str, str]:
 
 
 def _version(binary: Path) -> str:
-    """``codex --version`` prints ``codex-cli 0.163.0``."""
+    """``codex --version`` prints ``codex-cli 0.171.0``."""
     return subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout.split()[-1]
 
 
@@ -45,7 +46,7 @@ def _status(ledger: Path) -> dict:
 
 def test_spawn_codex_runs_the_codex_on_path_and_status_shows_its_version(
         scripted_model: ScriptedModel, tmp_path: Path) -> None:
-    binary = find_codex_binary(search_path=False)  # the release under test (TILLERMAN_CODEX_BIN or the pin)
+    binary = codex_under_test()  # the release under test
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "codex").symlink_to(binary)
@@ -73,14 +74,10 @@ def test_spawn_codex_runs_the_codex_on_path_and_status_shows_its_version(
     assert out.startswith("app-server listening: unix://")
 
 
-# Importing the package fails as it does where tillerman was installed without the dev extra.
-WITHOUT_PACKAGE = "import sys; sys.modules['codex_cli_bin'] = None; from tillerman.controller.cli.main import main; main()"
-
-
 @pytest.mark.parametrize(("argv", "says"), [
     (["-m", "tillerman.controller", "run", "--spawn-codex", "--codex-bin", "/nonexistent/codex"],
      "--codex-bin /nonexistent/codex: no executable file there"),
-    (["-c", WITHOUT_PACKAGE, "run", "--spawn-codex"], "no codex binary on PATH or from the openai-codex-cli-bin"),
+    (["-m", "tillerman.controller", "run", "--spawn-codex"], "no codex binary on PATH"),
 ])
 def test_without_codex_spawn_codex_says_so_in_one_line(tmp_path: Path, argv: list[str], says: str) -> None:
     proc = subprocess.run([sys.executable, *argv, "--ledger", str(tmp_path / "ledger.sqlite3")],
