@@ -81,6 +81,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], Refusal], ...] = (
     (re.compile(r"queued submission not found: (?P<queued_submission_id>\S+)"), Refusal.REFUSED),
     (re.compile(r"queue is empty"), Refusal.REFUSED),
     (re.compile(r"queue reorder must include every queued submission exactly once"), Refusal.INVALID_INPUT),
+    # thread/goal/set on a thread without a goal (0.171.0): a stop finds nothing to pause
+    (re.compile(r"cannot update goal for thread (?P<thread_id>\S+): no goal exists"), Refusal.REFUSED),
     # serde could not read the request (unknown method or variant, missing field): no handler ran
     (re.compile(r"Invalid request: (?P<detail>.+)", re.DOTALL), Refusal.REFUSED),
 )
