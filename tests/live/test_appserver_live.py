@@ -1,4 +1,4 @@
-"""tillerman's connection beside a harness on the REAL Codex app-server (0.163.0).
+"""tillerman's connection beside a harness on the REAL Codex app-server (0.171.0 by default).
 
 The harness owns each thread; the supervisor (a second connection, as tillerman runs)
 discovers it from broadcasts, subscribes with thread/resume and acts on it. These tests

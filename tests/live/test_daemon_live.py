@@ -1,4 +1,4 @@
-"""The whole daemon, in-process, beside a harness on the REAL Codex app-server (0.163.0).
+"""The whole daemon, in-process, beside a harness on the REAL Codex app-server (0.171.0 by default).
 
 Each test runs ``tillerman.controller.daemon.daemon.Daemon`` (connection + brain + delivery tasks) with its
 own SQLite ledger and a trace of every request it sends, next to a harness connection

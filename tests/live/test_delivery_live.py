@@ -1,4 +1,4 @@
-"""The delivery protocol against the REAL Codex app-server (0.163.0).
+"""The delivery protocol against the REAL Codex app-server (0.171.0 by default).
 
 The harness owns each thread; tillerman is the second connection. What tillerman's
 connection receives is normalized into a SQLite ledger and fed to each delivery

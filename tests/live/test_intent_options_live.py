@@ -1,5 +1,5 @@
 """Where ``verify`` runs, ``--resume-queue`` and ``--ack-token``: the whole daemon on the REAL
-Codex app-server (0.163.0), the intents proposed through ``tillerman intent propose`` on
+Codex app-server (0.171.0 by default), the intents proposed through ``tillerman intent propose`` on
 the daemon's ledger, as a person would from another terminal.
 """
 

@@ -1,5 +1,5 @@
 """``tillerman report`` and ``tillerman timeline`` on the ledger of a daemon that delivered
-a few intents through the REAL Codex app-server (0.163.0): the report's figures equal
+a few intents through the REAL Codex app-server (0.171.0 by default): the report's figures equal
 counts taken here straight from the raw ledger events, and the timeline page opens in
 headless chromium with a turn band and a marker for every intent.
 """

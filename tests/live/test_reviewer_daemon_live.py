@@ -1,4 +1,4 @@
-"""Reviews in the whole daemon, beside a harness on the REAL Codex app-server (0.163.0).
+"""Reviews in the whole daemon, beside a harness on the REAL Codex app-server (0.171.0 by default).
 
 A stall rule with ``review = "script"`` fires on a quiet command; the scripted reviewer (a
 small Python script) sends its steer on to the gate, and when the turn that took it ends,

@@ -1,4 +1,4 @@
-"""The daemon's redacted ``--trace`` against the REAL Codex app-server (0.163.0): every
+"""The daemon's redacted ``--trace`` against the REAL Codex app-server (0.171.0 by default): every
 message type a short session produces (thread start, turns, commands, agent messages
 and their deltas, a steer, its echo, a failed turn, the daemon's own reads and resumes)
 keeps only its structure. Every string left in clear sits under an allow-listed key;

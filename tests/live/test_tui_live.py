@@ -1,4 +1,4 @@
-"""tillerman beside the REAL interactive Codex TUI (0.163.0), driven in tmux, offline.
+"""tillerman beside the REAL interactive Codex TUI (0.171.0 by default), driven in tmux, offline.
 
 A person types into ``codex --remote unix://`` (or plain ``codex`` on Codex's managed
 daemon); tillerman's daemon runs in-process on the same server's default control socket,
