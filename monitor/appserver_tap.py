@@ -5,8 +5,14 @@ Discovery follows what the real server does (reference A1): ``thread/started`` a
 ``thread/status/changed`` are broadcast to every connection, subscribed or not, but
 ``thread/resume`` fails before a thread's first turn (its rollout does not exist
 yet). So a thread is subscribed at its first ``active`` status, and a supervisor
-that starts late lists the loaded threads and subscribes to each. Resume is
-idempotent on the server; the tap still asks once per thread and connection.
+that starts late lists the loaded threads and subscribes to each that runs a turn.
+Resume is idempotent on the server; the tap still asks once per thread and connection.
+
+Observing never starts work: on an idle thread ``thread/resume`` makes the server
+continue the thread's active goal (a turn starts ~15 ms after the reply; every
+release from 0.153.4 to 0.171.0), so an idle thread is only read (``thread/read``,
+``thread/turns/list``: neither wakes anything) and subscribed to at its next
+``active`` status (``resume_wakes_nothing``).
 
 Event ids are natural keys (thread, turn, item, step, status), so the same fact
 seen again after a reconnect, or through a second connection, is stored once.
@@ -23,11 +29,20 @@ import msgspec
 
 from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
 from tillerman.monitor.appserver_events import AppServerEvents, HotNotification, natural_key
+from tillerman.monitor.codex_wire import RUNNING
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.monitor.jsonrpc import BadMessage, Notification, ServerRequest
 from tillerman.monitor.parser import EARLIEST, LATEST, WrongType
 
 _MALFORMED = (WrongType, TypeError, AttributeError, KeyError, ValueError)
+
+
+def resume_wakes_nothing(status: str | None) -> bool:
+    """Whether ``thread/resume`` may go to a loaded thread with this status: only while a
+    turn runs in it. On an idle thread the resume continues an active goal (Codex's
+    ``continue_active_goal_if_idle``), which does nothing while a turn runs; an unknown
+    status is taken for idle."""
+    return status == RUNNING
 
 
 class TapOutput(msgspec.Struct, frozen=True):
@@ -40,6 +55,7 @@ class AppServerTap:
         self.source = f"appserver:{server}"
         self._mapping = AppServerEvents(patterns=patterns, retain_payloads=retain_payloads)
         self._asked: set[str] = set()  # threads a resume was sent for on this connection
+        self._idle: set[str] = set()  # threads read but left unsubscribed until their next `active`
         # thread id -> whether it is the user's work (False: Codex's ephemeral housekeeping,
         # never subscribed to); kept across connections, since a thread never changes kind
         self._users_work: dict[str, bool] = {}
@@ -52,6 +68,7 @@ class AppServerTap:
     def connected(self) -> None:
         """A new connection: its subscriptions start empty."""
         self._asked.clear()
+        self._idle.clear()
         self._position = 0
 
     def receive(self, message: Notification | ServerRequest | BadMessage | HotNotification, now: float) -> TapOutput:
@@ -93,8 +110,9 @@ class AppServerTap:
         return fresh
 
     def following(self) -> frozenset[str]:
-        """The user's threads this connection subscribed to (what this daemon sees)."""
-        return frozenset(t for t in self._asked if self._users_work.get(t) is not False)
+        """The user's threads this connection subscribed to, or waits to subscribe to at their
+        next turn (what this daemon sees)."""
+        return frozenset(t for t in self._asked | self._idle if self._users_work.get(t) is not False)
 
     def users_work(self, thread_id: str) -> bool | None:
         """Whether a thread is the user's work; None when this tap never saw what it is."""
@@ -118,9 +136,11 @@ class AppServerTap:
             return []
         return [self._envelope(e, now, None) for e in events]
 
-    def resume_failed(self, thread_id: str) -> None:
-        """Ask again at the thread's next ``active`` (e.g. before its first turn)."""
+    def subscribe_when_active(self, thread_id: str) -> None:
+        """Ask at the thread's next ``active``: it is idle (a resume now would start its goal's
+        work), or the resume failed (e.g. before its first turn)."""
         self._asked.discard(thread_id)
+        self._idle.add(thread_id)
 
     def _learn(self, events: list[Event]) -> None:
         for event in events:
@@ -133,6 +153,7 @@ class AppServerTap:
         if event.thread_id in self._asked or self._users_work.get(event.thread_id) is False:
             return False
         self._asked.add(event.thread_id)
+        self._idle.discard(event.thread_id)
         return True
 
     def _envelope(self, event: Event, at: float | None, discriminator) -> Envelope:

@@ -35,6 +35,8 @@ Request = tuple[str, dict[str, Any]]
 
 #: A turn's status while it runs (``completed``, ``interrupted``, ``failed`` once ended).
 IN_PROGRESS = "inProgress"
+#: A loaded thread's status while a turn runs in it (else ``idle``, ``systemError``, ``notLoaded``).
+RUNNING = "active"
 
 
 # -- requests --------------------------------------------------------------------------
@@ -84,12 +86,17 @@ def terminate(thread_id: str, process_id: str) -> Request:
 
 def thread_resume(thread_id: str) -> Request:
     """Subscribe to the thread's notifications. Its turns are not sent back (a long thread's
-    history is megabytes); a page of one shows whether a turn runs now."""
+    history is megabytes); a page of one shows whether a turn runs now.
+
+    Never for an idle thread: right after the reply the server continues the thread's
+    active goal, starting a turn (``emit_resume_goal_snapshot_and_continue`` in Codex's
+    app-server; 0.153.4 to 0.171.0 alike, no parameter turns it off). See ``RUNNING``."""
     return "thread/resume", {"threadId": thread_id, "excludeTurns": True, "initialTurnsPage": {"limit": 1}}
 
 
 def thread_read(thread_id: str) -> Request:
-    """What the server knows of a thread (its ``cwd`` among it); subscribes to nothing."""
+    """What the server knows of a thread (its ``cwd`` and loaded status among it); subscribes
+    to nothing and starts nothing."""
     return "thread/read", {"threadId": thread_id}
 
 
@@ -245,6 +252,12 @@ def parse_queue_started(result: object) -> QueueStarted:
 def parse_thread_cwd(result: object) -> str | None:
     """``thread/read`` → ``{"thread": {"cwd", …}}``: the thread's working directory, if named."""
     return _text(_object(_object(result).get("thread")).get("cwd")) or None
+
+
+def parse_thread_status(result: object) -> str | None:
+    """``thread/read`` → ``{"thread": {"status": {"type", …}}}``: ``RUNNING``, ``idle``, …; None
+    when the reply does not say."""
+    return _text(_object(_object(_object(result).get("thread")).get("status")).get("type"))
 
 
 def parse_goal(result: object) -> Goal:

@@ -89,7 +89,7 @@ from tillerman.monitor.appserver_client import (
 )
 from tillerman.monitor.appserver_events import decode_hot
 from tillerman.monitor.appserver_info import describe_failure
-from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor.appserver_tap import AppServerTap, resume_wakes_nothing
 from tillerman.monitor.codex_home import OWN_CLIENT_NAME
 from tillerman.monitor.jsonrpc import RpcError
 from tillerman.monitor.redact import redact_message
@@ -373,7 +373,7 @@ class Daemon:
     def _tap(self, tg, client: AppServerClient, message) -> list[Envelope]:
         out = self.tap.receive(message, self.clock())
         for thread_id in out.resume:
-            tg.start_soon(self._resume, client, thread_id)
+            tg.start_soon(self._resume, client, thread_id, True)  # its `active` status just came
         return list(out.envelopes)
 
     async def _attach(self, tg, client: AppServerClient) -> None:
@@ -402,22 +402,31 @@ class Daemon:
         self.watcher = Watch(self.options.watch, self.tailer, self._inbox_send.send)
         await self.watcher.run()
 
-    async def _resume(self, client, thread_id: str) -> None:
+    async def _resume(self, client, thread_id: str, running: bool = False) -> None:
+        """Subscribe to a thread, unless that would start work: ``running`` when its
+        ``active`` status just came, else its status is read first (an idle thread is left
+        unsubscribed until its next turn: ``resume_wakes_nothing``)."""
         # What a read of a thread that started before we attached says it is goes to the
         # brain with what the resume reveals, in one list: sent alone, the brain judged a
         # thread it knew without the turn running in it, and dispatched a queued message
         # as if to an idle thread (waiting behind no turn, so never settled by a readback).
         envelopes: list[Envelope] = []
-        if self.tap.users_work(thread_id) is None and not self.projection.snapshot(thread_id).known:
-            envelopes = await self._read_thread(client, thread_id)
+        unknown = self.tap.users_work(thread_id) is None and not self.projection.snapshot(thread_id).known
+        if unknown or not running:
+            read = await self._read_thread(client, thread_id)
+            envelopes = self.tap.read(read) if unknown and read is not None else []
+            running = resume_wakes_nothing(wire.parse_thread_status(read))
         if self.tap.users_work(thread_id) is False or not self.projection.snapshot(thread_id).supervised:
             await self._send_envelopes(envelopes)  # Codex's own housekeeping: recorded, never subscribed to
+            return
+        if not running:
+            await self._send_envelopes(envelopes + await self._idle_thread_seen(client, thread_id))
             return
         try:
             result = await client.request(*wire.thread_resume(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot subscribe to thread %s yet (%s)", thread_id, exc)
-            self.tap.resume_failed(thread_id)
+            self.tap.subscribe_when_active(thread_id)
             await self._send_envelopes(envelopes)
             return
         # A turn the ledger already holds (seen live, or before this reconnect or restart)
@@ -435,15 +444,23 @@ class Daemon:
         if envelopes:
             await self._inbox_send.send(envelopes)
 
-    async def _read_thread(self, client, thread_id: str) -> list[Envelope]:
-        """What a thread that started before we attached is (the user's work, or Codex's
-        housekeeping), from ``thread/read``; nothing when it cannot be read."""
+    async def _idle_thread_seen(self, client, thread_id: str) -> list[Envelope]:
+        """An idle thread is subscribed to at its next ``active`` status, not now (a resume
+        would start its goal's work); what its latest turn shows is recorded as a resume's
+        page of one would show it (a turn that ended while this daemon was away)."""
+        self.tap.subscribe_when_active(thread_id)
+        turns = await self._list_turns(client, thread_id, limit=1)
+        return seen(self.projection, thread_id, turns or (), self.tap.source)
+
+    async def _read_thread(self, client, thread_id: str) -> dict | None:
+        """``thread/read``: what a thread is (the user's work, or Codex's housekeeping) and
+        whether a turn runs in it; None when it cannot be read."""
         try:
             result = await client.request(*wire.thread_read(thread_id), timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read thread %s (%s)", thread_id, exc)
-            return []
-        return self.tap.read(result) if isinstance(result, dict) else []
+            return None
+        return result if isinstance(result, dict) else None
 
     # -- the brain --------------------------------------------------------------------
 
@@ -719,11 +736,12 @@ class Daemon:
                 log.error("ledger not writable (%s): turns that ended meanwhile not recorded yet", exc)
         self._catch_up(tg, self.clock())
 
-    async def _list_turns(self, client: AppServerClient, thread_id: str) -> tuple[wire.Turn, ...] | None:
+    async def _list_turns(self, client: AppServerClient, thread_id: str,
+                          limit: int = READBACK_PAGE) -> tuple[wire.Turn, ...] | None:
         """The thread's latest turns (``thread/turns/list``), or None when the server did
         not answer."""
         try:
-            page = await client.request(*wire.turns_list(thread_id, READBACK_PAGE),
+            page = await client.request(*wire.turns_list(thread_id, limit),
                                         timeout=self.options.request_timeout)
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)

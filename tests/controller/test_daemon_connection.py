@@ -81,19 +81,21 @@ def test_a_backlog_longer_than_a_batch_is_cut_at_the_batch(monkeypatch):
 class _LateServer:
     """A server the daemon attaches to after thread T1 started: a turn runs in it.
     ``ephemeral``: T1 is Codex's own housekeeping; ``refuse_resume``: it cannot be
-    subscribed to yet."""
+    subscribed to yet; ``status``: T1's loaded status."""
 
-    def __init__(self, *, ephemeral: bool = False, refuse_resume: bool = False) -> None:
+    def __init__(self, *, ephemeral: bool = False, refuse_resume: bool = False, status: str = "active") -> None:
         self.keep_open, self.incoming = anyio.create_memory_object_stream(math.inf)
         self.initialize_result = {"userAgent": "fake/0.163.0 (x)"}
-        self.ephemeral, self.refuse_resume = ephemeral, refuse_resume
+        self.ephemeral, self.refuse_resume, self.status = ephemeral, refuse_resume, status
+        self.methods: list[str] = []
 
     async def request(self, method, params=None, timeout=10.0):
+        self.methods.append(method)
         if method == "thread/loaded/list":
             return {"data": ["T1"]}
         if method == "thread/read":
             return {"thread": {"id": "T1", "cwd": "/w", "ephemeral": self.ephemeral,
-                               "status": {"type": "active", "activeFlags": []}}}
+                               "status": {"type": self.status, "activeFlags": []}}}
         if method == "thread/resume":
             assert not self.ephemeral, "housekeeping is never subscribed to"
             if self.refuse_resume:
@@ -116,3 +118,25 @@ def test_a_thread_read_late_reaches_the_brain_with_its_running_turn(monkeypatch)
 def test_a_thread_read_late_is_recorded_when_no_resume_follows(monkeypatch, server):
     (first,) = _inbox(monkeypatch, server, bool)
     assert [(type(e.event), e.event.thread_id) for e in first] == [(ThreadStarted, "T1")]
+
+
+def test_an_idle_thread_is_read_not_resumed_until_its_next_turn(monkeypatch):
+    """A resume of an idle thread makes Codex continue its active goal (a turn starts):
+    attaching reads it and lists its latest turn, and subscribes only once it runs."""
+    server = _LateServer(status="idle")
+    methods_when_read: list[str] = []
+
+    def a_person_starts_a_turn_then_it_is_subscribed(got: list[list]) -> bool:
+        if len(got) == 1 and not methods_when_read:
+            methods_when_read.extend(server.methods)
+            server.status = "active"  # the broadcast status, which every connection gets
+            params = {"threadId": "T1", "status": {"type": "active", "activeFlags": []}}
+            server.keep_open.send_nowait(Notification(method="thread/status/changed", params=params, raw={
+                "method": "thread/status/changed", "params": params, "emittedAtMs": 1000}))
+        return any(TurnStarted in {type(e.event) for e in envelopes} for envelopes in got)
+
+    first, *_ = _inbox(monkeypatch, server, a_person_starts_a_turn_then_it_is_subscribed)
+    assert {(type(e.event), e.event.thread_id) for e in first} == {(ThreadStarted, "T1")}  # no turn runs
+    assert "thread/resume" not in methods_when_read
+    assert methods_when_read[-2:] == ["thread/read", "thread/turns/list"]
+    assert server.methods.count("thread/resume") == 1

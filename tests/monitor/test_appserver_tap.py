@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import Projection
-from tillerman.monitor.appserver_tap import AppServerTap
+from tillerman.monitor.appserver_tap import AppServerTap, resume_wakes_nothing
 from tillerman.monitor.jsonrpc import Notification
 from tillerman.rules.detect import detect, next_due
 from tillerman.rules.files import default_ruleset
@@ -63,3 +63,21 @@ def test_no_rule_looks_at_a_housekeeping_thread():
     user = _fold([*AppServerTap("unix:///s").receive(_note("turn/started", {"threadId": "t-title",
                                                                              "turn": {"id": "u1"}}), 1.0).envelopes])
     assert next_due(user.snapshot("t-title"), 2.0, ruleset) is not None
+
+
+def test_only_a_thread_running_a_turn_may_be_resumed():
+    """On an idle thread a resume starts the thread's active goal's next turn."""
+    assert resume_wakes_nothing("active")
+    assert not any(resume_wakes_nothing(status) for status in ("idle", "systemError", "notLoaded", None))
+
+
+def test_an_idle_thread_left_unsubscribed_is_followed_and_resumed_at_its_next_active():
+    tap = AppServerTap("unix:///s")
+    tap.read({"thread": USER})
+    assert tap.loaded(["t-user"]) == ["t-user"]
+    tap.subscribe_when_active("t-user")  # idle when the daemon attached
+    assert tap.following() == {"t-user"}  # still this daemon's thread (leases)
+    assert tap.receive(_active("t-user"), 1.0).resume == ["t-user"]
+    assert tap.receive(_active("t-user"), 1.1).resume == []  # asked once per connection
+    tap.connected()
+    assert tap.following() == frozenset()

@@ -136,6 +136,14 @@ def test_a_malformed_field_reads_as_absent(parse, reply, expected):
     assert parse(reply) == expected
 
 
+def test_a_threads_loaded_status_is_its_type():
+    assert wire.parse_thread_status({"thread": {"id": "t", "status": {"type": "active", "activeFlags": []}}}) \
+        == wire.RUNNING
+    assert wire.parse_thread_status({"thread": {"status": {"type": "idle"}}}) == "idle"
+    for reply in (None, {"thread": None}, {"thread": {"status": "active"}}, {"thread": {"status": {"type": 1}}}):
+        assert wire.parse_thread_status(reply) is None
+
+
 def test_a_thread_with_no_usable_working_directory_names_none():
     for reply in (None, {"thread": None}, {"thread": {"cwd": ""}}, {"thread": {"cwd": ["/ws"]}}):
         assert wire.parse_thread_cwd(reply) is None
@@ -164,6 +172,7 @@ def test_every_parser_reads_any_json_without_raising(reply):
         assert isinstance(parsed, kind)
         _assert_typed(parsed)
     assert wire.parse_thread_cwd(reply) is None or isinstance(wire.parse_thread_cwd(reply), str)
+    assert wire.parse_thread_status(reply) is None or isinstance(wire.parse_thread_status(reply), str)
 
 
 def _assert_typed(value) -> None:
