@@ -46,7 +46,10 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
     # the transport accepted it: steer {"turnId"}, queue a submission id, interrupt {}
     (S.DISPATCH_UNKNOWN, S.QUEUED): frozenset({"accepted"}),
     # the echo arrived before the reply, or a readback after a crash found it
-    (S.DISPATCH_UNKNOWN, S.ACKNOWLEDGED): frozenset({"echo", "readback_found", "ack_token", "turn_interrupted"}),
+    # stop_applied: a stop's steps are carried out (goal paused, our queued messages
+    # withdrawn, the running turn interrupted, the thread's commands terminated)
+    (S.DISPATCH_UNKNOWN, S.ACKNOWLEDGED): frozenset(
+        {"echo", "readback_found", "ack_token", "turn_interrupted", "stop_applied"}),
     # a definite refusal; a failed steer has no side effects
     (S.DISPATCH_UNKNOWN, S.REJECTED): frozenset(
         {"stale_turn", "no_active_turn", "thread_not_found", "invalid_input", "queue_busy", "refused"}
@@ -58,9 +61,12 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
     (S.QUEUED, S.ACKNOWLEDGED): frozenset({"echo", "ack_token", "turn_interrupted", "queue_turn_started"}),
     (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed", "ack_token_missing"}),
     (S.ACKNOWLEDGED, S.ACTION_STARTED): frozenset({"expect_matched"}),
-    (S.ACKNOWLEDGED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
+    # stop_verified: a stop's readback (thread/turns/list, thread/goal/get) shows no turn
+    # running and no active goal
+    (S.ACKNOWLEDGED, S.EFFECT_VERIFIED): frozenset({"verify_passed", "stop_verified"}),
     # cwd_unknown: the thread's working directory is unknown, so the readback cannot run there
-    (S.ACKNOWLEDGED, S.EFFECT_FAILED): frozenset({"verify_failed", "cwd_unknown"}),
+    # still_working: a stop's readbacks kept finding a turn running or the goal active
+    (S.ACKNOWLEDGED, S.EFFECT_FAILED): frozenset({"verify_failed", "cwd_unknown", "still_working"}),
     (S.ACKNOWLEDGED, S.EXPIRED): frozenset({"effect_deadline_passed"}),
     (S.ACTION_STARTED, S.EFFECT_VERIFIED): frozenset({"verify_passed"}),
     (S.ACTION_STARTED, S.EFFECT_FAILED): frozenset({"verify_failed", "cwd_unknown"}),

@@ -13,8 +13,11 @@ from typing import Literal
 
 import msgspec
 
-Mode = Literal["steer", "queue", "interrupt"]
-MODES: tuple[Mode, ...] = ("steer", "queue", "interrupt")
+# "stop": the thread does no more work until a person resumes it (its goal paused, our
+# queued messages withdrawn, its running turn interrupted, verified by readback); it
+# targets the thread, never a turn (``tillerman.controller.core.stop``).
+Mode = Literal["steer", "queue", "interrupt", "stop"]
+MODES: tuple[Mode, ...] = ("steer", "queue", "interrupt", "stop")
 UNLABELED = "unlabeled"  # the task class of an intent that names none
 PRE_TOOL_USE = "pre_tool_use"  # ``deliver_at``: before the agent's next tool call runs
 DELIVERY_POINTS = (PRE_TOOL_USE,)
@@ -29,7 +32,7 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     ack_deadline: float
     expires_at: float
-    expected_turn_id: str | None = None  # required for steer and interrupt
+    expected_turn_id: str | None = None  # required for steer and interrupt; a stop has none
     effect_deadline: float | None = None  # set when a check (expect/verify) is set
     owner: str | None = None
     producer: str = "owner:unknown"  # "owner:NAME" | "rule:ID" | "reviewer:NAME"
@@ -45,7 +48,7 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     # "intent propose" for the transports that honour it). UNSET (falsy) is left out of
     # the encoding, so intents without it keep their bytes and digests.
     cancel_queued: bool | msgspec.UnsetType = msgspec.UNSET
-    force: bool = False  # interrupt despite a critical tool (needs interrupt_critical)
+    force: bool = False  # interrupt (or stop) despite a critical tool (needs interrupt_critical)
     replayed: bool = False  # simulated by replay: never dispatchable
     # A label the account groups by (``tillerman report --by task_class``). UNSET is left
     # out of the encoding, so an intent without one records the bytes it always did.
@@ -100,7 +103,9 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def has_check(self) -> bool:
-        return self.expect is not None or self.verify is not None
+        """Whether acknowledged is followed by a check of the effect: an ``expect`` or a
+        ``verify`` — and always for a stop, whose effect is read back from the server."""
+        return self.expect is not None or self.verify is not None or self.mode == "stop"
 
 
 def text_digest(text: str) -> str:

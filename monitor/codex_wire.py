@@ -105,6 +105,17 @@ def goal_get(thread_id: str) -> Request:
     return "thread/goal/get", {"threadId": thread_id}
 
 
+def goal_pause(thread_id: str, origin: str) -> Request:
+    """Pause the thread's goal: Codex starts no continuation turn after the running one.
+    Pausing a paused goal changes nothing; a thread with no goal refuses ("no goal exists")."""
+    return "thread/goal/set", {"threadId": thread_id, "status": "paused", "origin": origin}
+
+
+def queue_delete(thread_id: str, queued_submission_id: str) -> Request:
+    """Withdraw one queued message; ``{"deleted": false}`` when it is no longer queued."""
+    return "thread/queue/delete", {"threadId": thread_id, "queuedSubmissionId": queued_submission_id}
+
+
 def text_input(text: str) -> list[dict[str, str]]:
     """A user input of one text part, as steer, queue add and turn start take it."""
     return [{"type": "text", "text": text}]
@@ -204,8 +215,14 @@ class Goal(msgspec.Struct, frozen=True):
     origin: str | None = None
 
 
+class QueueDeleted(msgspec.Struct, frozen=True):
+    """``thread/queue/delete`` → ``{"deleted": bool}``: false when the entry was gone already."""
+
+    deleted: bool | None = None
+
+
 Reply = (SteerAccepted | InterruptAccepted | QueuedSubmission | QueuePage | TurnPage | TerminalList | Terminated
-         | QueueStarted)
+         | QueueStarted | Goal | QueueDeleted)
 #: The replies that list what the server holds: absence may be concluded only from a
 #: readable one.
 Listing = QueuePage | TurnPage | TerminalList
@@ -258,6 +275,11 @@ def parse_thread_status(result: object) -> str | None:
     """``thread/read`` → ``{"thread": {"status": {"type", …}}}``: ``RUNNING``, ``idle``, …; None
     when the reply does not say."""
     return _text(_object(_object(_object(result).get("thread")).get("status")).get("type"))
+
+
+def parse_queue_deleted(result: object) -> QueueDeleted:
+    deleted = _object(result).get("deleted")
+    return QueueDeleted(deleted if isinstance(deleted, bool) else None)
 
 
 def parse_goal(result: object) -> Goal:

@@ -20,13 +20,14 @@ class Action(StrEnum):
     STEER = "steer"
     QUEUE = "queue"
     INTERRUPT = "interrupt"
+    STOP = "stop"
     VERIFY_EFFECT = "verify_effect"
     EXPIRE = "expire"
     ESCALATE = "escalate"
 
 
 #: Actions that send something to the agent (need a grant; never for replayed intents).
-DISPATCH_ACTIONS = frozenset({Action.STEER, Action.QUEUE, Action.INTERRUPT})
+DISPATCH_ACTIONS = frozenset({Action.STEER, Action.QUEUE, Action.INTERRUPT, Action.STOP})
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):

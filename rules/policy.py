@@ -15,7 +15,8 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                       now >= ack_deadline                              report_overdue    ack_deadline_passed
                       otherwise                                        observe           awaiting_ack
     acknowledged,     now >= effect_deadline                           expire            effect_deadline_passed
-    action_started    acknowledged and an ``expect`` is set            observe           awaiting_action_start
+    action_started    a stop (its readback is due, or under way)       reconcile         stop_unverified
+                      acknowledged and an ``expect`` is set            observe           awaiting_action_start
                       a ``verify`` is set                              verify_effect     effect_unverified
                       otherwise (action started, nothing to verify)    observe           awaiting_effect_deadline
     proposed          now >= expires_at                                expire            expires_at_passed
@@ -27,9 +28,10 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                         than a steer that follows the active turn)
                       approval pending                                 observe_critical  approval_pending
                       external effect unknown                          observe_critical  external_effect_unknown
-                      critical tool, forced interrupt without grant    observe_critical  critical_tool_force_not_granted
+                      critical tool, forced interrupt or stop without  observe_critical  critical_tool_force_not_granted
+                        interrupt_critical
                       critical tool (other than a granted forced       observe_critical  critical_tool
-                        interrupt)
+                        interrupt or stop)
                       steer that follows the active turn:
                         no active turn                                 reconcile_turn    awaiting_next_turn
                         the active turn started before the proposal    reconcile_turn    active_turn_predates_proposal
@@ -43,16 +45,19 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                       producer rule's version is not the active one    escalate          rule_version_changed
                       no grant for producer, mode, thread              escalate          no_grant
                       replayed intent                                  observe           replayed_would_<mode>
-                      forced interrupt through a critical tool         interrupt         forced_during_critical_tool
+                      forced interrupt (stop) through a critical tool  interrupt (stop)  forced_during_critical_tool
                       otherwise                                        <mode>            authorized
 
 Safety choices:
 - Pending approvals and unknown external effects hold every mode, forced or not:
   an interrupt during an approval races the human's answer, and an interrupt never
   undoes an effect that already crossed its boundary, it only multiplies the
-  uncertainty. A critical tool holds everything except an interrupt with
-  ``force=True`` whose producer holds ``interrupt_critical`` for the thread (as
-  well as ``interrupt``).
+  uncertainty. A critical tool holds everything except an interrupt (or a stop)
+  with ``force=True`` whose producer holds ``interrupt_critical`` for the thread (as
+  well as ``interrupt``, or ``stop``).
+- A stop targets the thread, not a turn: it needs no expected turn and no active
+  one (an idle goal thread is stopped by pausing its goal). It holds for the same
+  hazards as an interrupt: it ends the running turn.
 - Queue mode needs no active turn (the message waits for the turn to end), but the
   hazards hold it too: the conservative reading of the seed, at the cost of a delay.
 - Authority is the producer's (who asked), not the owner's (who answers for it): a
@@ -79,6 +84,8 @@ from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 #: "unclosed" counts: the next turn started (or the source ended) first.
 
 RULE_PREFIX = "rule:"
+#: The modes that end a turn, and so may be forced through a critical tool.
+FORCEABLE_MODES = ("interrupt", "stop")
 
 
 def decide(intent: Intent, state: State, snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> Decision:
@@ -128,6 +135,10 @@ def _expected_turn_ended(intent: Intent, snapshot: ThreadSnapshot) -> bool:
 def _effect_step(intent: Intent, state: State, now: float) -> tuple[Action, str]:
     if intent.effect_deadline is not None and now >= intent.effect_deadline:
         return Action.EXPIRE, "effect_deadline_passed"
+    if intent.mode == "stop":
+        # Its machine reads the thread back (and steps in again while work is found); a
+        # restart finds the readback through this reconcile.
+        return Action.RECONCILE, "stop_unverified"
     if state is State.ACKNOWLEDGED and intent.expect is not None:
         return Action.OBSERVE, "awaiting_action_start"
     if intent.verify is not None:
@@ -142,7 +153,7 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         return Action.RECONCILE_TURN, "snapshot_thread_mismatch"
     if not snapshot.known:
         return Action.RECONCILE_TURN, "thread_unknown"
-    targets_turn = intent.mode != "queue"
+    targets_turn = intent.mode in ("steer", "interrupt")
     named_turn = targets_turn and not intent.follows_active_turn  # a following steer waits for the next turn
     if named_turn and intent.expected_turn_id is None:
         return Action.ESCALATE, "missing_expected_turn"
@@ -163,8 +174,8 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         return Action.ESCALATE, refusal
     if intent.replayed:
         return Action.OBSERVE, f"replayed_would_{intent.mode}"
-    if snapshot.critical_tool:  # only a granted forced interrupt gets this far
-        return Action.INTERRUPT, "forced_during_critical_tool"
+    if snapshot.critical_tool:  # only a granted forced interrupt (or stop) gets this far
+        return Action(intent.mode), "forced_during_critical_tool"
     return Action(intent.mode), "authorized"
 
 
@@ -172,7 +183,7 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
 #: the turn's end (the Stop hook's block), a steer before the next tool call
 #: (PreToolUse's deny). No hook reaches a running model call, and none can end a turn.
 STEER_AT_PRE_TOOL_USE = f"steer@{PRE_TOOL_USE}"
-_TRANSPORT_TAKES = ("steer", "queue", "interrupt")  # an app-server connection, ``tillerman claude``
+_TRANSPORT_TAKES = ("steer", "queue", "interrupt", "stop")  # an app-server connection, ``tillerman claude``
 _HOOKS_TAKE = ("queue", STEER_AT_PRE_TOOL_USE)
 
 
@@ -198,7 +209,7 @@ def hazard(intent: Intent, snapshot: ThreadSnapshot, ruleset: RuleSet) -> str | 
     the hazards: the adapter's boundary (``tillerman.controller.core.boundary``) judges an
     interrupt by it again just before the send."""
     found = send_hazard(snapshot)
-    if found != "critical_tool" or not (intent.mode == "interrupt" and intent.force):
+    if found != "critical_tool" or not (intent.mode in FORCEABLE_MODES and intent.force):
         return found
     if not ruleset.allows(intent.producer, INTERRUPT_CRITICAL, intent.thread_id):
         return "critical_tool_force_not_granted"

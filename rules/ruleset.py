@@ -25,9 +25,10 @@ RuleStatus = Literal["proposed", "shadow", "active", "retired"]
 RULE_STATUSES: tuple[str, ...] = get_args(RuleStatus)
 
 #: What a grant may allow: the dispatch actions, plus ``interrupt_critical``, which
-#: lets a forced interrupt through while a critical tool runs (it is checked in
-#: addition to ``interrupt``, never instead of it).
-GrantableAction = Literal["steer", "queue", "interrupt", "interrupt_critical"]
+#: lets a forced interrupt (or stop) through while a critical tool runs (it is checked
+#: in addition to ``interrupt`` or ``stop``, never instead of it). ``stop`` is its own
+#: grant: ``interrupt`` ends one turn, a stop also pauses the thread's goal.
+GrantableAction = Literal["steer", "queue", "interrupt", "interrupt_critical", "stop"]
 GRANTABLE_ACTIONS: tuple[str, ...] = get_args(GrantableAction)
 INTERRUPT_CRITICAL = "interrupt_critical"
 

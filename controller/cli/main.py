@@ -44,6 +44,7 @@ from tillerman.controller.cli.shared import (
 )
 from tillerman.controller.core.timefmt import iso, parse_time, shorten
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import MODES
 from tillerman.ledger.location import shown
 from tillerman.rules.durations import format_duration, parse_duration
 from tillerman.rules.owner import local_login
@@ -116,9 +117,12 @@ def intent() -> None:
 
 @intent.command("propose")
 @click.option("--thread", required=True, help="Thread (session) id to deliver into.")
-@click.option("--expected-turn", help="Turn id the intervention is for, or 'active' (required for steer/interrupt).")
-@click.option("--mode", type=click.Choice(["steer", "queue", "interrupt"]), required=True)
-@click.option("--text", required=True, help="What the agent should do, stated precisely.")
+@click.option("--expected-turn", help="Turn id the intervention is for, or 'active' (required for steer/interrupt;"
+                                     " a stop takes none).")
+@click.option("--mode", type=click.Choice(MODES), required=True,
+              help="steer, queue, interrupt (ends one turn), or stop: the thread does no more work until a person"
+                   " resumes it (its goal paused, our queued messages withdrawn, its turn interrupted).")
+@click.option("--text", required=True, help="What the agent should do, stated precisely (a stop: why).")
 @click.option("--ack-deadline", callback=_duration, default="2m", show_default=True)
 @click.option("--effect-deadline", callback=_duration, help="Deadline for the effect check (default 10m with --expect/--verify).")
 @click.option("--expires", callback=_duration, default="30m", show_default=True)
@@ -128,7 +132,8 @@ def intent() -> None:
 @click.option("--supersedes", help="Intent id this one replaces.")
 @click.option("--ack-token", help="steer/queue: acknowledged only when an agent message after ours says this text.")
 @click.option("--force", is_flag=True,
-              help="interrupt: even while a critical tool runs (the producer needs the interrupt_critical grant).")
+              help="interrupt, stop: even while a critical tool runs (the producer needs the interrupt_critical"
+                   " grant).")
 @click.option("--resume-queue", is_flag=True,
               help="interrupt: resume the server's queue, which the interrupt pauses, once the turn has ended.")
 @click.option("--owner", default=local_login,
@@ -151,6 +156,9 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
 
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
     --text "Stop the recursive grep; read src/api/ and src/db/ instead."
+
+    Example: tillerman intent propose --thread T1 --mode stop
+    --text "Wrong branch: stop until I look."
     """
     from tillerman.controller.core import intent_requests as intent_lib
 
@@ -163,6 +171,8 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
             deliver_at=deliver_at, cancel_queued=cancel_queued,
         )
         view = intent_lib.intent_view(ledger, new.id)
+        if mode == "interrupt":
+            _warn_goal_goes_on(ledger, new)
     _print_intent(view, as_json, history=False)
     report_anchor(ledger)
 
@@ -204,6 +214,21 @@ def intent_show(intent_id, as_json, ledger_path):
     _print_intent(view, as_json, history=True)
 
 
+def _warn_goal_goes_on(ledger, new) -> None:
+    """An interrupt on a thread whose Codex goal is active ends one turn, and Codex starts
+    the next; resuming the queue afterwards resumes the goal too. Said at the proposal."""
+    from tillerman.ledger import projections
+
+    if not projections.load(ledger).snapshot(new.thread_id).goal_active:
+        return
+    if new.resume_queue:
+        click.echo(f"warning: thread {new.thread_id} has an active goal: --resume-queue resumes the goal's"
+                   " turns too (the agent works on)", err=True)
+    else:
+        click.echo(f"warning: thread {new.thread_id} has an active goal: the interrupt ends one turn and the"
+                   " goal's next turn follows; --mode stop pauses the goal as well", err=True)
+
+
 def _print_intent(view, as_json: bool, history: bool) -> None:
     from tillerman.controller.core.render import intent_json
 
@@ -218,6 +243,8 @@ def _print_intent(view, as_json: bool, history: bool) -> None:
     for item in data.get("history", []):
         extra = " ".join(f"{k}={v}" for k, v in item["evidence"].items())
         print_line(f"  {item['at']}  {item['kind']:<10} {item['state']:<16} {item['reason']} {extra}".rstrip())
+    if any(item["evidence"].get("goal_active") is True for item in data.get("history", [])):
+        print_line("         warning: the thread's goal stayed active: the agent works on (--mode stop pauses it)")
 
 
 @main.command("intents")

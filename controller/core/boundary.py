@@ -22,7 +22,10 @@ whose ``reason`` becomes the ``boundary`` of the recorded ``refused`` fact):
   the interrupted turn and a resume only to an intent that asked for it
   (``command_mismatch``), and either only once the ledger shows that turn interrupted
   (``no_dispatch_record``);
-* an interrupt meets none of the policy's hazards (``tillerman.rules.policy.hazard``,
+* a stop's command is one of a stop's (``tillerman.controller.core.stop``); its writes
+  (goal pause, queue delete, interrupt, terminate) go only while the ledger shows the
+  stop under way, under the ``attempt`` of its dispatch record (``no_dispatch_record``);
+* an interrupt (a stop's too) meets none of the policy's hazards (``tillerman.rules.policy.hazard``,
   the one definition both use): no approval pending, no external effect unknown, no
   critical tool running unless the intent is ``force``d AND its producer holds
   ``interrupt_critical`` (``interrupt_hazard``). That forced interrupt is cleared with
@@ -38,7 +41,13 @@ from tillerman.controller.core.delivery import (
     DISPATCH_COMMANDS,
     Command,
     Interrupt,
+    ListTerminals,
+    PauseGoal,
     QueueAdd,
+    QueueDelete,
+    QueueList,
+    ReadGoal,
+    ReadTurns,
     Refused,
     ResumeQueue,
     RunVerify,
@@ -48,6 +57,7 @@ from tillerman.controller.core.delivery import (
 )
 from tillerman.controller.core.intent_requests import evidence_envelope
 from tillerman.controller.core.rpc_errors import Refusal
+from tillerman.controller.core.stop import stop_attempt
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import IntentView
@@ -140,6 +150,8 @@ def _refusal(command: Command, view: IntentView, snapshot: ThreadSnapshot, rules
         return Unauthorized(f"no grant lets {intent.producer} {intent.mode} on thread {intent.thread_id}")
     if isinstance(command, RunVerify) and command.command != intent.verify:
         return CommandMismatch(f"intent {intent.id} names another readback command")
+    if intent.mode == "stop":
+        return _stop_refusal(view, command, snapshot, ruleset)
     if isinstance(command, DISPATCH_COMMANDS):
         return _dispatch_refusal(view, command) or (
             _hazard_refusal(view, snapshot, ruleset) if isinstance(command, Interrupt) else None)
@@ -179,6 +191,29 @@ def _after_interrupt_refusal(view: IntentView, command: Terminate | ResumeQueue)
                for h in view.history):
         return NoDispatchRecord(f"the ledger does not show turn {intent.expected_turn_id} interrupted")
     return None
+
+
+#: What a stop sends: its reads, and the writes that go out under its dispatch record.
+_STOP_READS = (ReadGoal, ReadTurns, QueueList, ListTerminals)
+_STOP_WRITES = (PauseGoal, QueueDelete, Interrupt, Terminate)
+
+
+def _stop_refusal(view: IntentView, command: Command, snapshot: ThreadSnapshot,
+                  ruleset: RuleSet) -> BoundaryRefusal | None:
+    """A stop's command: one of its own kinds; a write only while the ledger shows the stop
+    under way (dispatch_unknown, or acknowledged and verifying) under the attempt the
+    command carries; its interrupt meets no hazard (as an interrupt's)."""
+    intent = view.intent
+    if not isinstance(command, _STOP_READS + _STOP_WRITES):
+        return CommandMismatch(f"a {type(command).__name__} for a stop intent")
+    if isinstance(command, _STOP_READS):
+        return None
+    if view.state not in (State.DISPATCH_UNKNOWN, State.ACKNOWLEDGED):
+        return NoDispatchRecord(f"stop {intent.id} is {view.state} in the ledger, not under way")
+    attempt = getattr(command, "attempt", None)
+    if attempt is not None and attempt != stop_attempt(view):
+        return NoDispatchRecord(f"the ledger's dispatch record of {intent.id} is not attempt {attempt}")
+    return _hazard_refusal(view, snapshot, ruleset) if isinstance(command, Interrupt) else None
 
 
 def _hazard_refusal(view: IntentView, snapshot: ThreadSnapshot, ruleset: RuleSet) -> InterruptHazard | None:

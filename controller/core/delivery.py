@@ -145,13 +145,44 @@ class Interrupt(Command):
     attempt: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class PauseGoal(Command):
+    """A stop's first change: pause the thread's goal (``tillerman.controller.core.stop``)."""
+
+    origin: str  # "user" for a person's stop, "automatic" for a rule's
+    attempt: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueDelete(Command):
+    """A stop withdraws one of tillerman's own queued messages."""
+
+    submission_id: str
+    withdrawn_intent_id: str  # the queue intent the message belongs to
+    attempt: str
+
+
 #: The commands that deliver something; the adapter sends them only under their record.
-DISPATCH_COMMANDS = (Steer, QueueAdd, Interrupt)
+DISPATCH_COMMANDS = (Steer, QueueAdd, Interrupt, PauseGoal, QueueDelete)
 
 
 @dataclass(frozen=True, kw_only=True)
 class QueueList(Command):
     pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadGoal(Command):
+    """``thread/goal/get``: a stop reads the goal before it pauses it, and after, to verify."""
+
+    verifying: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadTurns(Command):
+    """A stop's look at the thread's newest turns: is one running?"""
+
+    verifying: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +245,7 @@ class Reconcile:
     turn_items: frozenset[str] = frozenset()
     echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
     behind_turn_state: str | None = None  # queue: the state of the turn the add waits behind
+    goal_active: bool = False  # the thread's goal is active (as ``Observed.goal_active``)
     # A steer that follows the active turn, waiting after a refusal: the turn running now,
     # when it started, what holds a send now (``tillerman.rules.policy.send_hazard``), and a
     # fresh token for the send's record (None: this fact may not send).
@@ -257,6 +289,10 @@ class NoAnswer:
 class Observed:
     event: Event
     now: float
+    # The thread's goal is active (the projection's): an interrupt's evidence says the
+    # work goes on, a resumed queue's that the goal resumes with it. False leaves both as
+    # they were on threads without a goal.
+    goal_active: bool = False
 
 
 @dataclass(frozen=True)
@@ -307,6 +343,7 @@ class Delivery:
     def __init__(self, intent: Intent, state: State = S.PROPOSED, *, turn_items: frozenset[str] = frozenset()):
         self.intent = intent
         self.state = state
+        self._goal_active = False  # the thread's goal, as the last fact said
         self._turn_items: set[str] = set(turn_items)  # items started in the expected turn
         self._awaiting_add = False  # queue mode: this machine listed the queue and may add once
         self._attempt: str | None = None  # the dispatch record this machine wrote
@@ -385,6 +422,7 @@ class Delivery:
             case NoAnswer():
                 return self._no_answer(fact)
             case Observed():
+                self._goal_active = fact.goal_active
                 return self._observed(fact.event, fact.now)
             case VerifyDue():
                 return self._out(commands=self._verify_command())
@@ -518,6 +556,8 @@ class Delivery:
         if not entries:
             return Output()
         detail = {"entries": len(entries), "resume": self.intent.resume_queue}
+        if self._goal_active and self.intent.resume_queue:
+            detail["resumes_goal"] = True  # the queue's turn ends, and the active goal's turns follow
         envelopes = [self._report("queue_paused", detail, now),
                      *self._evidence("queue_paused", detail, "queue_paused", now)]
         commands = (ResumeQueue(**self._ids()),) if self.intent.resume_queue else ()
@@ -691,6 +731,9 @@ class Delivery:
         evidence = {"turn_id": self.expected_turn, "turn_status": status}
         if self.intent.mode == "interrupt":
             if status == "interrupted":
+                # One turn ended; on a goal thread Codex starts the next unless the goal is
+                # paused (a stop does that): the evidence says the work goes on.
+                evidence |= {"goal_active": True} if self._goal_active else {}
                 out = self._out(self._acknowledge("turn_interrupted", evidence, now))
                 return Output(out.envelopes, (ListTerminals(**self._ids()), QueueList(**self._ids())))
             # It ended on its own: our interrupt did not end it.
@@ -718,6 +761,7 @@ class Delivery:
 
     def _reconcile(self, fact: Reconcile) -> Output:
         self._turn_items |= fact.turn_items
+        self._goal_active = fact.goal_active
         if self._behind_turn is not None and fact.behind_turn_state in ENDED_TURN_STATES:
             self._behind_ended = True
         if self.state not in _UNSETTLED:

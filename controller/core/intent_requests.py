@@ -80,6 +80,7 @@ def build_intent(
     except ValueError as exc:
         raise IntentError(str(exc)) from None
     _check_mode_options(mode, ack_token=ack_token, force=force, resume_queue=resume_queue)
+    _check_stop_options(mode, expected_turn=expected_turn, expect=expect, verify=verify)
     _check_transport_options(mode, deliver_at=deliver_at, cancel_queued=cancel_queued, resume_queue=resume_queue)
     if mode in ("steer", "interrupt") and not expected_turn:
         raise IntentError(f"a {mode} needs --expected-turn (a turn id, or 'active')")
@@ -98,7 +99,7 @@ def build_intent(
             )
     if supersedes is not None and supersedes not in projection.intents:
         raise IntentError(f"--supersedes names no known intent: {supersedes}")
-    has_check = expect is not None or verify is not None
+    has_check = expect is not None or verify is not None or mode == "stop"  # as Intent.has_check
     if effect_deadline is None and has_check:
         effect_deadline = DEFAULT_EFFECT_DEADLINE
     producer = producer or f"owner:{owner or 'unknown'}"
@@ -138,16 +139,29 @@ def _check_mode_options(mode: str, *, ack_token: str | None, force: bool, resume
     """The options that belong to one mode only: an interrupt ends a turn (it may be
     forced through a critical tool, and it pauses the server's queue); a steer or a
     queued message is what an agent can acknowledge with a token."""
-    if force and mode != "interrupt":
-        raise IntentError(f"--force applies to --mode interrupt only (a {mode} never ends a critical tool)")
+    if force and mode not in ("interrupt", "stop"):
+        raise IntentError(f"--force applies to --mode interrupt or stop only (a {mode} never ends a critical tool)")
     if resume_queue and mode != "interrupt":
         raise IntentError(f"--resume-queue applies to --mode interrupt only (a {mode} does not pause the queue)")
     if ack_token is None:
         return
-    if mode == "interrupt":
-        raise IntentError("--ack-token applies to --mode steer or queue (an interrupt sends no message to answer)")
+    if mode in ("interrupt", "stop"):
+        raise IntentError(f"--ack-token applies to --mode steer or queue (a {mode} sends no message to answer)")
     if not ack_token.strip() or "\n" in ack_token:
         raise IntentError("--ack-token must be one line of text the agent will say, e.g. ACK-42")
+
+
+def _check_stop_options(mode: str, *, expected_turn: str | None, expect: str | None, verify: str | None) -> None:
+    """A stop targets the thread, whichever turn runs when it is carried out, and checks
+    its own effect (no turn running, the goal not active) by reading the server back."""
+    if mode != "stop":
+        return
+    if expected_turn is not None:
+        raise IntentError("--expected-turn does not apply to --mode stop (a stop targets the thread: whatever"
+                          " turn runs when it is carried out is interrupted)")
+    if expect is not None or verify is not None:
+        raise IntentError("--expect and --verify do not apply to --mode stop (its effect is read back from the"
+                          " server: no turn running, the goal not active)")
 
 
 def _check_transport_options(mode: str, *, deliver_at: str | None, cancel_queued: bool,

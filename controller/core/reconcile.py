@@ -62,7 +62,8 @@ def reconcile_fact(projection: Projection, view: IntentView, now: float, attempt
     fact = Reconcile(now, snapshot.turn_state(target_turn(view)), as_intent_names(snapshot, intent, echo),
                      turn_items(projection, view),
                      echo_turn_state=snapshot.turn_state(echo),
-                     behind_turn_state=snapshot.turn_state(behind_turn(view)))
+                     behind_turn_state=snapshot.turn_state(behind_turn(view)),
+                     goal_active=snapshot.goal_active)
     if not intent.follows_active_turn:
         return fact
     return replace(fact, active_turn=snapshot.active_turn_id, active_turn_started_at=snapshot.active_turn_started_at,
@@ -91,7 +92,8 @@ def as_intent_names(snapshot: ThreadSnapshot, intent: Intent, turn_id: str | Non
 def observed(snapshot: ThreadSnapshot, intent: Intent, event: Event, now: float) -> Observed:
     """An observation for one intent's delivery machine, its turn named as the intent names it."""
     turn_id = as_intent_names(snapshot, intent, event.turn_id)
-    return Observed(event if turn_id == event.turn_id else msgspec.structs.replace(event, turn_id=turn_id), now)
+    return Observed(event if turn_id == event.turn_id else msgspec.structs.replace(event, turn_id=turn_id), now,
+                    goal_active=snapshot.goal_active)
 
 
 def verify_due(projection: Projection, view: IntentView) -> bool:

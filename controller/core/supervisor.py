@@ -151,7 +151,7 @@ class Step:
         labels = {"task_class": rule.task_class} if rule is not None and isinstance(rule.task_class, str) else {}
         return build_intent(
             projection, thread_id=finding.thread_id, mode=action.value, text=finding.text or finding.finding,
-            now=now, expected_turn=finding.turn_id,
+            now=now, expected_turn=None if action is Action.STOP else finding.turn_id,  # a stop targets the thread
             ack_deadline=finding.ack_deadline if finding.ack_deadline is not None else 120.0,
             producer=f"rule:{finding.rule_id}", owner=None, intent_id=intent_id, verify=finding.verify,
             rule_id=finding.rule_id, rule_version=finding.rule_version,

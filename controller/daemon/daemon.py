@@ -51,6 +51,7 @@ from tillerman.controller.core.reconcile import (
     under_way,
     verify_due,
 )
+from tillerman.controller.core.stop import machine_from_view
 from tillerman.controller.core.round import Carry, Round
 from tillerman.controller.core.supervisor import Step
 from tillerman.controller.core.watches import Watches
@@ -871,7 +872,7 @@ class Daemon:
 
     def _machine(self, intent_id: str) -> Delivery:
         view = intent_view(self.recorder, intent_id)
-        machine = Delivery.from_view(view, turn_items=turn_items(self.projection, view))
+        machine = machine_from_view(view, turn_items=turn_items(self.projection, view))
         self.machines[intent_id] = machine
         return machine
 

@@ -38,9 +38,13 @@ from tillerman.controller.core.delivery import (
     Interrupt,
     ListTerminals,
     NoAnswer,
+    PauseGoal,
     QueueAdd,
+    QueueDelete,
     QueueList,
     ReadBack,
+    ReadGoal,
+    ReadTurns,
     Refused,
     Replied,
     ResumeQueue,
@@ -63,6 +67,9 @@ from tillerman.rules.ruleset import RuleSet
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_VERIFY_TIMEOUT = 60.0
+#: Turns a stop reads to see whether one runs: the newest few (a turn that just started
+#: is the newest).
+STOP_TURNS_PAGE = 5
 
 
 class AppServerLike(Protocol):
@@ -90,6 +97,15 @@ def request_for(command: Command) -> wire.Request:
             return wire.terminate(thread_id, command.process_id)
         case ResumeQueue():
             return wire.queue_start(thread_id)
+        case ReadGoal():
+            return wire.goal_get(thread_id)
+        case PauseGoal():
+            return wire.goal_pause(thread_id, command.origin)
+        case QueueDelete():
+            return wire.queue_delete(thread_id, command.submission_id)
+        case ReadTurns():
+            # newest first; the summary view says whether a turn runs
+            return wire.turns_list(thread_id, STOP_TURNS_PAGE)
     raise TypeError(f"{type(command).__name__} is not an app-server request")
 
 
@@ -103,6 +119,10 @@ REPLY_PARSERS: dict[type[Command], Callable[[object], wire.Reply]] = {
     ListTerminals: wire.parse_terminal_list,
     Terminate: wire.parse_terminated,
     ResumeQueue: wire.parse_queue_started,
+    ReadGoal: wire.parse_goal,
+    PauseGoal: wire.parse_goal,
+    QueueDelete: wire.parse_queue_deleted,
+    ReadTurns: wire.parse_turn_page,
 }
 
 

@@ -88,7 +88,10 @@ def test_force_resume_queue_and_ack_token_are_recorded_on_the_intent(ledger, arg
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--mode", "steer", "--expected-turn", "U1", "--force"], "--force applies to --mode interrupt only"),
+    (["--mode", "steer", "--expected-turn", "U1", "--force"], "--force applies to --mode interrupt or stop only"),
+    (["--mode", "stop", "--expected-turn", "U1"], "--expected-turn does not apply to --mode stop"),
+    (["--mode", "stop", "--verify", "true"], "--expect and --verify do not apply to --mode stop"),
+    (["--mode", "stop", "--ack-token", "ACK-42"], "--ack-token applies to --mode steer or queue (a stop"),
     (["--mode", "queue", "--resume-queue"], "--resume-queue applies to --mode interrupt only"),
     (["--mode", "interrupt", "--expected-turn", "U1", "--ack-token", "ACK-42"],
      "--ack-token applies to --mode steer or queue"),

@@ -176,8 +176,8 @@ RULE_HEAD = rule("stall", owner="me", review_by="2027-03-01")
         pytest.param(
             'condition = { kind = "turn_quiet", for = "10m" }\naction = "nudge"\n',
             'rules.toml:8: rule "stall" field action: unknown action "nudge"; expected one of observe, '
-            "observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, verify_effect, "
-            "expire, escalate",
+            "observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, stop, "
+            "verify_effect, expire, escalate",
             id="unknown action",
         ),
         pytest.param(
@@ -339,13 +339,13 @@ def test_rules_file_that_is_not_utf8(tmp_path: Path) -> None:
         pytest.param(
             '[[grant]]\nsubject = "rule:x"\nactions = ["steer", "nudge"]\n',
             'config.toml:3: grant "rule:x" field actions: unknown action "nudge"; '
-            "expected one of steer, queue, interrupt, interrupt_critical",
+            "expected one of steer, queue, interrupt, interrupt_critical, stop",
             id="unknown action",
         ),
         pytest.param(
             '[[grant]]\nsubject = "rule:x"\nactions = ["escalate"]\n',
             'config.toml:3: grant "rule:x" field actions: unknown action "escalate"; '
-            "expected one of steer, queue, interrupt, interrupt_critical",
+            "expected one of steer, queue, interrupt, interrupt_critical, stop",
             id="a registered action that is not grantable",
         ),
         pytest.param(

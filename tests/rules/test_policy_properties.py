@@ -25,7 +25,7 @@ from tillerman.ledger.snapshot import TURN_STATES, ThreadSnapshot
 from tillerman.rules import policy
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
 from tillerman.ledger.snapshot import ENDED_TURN_STATES
-from tillerman.rules.policy import decide, producing_rule
+from tillerman.rules.policy import FORCEABLE_MODES, decide, producing_rule
 from tillerman.rules.files import load_config
 from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.owner import owner_grant
@@ -187,7 +187,7 @@ def never_dispatches_into_a_hazard(decide: Decide, args: Inputs) -> None:
         assert not snapshot.approval_pending, "dispatched while an approval is pending"
         assert not snapshot.external_effect_unknown, "dispatched while an external effect is unknown"
         if snapshot.critical_tool:
-            assert intent.mode == "interrupt" and intent.force, "dispatched during a critical tool without force"
+            assert intent.mode in FORCEABLE_MODES and intent.force, "dispatched during a critical tool without force"
             assert ruleset.allows(intent.producer, INTERRUPT_CRITICAL, intent.thread_id), (
                 "forced an interrupt through a critical tool without interrupt_critical"
             )
