@@ -128,6 +128,15 @@ class AppServerTap:
         self._learn(events)
         return [self._envelope(e, None, None) for e in events if e.thread_id is not None]
 
+    def goal(self, result: dict, now: float) -> list[Envelope]:
+        """A ``thread/goal/get`` of a thread left unsubscribed (idle): its goal, as the goal
+        snapshot that follows a resume would have said it."""
+        try:
+            events = self._mapping.response("thread/goal/get", result)
+        except _MALFORMED:
+            return []
+        return [self._envelope(e, now, None) for e in events]
+
     def resumed(self, result: dict, now: float) -> list[Envelope]:
         """The in-progress turn a resume reveals (its start went by unseen)."""
         try:

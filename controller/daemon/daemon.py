@@ -447,11 +447,17 @@ class Daemon:
 
     async def _idle_thread_seen(self, client, thread_id: str) -> list[Envelope]:
         """An idle thread is subscribed to at its next ``active`` status, not now (a resume
-        would start its goal's work); what its latest turn shows is recorded as a resume's
-        page of one would show it (a turn that ended while this daemon was away)."""
+        would start its goal's work). What a resume would have shown is read instead: its
+        latest turn (one that ended while this daemon was away) and its goal."""
         self.tap.subscribe_when_active(thread_id)
         turns = await self._list_turns(client, thread_id, limit=1)
-        return seen(self.projection, thread_id, turns or (), self.tap.source)
+        envelopes = seen(self.projection, thread_id, turns or (), self.tap.source)
+        try:
+            goal = await client.request(*wire.goal_get(thread_id), timeout=self.options.request_timeout)
+        except (RpcError, TimeoutError, AppServerDisconnected) as exc:  # e.g. "goals feature is disabled"
+            log.info("cannot read the goal of thread %s (%s)", thread_id, exc)
+            return envelopes
+        return envelopes + (self.tap.goal(goal, self.clock()) if isinstance(goal, dict) else [])
 
     async def _read_thread(self, client, thread_id: str) -> dict | None:
         """``thread/read``: what a thread is (the user's work, or Codex's housekeeping) and

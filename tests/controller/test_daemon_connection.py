@@ -138,5 +138,5 @@ def test_an_idle_thread_is_read_not_resumed_until_its_next_turn(monkeypatch):
     first, *_ = _inbox(monkeypatch, server, a_person_starts_a_turn_then_it_is_subscribed)
     assert {(type(e.event), e.event.thread_id) for e in first} == {(ThreadStarted, "T1")}  # no turn runs
     assert "thread/resume" not in methods_when_read
-    assert methods_when_read[-2:] == ["thread/read", "thread/turns/list"]
+    assert methods_when_read[-3:] == ["thread/read", "thread/turns/list", "thread/goal/get"]
     assert server.methods.count("thread/resume") == 1

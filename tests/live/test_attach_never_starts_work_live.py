@@ -33,7 +33,7 @@ from fixtures.codex_server import (
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, Session, ruleset_from, session, wait_until
 from tillerman.controller.core import intent_requests
-from tillerman.ledger.events import TurnCompleted, TurnStarted
+from tillerman.ledger.events import GoalUpdated, TurnCompleted, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.jsonrpc import RpcError
 
@@ -128,6 +128,8 @@ async def test_a_late_start_wakes_no_idle_goal_thread(
 
         await no_turn_starts(s.log, threads, since)
         assert resumed(s, threads) == []
+        goals = {e.thread_id: e.status for e in s.events(GoalUpdated)}  # read, as a resume would have said
+        assert [goals.get(thread) for thread in threads] == ["active", "paused"]
         for thread in threads:
             await a_persons_turn_is_recorded(s.harness, s.log, workspace, thread, s.events)
         assert sorted(resumed(s, threads)) == sorted(threads)  # subscribed once each turn ran

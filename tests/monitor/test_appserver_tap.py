@@ -81,3 +81,10 @@ def test_an_idle_thread_left_unsubscribed_is_followed_and_resumed_at_its_next_ac
     assert tap.receive(_active("t-user"), 1.1).resume == []  # asked once per connection
     tap.connected()
     assert tap.following() == frozenset()
+
+
+def test_the_goal_of_a_thread_left_unsubscribed_is_read_as_a_resume_would_say_it():
+    tap = AppServerTap("unix:///s")
+    [read] = tap.goal({"goal": {"threadId": "t-user", "objective": "o", "status": "active", "tokensUsed": 5}}, 2.0)
+    assert (read.event.thread_id, read.event.status, read.event.tokens_used, read.at) == ("t-user", "active", 5, 2.0)
+    assert tap.goal({"goal": None}, 2.0) == []  # no goal: nothing known of one before
