@@ -29,7 +29,7 @@ from tillerman.ledger.intents import Intent
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import (
-    ENDED_TURN_STATES, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
+    ENDED_TURN_STATES, GOAL_BUDGET_LIMITED, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
 )
 from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
 
@@ -218,13 +218,15 @@ class Projection(msgspec.Struct):
             return None
         if not (t.approvals or t.running or t.failures):  # the common case: nothing pending
             return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
-                           active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at)
+                           active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at,
+                           goal_budget_limited_at=_budget_limited_at(t))
         approval_since, critical, critical_since = _lasting(t)
         return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
                        active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at,
                        approval_pending=bool(t.approvals), approval_pending_since=approval_since,
                        critical_tool=critical, critical_tool_since=critical_since,
-                       most_failures=max([c for c, _, _ in t.failures.values()], default=0))
+                       most_failures=max([c for c, _, _ in t.failures.values()], default=0),
+                       goal_budget_limited_at=_budget_limited_at(t))
 
     def moved_at_most_progress(self, thread_id: str, old: Watched) -> bool:
         """Whether the thread's ``watched`` would read as ``old`` but for its
@@ -234,7 +236,8 @@ class Projection(msgspec.Struct):
         return (t is not None and not (t.approvals or t.running or t.failures)
                 and not (old.approval_pending or old.critical_tool or old.most_failures)
                 and old.supervised == t.supervised and old.active_turn_id == t.active_turn_id
-                and old.active_turn_started_at == t.active_turn_started_at)
+                and old.active_turn_started_at == t.active_turn_started_at
+                and old.goal_budget_limited_at == _budget_limited_at(t))
 
     def open_intents(self) -> list[IntentView]:
         intents = self.intents
@@ -243,6 +246,12 @@ class Projection(msgspec.Struct):
 
 def is_open(view: IntentView) -> bool:
     return not is_terminal(view.state, view.intent)
+
+
+def _budget_limited_at(t: ThreadState) -> float | None:
+    """When the thread's goal reached "budgetLimited" (``Watched.goal_budget_limited_at``)."""
+    goal = t.goal
+    return goal.changed_at if goal is not None and goal.status == GOAL_BUDGET_LIMITED else None
 
 
 def _lasting(t: ThreadState) -> tuple[float | None, bool, float | None]:

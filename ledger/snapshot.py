@@ -23,6 +23,12 @@ ENDED_TURN_STATES = frozenset(TURN_STATES) - {"active", "unlinked"}
 GOAL_ACTIVE = "active"
 #: The status a goal reads once it was cleared (``thread/goal/cleared``).
 GOAL_CLEARED = "cleared"
+#: The goal spent its token budget: Codex lets the running turn end and starts no more.
+GOAL_BUDGET_LIMITED = "budgetLimited"
+#: The statuses in which Codex stopped a goal's work by itself, for a reason a person
+#: has to act on (a budget, the account's usage limit, a goal it reports blocked),
+#: unlike "complete" (done) or "paused" (a client paused it).
+GOAL_HALTED = frozenset({GOAL_BUDGET_LIMITED, "usageLimited", "blocked"})
 
 
 class ThreadGoal(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +134,8 @@ class Watched(msgspec.Struct, frozen=True, kw_only=True):
     critical_tool: bool = False
     critical_tool_since: float | None = None
     most_failures: int = 0  # the count of the command that failed most often in the active turn
+    # When the thread's goal reached "budgetLimited" (None: its goal is in another status)
+    goal_budget_limited_at: float | None = None
 
 
 def turn_state(recent: dict[str, str], earlier: IdTable | None, turn_id: str | None) -> str | None:

@@ -13,6 +13,9 @@ threads produce nothing.
 ``intent_overdue`` has nothing to look at in a snapshot: overdue intents are found
 by ``decide()`` (``report_overdue``), and the rule names who owns that report.
 
+``goal_budget_limited`` is found once per change of the thread's Codex goal to
+``budgetLimited`` (its key names the change, not the turn running then).
+
 ``next_due`` tells replay's virtual clock when the next time-based finding falls due.
 """
 
@@ -24,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from tillerman.ledger.snapshot import ThreadSnapshot, Watched
+from tillerman.ledger.snapshot import GOAL_BUDGET_LIMITED, ThreadSnapshot, Watched
 from tillerman.rules.decision import Action
 from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import (
@@ -32,6 +35,7 @@ from tillerman.rules.ruleset import (
     AnyCondition,
     ApprovalWaiting,
     CriticalToolRunning,
+    GoalBudgetLimited,
     RepeatedFailure,
     Rule,
     RuleSet,
@@ -51,6 +55,7 @@ TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "critical_tool_running": (*_COMMON_FIELDS, "running_for"),
     "intent_overdue": _COMMON_FIELDS,
     "turn_long": (*_COMMON_FIELDS, "running_for"),
+    "goal_budget_limited": (*_COMMON_FIELDS, "token_budget", "tokens_used"),
 }
 
 EVALUATED_STATUSES = frozenset({"active", "shadow"})
@@ -76,6 +81,7 @@ class _Observation(msgspec.Struct, frozen=True, kw_only=True):
     finding: str
     fields: dict[str, str]  # template placeholders
     detail: dict[str, Any]
+    per_turn: bool = True  # the condition instance lives in one turn (its key names the turn)
 
 
 class _Timer(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,14 +114,15 @@ def next_due(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> float | 
 class Triggers(msgspec.Struct, frozen=True):
     """What ``detect`` looks at in one snapshot, whatever the time: the lasting
     conditions (since, limit, rule) and the repeated-failure thresholds (count, rule)
-    of every rule evaluated for the thread, and the count of its most repeated
-    failure. A function of the snapshot alone (of its ``Watched`` part), so a caller
+    of every rule evaluated for the thread, the count of its most repeated
+    failure, and the goal rules when its goal is budget-limited. A function of the snapshot alone (of its ``Watched`` part), so a caller
     that keeps it can ask it at every new ``now`` (replay does, at every event, on its
     virtual clock)."""
 
     timers: tuple[tuple[float, float, Rule], ...]
     failures: tuple[tuple[int, Rule], ...]
     most_failures: int = 0
+    goals: tuple[Rule, ...] = ()  # goal_budget_limited rules, while the goal is budget-limited
 
 
 def triggers(watched: Watched, ruleset: RuleSet) -> Triggers:
@@ -134,9 +141,10 @@ def triggers(watched: Watched, ruleset: RuleSet) -> Triggers:
     if plan is None:
         plan = plans.shapes[key] = _plan(ruleset, watched.thread_id, shape)
     timers = tuple([(sinces[index], limit, rule) for index, limit, rule in plan.timers])
+    goals = plan.goals if watched.goal_budget_limited_at is not None else ()
     if watched.most_failures and plan.failures:
-        return Triggers(timers, plan.failures, watched.most_failures)
-    return Triggers(timers, ())
+        return Triggers(timers, plan.failures, watched.most_failures, goals)
+    return Triggers(timers, (), 0, goals)
 
 
 def triggers_next_due(w: Triggers, now: float) -> float | None:
@@ -148,17 +156,18 @@ def triggers_next_due(w: Triggers, now: float) -> float | None:
 def triggers_may_find(w: Triggers, now: float) -> bool:
     """False only when ``detect`` of the snapshot these triggers were taken from is
     certainly empty at ``now``: no lasting condition has lasted its limit (the very
-    comparison ``_observe`` makes) and no command failed as often as a
-    repeated-failure rule counts."""
+    comparison ``_observe`` makes), no command failed as often as a
+    repeated-failure rule counts, and no goal rule sees a budget-limited goal."""
     for since, limit, rule in w.timers:
         if now - since >= limit and rule.in_force(now):
             return True
-    return any(w.most_failures >= limit for limit, _ in w.failures)
+    return any(w.most_failures >= limit for limit, _ in w.failures) or any(r.in_force(now) for r in w.goals)
 
 
 class _Plan(msgspec.Struct, frozen=True):
     timers: tuple[tuple[int, float, Rule], ...]  # (index of the moment in ``_SINCES``, limit, rule)
     failures: tuple[tuple[int, Rule], ...]
+    goals: tuple[Rule, ...]
 
 
 class _Plans(msgspec.Struct):
@@ -189,16 +198,19 @@ def _plan(ruleset: RuleSet, thread_id: str, shape: tuple) -> _Plan:
     moments = {name: None if missing else -1.0 - index for index, (name, missing) in enumerate(zip(_SINCES, unset, strict=True))}
     probe = ThreadSnapshot(thread_id=thread_id, supervised=supervised, active_turn_id=None if no_turn else "",
                            approval_pending=approval, critical_tool=critical, **moments)
-    timers, failures = [], []
+    timers, failures, goals = [], [], []
     for rule in ruleset.rules:
         if _applies(rule, probe):
             if isinstance(rule.condition, RepeatedFailure):
                 failures.append((rule.condition.count, rule))
                 continue
+            if isinstance(rule.condition, GoalBudgetLimited):
+                goals.append(rule)
+                continue
             timer = _timer(rule.condition, probe)
             if timer is not None:
                 timers.append((int(-timer.since) - 1, timer.limit, rule))
-    return _Plan(tuple(timers), tuple(failures))
+    return _Plan(tuple(timers), tuple(failures), tuple(goals))
 
 
 def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:
@@ -214,6 +226,7 @@ def _applies(rule: Rule, snapshot: ThreadSnapshot) -> bool:
 
 def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) -> Finding:
     turn_id = snapshot.active_turn_id
+    key_turn = turn_id if observation.per_turn else None
     fields = {"thread_id": snapshot.thread_id, "turn_id": turn_id or "none", **observation.fields}
     return Finding(
         rule_id=rule.id,
@@ -222,7 +235,7 @@ def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) ->
         action=rule.action,
         thread_id=snapshot.thread_id,
         turn_id=turn_id,
-        key=f"{rule.id}:{snapshot.thread_id}:{turn_id or '-'}:{observation.instance}",
+        key=f"{rule.id}:{snapshot.thread_id}:{key_turn or '-'}:{observation.instance}",
         finding=observation.finding,
         text=render(rule.text, fields) if rule.text is not None else None,
         ack_deadline=rule.ack_deadline,
@@ -234,6 +247,9 @@ def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) ->
 def _observe(condition: AnyCondition, snapshot: ThreadSnapshot, now: float) -> Iterator[_Observation]:
     if isinstance(condition, RepeatedFailure):
         yield from _repeated_failures(condition.count, snapshot)
+        return
+    if isinstance(condition, GoalBudgetLimited):
+        yield from _goal_budget_limited(snapshot)
         return
     timer = _timer(condition, snapshot)
     if timer is not None and now - timer.since >= timer.limit:
@@ -287,6 +303,23 @@ def _repeated_failures(limit: int, snapshot: ThreadSnapshot) -> Iterator[_Observ
                 },
                 detail={"count": count, "tool": tool, "exit_code": exit_code, "args_digest": digest, "threshold": limit},
             )
+
+
+def _goal_budget_limited(snapshot: ThreadSnapshot) -> Iterator[_Observation]:
+    """The thread's goal reached its token budget: one observation per such change."""
+    goal = snapshot.goal
+    if goal is None or goal.status != GOAL_BUDGET_LIMITED:
+        return
+    used = "unknown" if goal.tokens_used is None else str(goal.tokens_used)
+    budget = "unknown" if goal.token_budget is None else str(goal.token_budget)
+    yield _Observation(
+        instance=f"goal-budget-limited:{goal.changed_at!r}",
+        finding=f"goal reached its token budget ({used} of {budget} tokens); Codex starts no more turns for it",
+        fields={"token_budget": budget, "tokens_used": used},
+        detail={"goal_status": goal.status, "token_budget": goal.token_budget, "tokens_used": goal.tokens_used,
+                "time_used_seconds": goal.time_used_seconds, "goal_turn": goal.turn_id, "since": goal.changed_at},
+        per_turn=False,
+    )
 
 
 def render(template: str, fields: dict[str, str]) -> str:

@@ -103,7 +103,13 @@ class TurnLong(Condition, tag="turn_long"):
     for_seconds: float
 
 
-AnyCondition = TurnQuiet | RepeatedFailure | ApprovalWaiting | CriticalToolRunning | IntentOverdue | TurnLong
+class GoalBudgetLimited(Condition, tag="goal_budget_limited"):
+    """The thread's Codex goal reached ``budgetLimited``: its token budget is spent and
+    Codex starts no more turns for it. Once per such change of the goal."""
+
+
+AnyCondition = (TurnQuiet | RepeatedFailure | ApprovalWaiting | CriticalToolRunning | IntentOverdue | TurnLong
+                | GoalBudgetLimited)
 CONDITION_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in get_args(AnyCondition))
 
 

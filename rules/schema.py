@@ -27,6 +27,7 @@ from tillerman.rules.ruleset import (
     ApprovalWaiting,
     Condition,
     CriticalToolRunning,
+    GoalBudgetLimited,
     Grant,
     GrantableAction,
     IntentOverdue,
@@ -101,12 +102,19 @@ class TurnLongSpec(_ConditionSpec):
     for_seconds: Duration = Field(alias="for")
 
 
+class GoalBudgetLimitedSpec(_ConditionSpec):
+    struct = GoalBudgetLimited
+    kind: Literal["goal_budget_limited"]
+
+
 CONDITION_SPECS: dict[str, type[_ConditionSpec]] = {
     spec.struct.__struct_config__.tag: spec
-    for spec in (TurnQuietSpec, RepeatedFailureSpec, ApprovalWaitingSpec, CriticalToolRunningSpec, IntentOverdueSpec, TurnLongSpec)
+    for spec in (TurnQuietSpec, RepeatedFailureSpec, ApprovalWaitingSpec, CriticalToolRunningSpec, IntentOverdueSpec,
+                 TurnLongSpec, GoalBudgetLimitedSpec)
 }
 ConditionSpec = Annotated[
-    TurnQuietSpec | RepeatedFailureSpec | ApprovalWaitingSpec | CriticalToolRunningSpec | IntentOverdueSpec | TurnLongSpec,
+    TurnQuietSpec | RepeatedFailureSpec | ApprovalWaitingSpec | CriticalToolRunningSpec | IntentOverdueSpec | TurnLongSpec
+    | GoalBudgetLimitedSpec,
     Field(discriminator="kind"),
 ]
 
