@@ -17,8 +17,8 @@ import msgspec
 
 from tillerman.rules.errors import show
 
-NoticeKind = Literal["overdue", "escalation", "report"]
-NOTICE_KINDS: tuple[NoticeKind, ...] = ("overdue", "escalation", "report")
+NoticeKind = Literal["overdue", "escalation", "report", "goal"]
+NOTICE_KINDS: tuple[NoticeKind, ...] = ("overdue", "escalation", "report", "goal")
 
 
 class NotifySink(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,14 +1,18 @@
 """Notices for people: what each ``[[notify]]`` sink is sent, and when.
 
-Three kinds of things are worth a person's attention: an **overdue** intent (past its
+Four kinds of things are worth a person's attention: an **overdue** intent (past its
 acknowledgement or effect deadline, ``tillerman.controller.core.overdue``), an **escalation**
 (the policy handed an intent to a person: ``decision`` rows with action ``escalate``),
-and a **report** a rule made for a person (a stall, an approval waiting: ``report`` rows
-whose action is ``report_overdue`` or ``escalate``). Each is a *subject*
-(``overdue:INTENT``, ``escalation:INTENT``, ``report:EVENT``) with a *step* (the deadline
-missed, the escalation's reason, ``1`` for a report). A sink gets each step once, and
-once more (``resolved``) when the subject settles: the intent reaches a final state,
-the report's turn ends or the thread moves again. Notices of one thread that fall due
+a **report** a rule made for a person (a stall, an approval waiting: ``report`` rows
+whose action is ``report_overdue`` or ``escalate``), and a Codex **goal** that Codex
+stopped working on by itself for a reason a person has to act on (``budgetLimited``,
+``usageLimited``, ``blocked``: ``snapshot.GOAL_HALTED``), told without any rule. Each is a
+*subject* (``overdue:INTENT``, ``escalation:INTENT``, ``report:EVENT``, ``goal:EVENT``,
+the event that changed the goal's status) with a *step* (the deadline missed, the
+escalation's reason, ``1`` for a report, the goal's status). A sink gets each step
+once, and once more (``resolved``) when the subject settles: the intent reaches a final
+state, the report's turn ends or the thread moves again, the goal's status changes.
+Without a sink taking goals, each such goal change is logged once, and its settling. Notices of one thread that fall due
 within the sink's ``group_window`` go in one hand-over; with ``repeat``, an unresolved
 step is sent again that often.
 
@@ -36,6 +40,7 @@ from tillerman.ledger.intent_states import is_terminal
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import REVIEW_HELD
+from tillerman.ledger.snapshot import GOAL_CLEARED, GOAL_HALTED
 from tillerman.rules.notify import NoticeKind, NotifySink
 
 log = logging.getLogger("tillerman")
@@ -85,6 +90,7 @@ class _State(msgspec.Struct, kw_only=True):
     seq: int = 0
     alerts: dict[str, Alert] = {}  # subject -> alert
     sent: dict[str, dict[str, float]] = {}  # sink -> key -> last sent (or given up) at
+    goals: dict[str, str] = {}  # thread -> its goal's last status: a report with the same one is no change
 
 
 def key_of(subject: str, step: str) -> str:
@@ -105,10 +111,15 @@ class Notifier:
     # -- the fold -------------------------------------------------------------------
 
     def fold(self, entry: Entry) -> None:
-        if not self.sinks or entry.seq <= self.state.seq:
+        if entry.seq <= self.state.seq:
             return
         self.state.seq = entry.seq
-        event, at = entry.envelope.event, entry.envelope.at or 0.0
+        event = entry.envelope.event
+        if isinstance(event, ev.GoalUpdated | ev.GoalCleared) and event.thread_id is not None:
+            self._fold_goal(entry, event)  # logged without a sink too
+        if not self.sinks:
+            return
+        at = entry.envelope.at or 0.0
         if isinstance(event, ev.Report) and "report" in self.kinds and event.thread_id is not None \
                 and not event.detail.get("shadow") and event.detail.get("action") in _PERSON_ACTIONS:
             self.state.alerts[f"report:{entry.envelope.event_id}"] = Alert(
@@ -128,6 +139,21 @@ class Notifier:
                     k: event.evidence.get(k) for k in ("reviewer", "outcome", "disposition")}})
         elif isinstance(event, ev.NotificationSent | ev.NotificationFailed):
             self._fold_outcome(event, at)
+
+    def _fold_goal(self, entry: Entry, event: ev.GoalUpdated | ev.GoalCleared) -> None:
+        """A change of a thread's goal into a halted status opens a subject; a report with
+        the status it already had (every turn's end, a ``thread/goal/get``) opens none."""
+        status = event.status if isinstance(event, ev.GoalUpdated) else GOAL_CLEARED
+        before = self.state.goals.get(event.thread_id)
+        self.state.goals[event.thread_id] = status
+        if status not in GOAL_HALTED or status == before:
+            return
+        env = entry.envelope
+        changed_at = env.at if env.at is not None else env.observed_at  # as the fold times the change
+        self.state.alerts[f"goal:{env.event_id}"] = Alert(
+            kind="goal", thread_id=event.thread_id, step=status, at=env.at or 0.0,
+            facts={"status": status, "token_budget": event.token_budget, "tokens_used": event.tokens_used,
+                   "time_used_seconds": event.time_used_seconds, "turn": event.turn_id, "changed_at": changed_at})
 
     def _fold_outcome(self, event: ev.NotificationSent | ev.NotificationFailed, at: float) -> None:
         flying = self.in_flight.get(event.sink)
@@ -151,7 +177,7 @@ class Notifier:
         fold stays as small as what is still open."""
         for subject, alert in list(self.state.alerts.items()):
             takers = [s.name for s in self.sinks if alert.kind in s.kinds]
-            if all(key_of(subject, RESOLVED) in self.state.sent.get(name, {}) for name in takers):
+            if takers and all(key_of(subject, RESOLVED) in self.state.sent.get(name, {}) for name in takers):
                 del self.state.alerts[subject]
                 for name in takers:
                     sent = self.state.sent.get(name, {})
@@ -166,6 +192,7 @@ class Notifier:
         found = overdue(projection, now)
         self.overdue_now = len(found)
         self._log(found, projection)
+        self._log_goals(projection)
         if not self.sinks:
             return []
         current: dict[str, dict] = {}
@@ -254,12 +281,16 @@ class Notifier:
         if alert.kind == "report":
             facts["report"] = subject.partition(":")[2]
             facts["reported_at"] = iso(alert.at)
+        if alert.kind == "goal":
+            facts["changed_at"] = iso(alert.facts.get("changed_at"))
         return facts
 
     @staticmethod
     def _settled(alert: Alert, projection: Projection) -> str | None:
         """How the subject settled (an intent's final state, a report's turn ending or
         its thread moving on), or None while it is still open."""
+        if alert.kind == "goal":
+            return _goal_settled(alert, projection)
         if alert.kind == "report":
             snapshot = projection.snapshot(alert.thread_id)
             if snapshot.active_turn_id != alert.facts.get("turn"):
@@ -284,6 +315,25 @@ class Notifier:
             if view is not None and is_terminal(view.state, view.intent):
                 self._logged.discard(intent_id)
                 log.info("resolved: overdue intent %s settled as %s", intent_id, view.state)
+
+    def _log_goals(self, projection: Projection) -> None:
+        """Every goal subject is logged once per run, and its settling once more; one no
+        sink takes is forgotten once settled (a sink's are by the notices' own rules)."""
+        for subject, alert in list(self.state.alerts.items()):
+            if alert.kind != "goal":
+                continue
+            settled = _goal_settled(alert, projection)
+            if subject not in self._logged and settled is None:
+                self._logged.add(subject)
+                facts = alert.facts
+                log.warning("goal: thread %s's Codex goal reached %s (%s of %s tokens used): Codex starts no more"
+                            " turns for it; a person decides what follows", alert.thread_id, alert.step,
+                            facts.get("tokens_used"), facts.get("token_budget"))
+            elif subject in self._logged and settled is not None:
+                self._logged.discard(subject)
+                log.info("resolved: thread %s's goal is no longer %s (%s)", alert.thread_id, alert.step, settled)
+            if settled is not None and not any(alert.kind in sink.kinds for sink in self.sinks):
+                del self.state.alerts[subject]
 
     # -- the snapshot ----------------------------------------------------------------
 
@@ -312,6 +362,19 @@ class Notifier:
     def save(self, recorder: Recorder) -> None:
         if self.sinks:
             recorder.save_snapshot(SNAPSHOT_NAME, self.state.seq, _encoder.encode(self.state))
+
+
+def _goal_settled(alert: Alert, projection: Projection) -> str | None:
+    """How a goal subject settled: its thread's goal moved to another status ("goal_"
+    and that status), or it was never the change the fold knows (a late copy of a report
+    whose change came before); None while the goal stands as the subject says."""
+    thread = projection.threads.get(alert.thread_id)
+    goal = thread.goal if thread is not None else None
+    if goal is None:
+        return "goal_unknown"
+    if goal.status != alert.step:
+        return f"goal_{goal.status}"
+    return None if goal.changed_at == alert.facts.get("changed_at") else "goal_changed_before"
 
 
 _encoder = msgspec.msgpack.Encoder()

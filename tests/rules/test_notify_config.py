@@ -33,7 +33,7 @@ def test_a_command_and_a_webhook_become_sinks(tmp_path):
 def test_defaults_of_a_sink():
     (sink,) = load_config(notify("n", command=["x"]), "config.toml").sinks()
     assert (sink.group_window, sink.repeat, sink.kinds, sink.timeout) == (
-        10.0, None, ("overdue", "escalation", "report"), 10.0)
+        10.0, None, ("overdue", "escalation", "report", "goal"), 10.0)
 
 
 def test_a_remote_webhook_needs_allow_remote():
@@ -54,7 +54,7 @@ def test_a_remote_webhook_needs_allow_remote():
     ({"webhook": "ftp://127.0.0.1/x"}, 'config.toml:3: notify "n" field webhook: invalid webhook "ftp://127.0.0.1/x";'
                                        " write an http:// or https:// URL"),
     ({"command": ["x"], "kinds": ["stall"]},
-     'config.toml:4: notify "n" field kinds: unknown kind "stall"; expected one of overdue, escalation, report'),
+     'config.toml:4: notify "n" field kinds: unknown kind "stall"; expected one of overdue, escalation, report, goal'),
     ({"command": ["x"], "repeat": "often"}, 'config.toml:4: notify "n" field repeat: invalid duration "often"'),
     ({"command": ["x"], "group_window": "0s"}, 'config.toml:4: notify "n" field group_window: duration "0s" is not'
                                                " positive"),
