@@ -154,11 +154,11 @@ def intent_propose(thread, expected_turn, mode, text, ack_deadline, effect_deadl
                    deliver_at, cancel_queued, as_json, ledger_path):
     """Record a new intent (state: proposed); the daemon delivers it.
 
+    A stop (--mode stop) names no turn: it pauses the thread's Codex goal, withdraws our
+    queued messages and interrupts whatever turn runs, until a person resumes the thread.
+
     Example: tillerman intent propose --thread T1 --expected-turn active --mode steer
     --text "Stop the recursive grep; read src/api/ and src/db/ instead."
-
-    Example: tillerman intent propose --thread T1 --mode stop
-    --text "Wrong branch: stop until I look."
     """
     from tillerman.controller.core import intent_requests as intent_lib
 

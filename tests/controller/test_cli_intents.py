@@ -193,3 +193,44 @@ def test_a_proposal_naming_its_turn_folds_no_ledger_rows(ledger, monkeypatch, re
         assert rec.intent_entries(intent.id)
         if "supersedes" in request_:
             assert lib.intent_view(rec, "first").state == State.EXPIRED
+
+
+def _goal(ledger, status: str) -> None:
+    from tillerman.ledger.events import GoalUpdated
+
+    with SQLiteRecorder(ledger) as rec:
+        rec.append([Envelope(event_id=f"goal-{status}", event=GoalUpdated(thread_id="T1", status=status),
+                             source="appserver:x", at=2.0)])
+
+
+def test_a_stop_names_no_turn_and_always_has_an_effect_deadline(ledger):
+    data = propose("--mode", "stop")
+    assert (data["mode"], data["expected_turn"]) == ("stop", None)
+    assert data["effect_deadline"] is not None  # its effect is always read back
+
+
+@pytest.mark.parametrize(("extra", "warning"), [
+    ((), "the interrupt ends one turn and the goal's next turn follows; --mode stop pauses the goal as well"),
+    (("--resume-queue",), "--resume-queue resumes the goal's turns too"),
+])
+def test_an_interrupt_on_a_goal_thread_warns_that_the_work_goes_on(ledger, extra, warning):
+    _goal(ledger, "active")
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "x", "--mode", "interrupt",
+                    "--expected-turn", "U1", *extra)
+    assert code == 0 and f"warning: thread T1 has an active goal: {warning}" in out
+
+
+def test_an_interrupt_on_a_thread_whose_goal_is_paused_says_nothing_of_goals(ledger):
+    _goal(ledger, "paused")
+    code, out = run("intent", "propose", "--thread", "T1", "--text", "x", "--mode", "interrupt", "--expected-turn", "U1")
+    assert code == 0 and "goal" not in out
+
+
+def test_intent_show_warns_when_the_interrupt_left_the_goal_active(ledger):
+    data = propose("--mode", "interrupt", "--expected-turn", "U1")
+    with SQLiteRecorder(ledger) as rec:
+        lib.transition(rec, data["id"], State.DISPATCH_UNKNOWN, "dispatching", {"attempt": "a1"})
+        lib.transition(rec, data["id"], State.ACKNOWLEDGED, "turn_interrupted",
+                       {"turn_id": "U1", "turn_status": "interrupted", "goal_active": True})
+    code, out = run("intent", "show", data["id"])
+    assert code == 0 and "warning: the thread's goal stayed active: the agent works on" in out
