@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -61,7 +62,8 @@ async def set_goal(harness, thread: str, status: str) -> None:
         pytest.skip(f"this app-server has no thread goals ({exc})")
 
 
-async def goal_thread(harness, workspace: Path, recorded=None) -> tuple[str, str]:
+async def goal_thread(harness, workspace: Path,
+                      recorded: Callable[[type], list] | None = None) -> tuple[str, str]:
     """A thread running a held turn, with an active goal set meanwhile: (thread, turn). With
     ``recorded`` (a running tillerman's ledger), once tillerman records the turn: it is then
     subscribed, and no resume of its is still in flight when the test interrupts the turn
@@ -75,7 +77,8 @@ async def goal_thread(harness, workspace: Path, recorded=None) -> tuple[str, str
     return thread, turn
 
 
-async def idle_goal_threads(harness, log: EventLog, workspace: Path, recorded=None) -> tuple[str, str]:
+async def idle_goal_threads(harness, log: EventLog, workspace: Path,
+                            recorded: Callable[[type], list] | None = None) -> tuple[str, str]:
     """Two idle threads: one whose goal is still active after its turn was interrupted, and
     one whose goal was paused after that (stopped)."""
     threads = []
@@ -100,7 +103,7 @@ async def no_turn_starts(log: EventLog, threads: tuple[str, ...], since: int) ->
 
 
 async def a_persons_turn_is_recorded(harness, log: EventLog, workspace: Path, thread: str,
-                                     recorded: callable) -> None:
+                                     recorded: Callable[[type], list]) -> None:
     """A person starts a turn on the thread: tillerman (``recorded(kind)`` reads its ledger)
     subscribes at its ``active`` status and records the turn and its end. The goal is paused
     first, so that the end starts no continuation."""
