@@ -23,6 +23,7 @@ from __future__ import annotations
 import msgspec
 
 from tillerman.ledger import events as ev
+from tillerman.ledger import writers
 from tillerman.ledger.events import Entry, Envelope, QueueEntry
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
@@ -32,9 +33,10 @@ from tillerman.ledger.snapshot import (
     ENDED_TURN_STATES, GOAL_BUDGET_LIMITED, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
 )
 from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
+from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v9"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v10"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -91,6 +93,13 @@ class ThreadState(msgspec.Struct):
     opening: TurnOpening | None = None  # the facts of the active turn's start, while inferring
     last_turn_ended_at: float | None = None
     queued_client_ids: tuple[str, ...] = ()  # client ids lately seen in its queue (a queued turn's opener)
+    # Several writers (``tillerman.ledger.writers``): who opened each recent turn, the
+    # running turn's first input, another writer's message folded into it and not yet
+    # answered, and the latest facts a person sees.
+    turn_writers: dict[str, str] = {}
+    turn_input: str | None = None
+    other_input: str | None = None
+    writer_facts: tuple[WriterFact, ...] = ()
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
@@ -113,6 +122,7 @@ class ThreadState(msgspec.Struct):
             oldest, ended = next((t, s) for t, s in self.turn_states.items() if s in ENDED_TURN_STATES)
             del self.turn_states[oldest]
             self.turn_triggers.pop(oldest, None)
+            self.turn_writers.pop(oldest, None)
             for alias in [a for a, known in self.turn_aliases.items() if known == oldest]:
                 del self.turn_aliases[alias]
             if self.earlier_turns is None:
@@ -208,6 +218,7 @@ class Projection(msgspec.Struct):
             queue_paused=t.queue_paused,
             failures=dict(t.failures) if t.failures else {},
             goal=t.goal,
+            other_writer_input=t.other_input is not None,
         )
 
     def watched(self, thread_id: str) -> Watched | None:
@@ -342,6 +353,7 @@ def _turn_started(p, e: ev.TurnStarted, at, seq, source) -> None:
     if t.turn_state(e.turn_id) is not None:
         return  # a second source's copy, or a late start after the end: one turn
     turn = t.canonical_turn(e.turn_id)
+    writers.turn_started(t, turn, at, source)
     _open_live_turn(t, turn, e, at, source)
     _close_unlinked(t)
     if t.active_turn_id is not None:
@@ -368,6 +380,7 @@ def _turn_completed(p, e: ev.TurnCompleted, at, seq, source) -> None:
     if t.active_turn_id == turn:
         _close_unlinked(t)
         t.last_turn_ended_at, t.opening = at, None
+        writers.turn_ended(t)
         t.held_end = None
         t.active_turn_id = None
         t.active_turn_started_at = None
@@ -447,6 +460,7 @@ def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
         return
     _progress(t, e, at)
     _first_input(p, t, e)
+    writers.model_output(t, e, source)
     if e.item_id not in t.running:
         t.running[e.item_id] = RunningItem(t.canonical_turn(e.turn_id), e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
 
@@ -473,6 +487,7 @@ def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
         return
     _progress(t, e, at)
     _first_input(p, t, e)
+    writers.user_message(t, e, at, source)
     if e.client_id and e.client_id.startswith("tillerman-"):
         t.client_ids.setdefault(e.client_id, t.canonical_turn(e.turn_id))
 
@@ -488,6 +503,7 @@ def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
     if t is not None:
         _progress(t, e, at)
         _first_input(p, t, e)
+        writers.model_output(t, e, source)
 
 
 def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:

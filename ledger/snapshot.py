@@ -81,6 +81,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     failures: dict[str, tuple[int, str | None, int | None]] = {}
     # Codex's thread goal, as last reported (None: the thread never had one seen).
     goal: ThreadGoal | None = None
+    # Another writer's message was folded into the running turn and no agent message has
+    # answered it yet (``tillerman.ledger.writers``): tillerman's steer and queue wait.
+    other_writer_input: bool = False
 
     @property
     def goal_status(self) -> str | None:

@@ -32,6 +32,8 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                         interrupt_critical
                       critical tool (other than a granted forced       observe_critical  critical_tool
                         interrupt or stop)
+                      steer/queue while another writer's message,      observe           other_writer_input
+                        folded into the running turn, is unanswered
                       steer that follows the active turn:
                         no active turn                                 reconcile_turn    awaiting_next_turn
                         the active turn started before the proposal    reconcile_turn    active_turn_predates_proposal
@@ -84,6 +86,9 @@ from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 #: "unclosed" counts: the next turn started (or the source ended) first.
 
 RULE_PREFIX = "rule:"
+#: The modes whose message the agent reads in the running turn or right after it: held
+#: while another writer's input is folded in (``tillerman.ledger.writers``).
+_WRITES_INTO_TURNS = ("steer", "queue")
 #: The modes that end a turn, and so may be forced through a critical tool.
 FORCEABLE_MODES = ("interrupt", "stop")
 
@@ -162,6 +167,10 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
     found = hazard(intent, snapshot, ruleset)
     if found is not None:
         return Action.OBSERVE_CRITICAL, found
+    if intent.mode in _WRITES_INTO_TURNS and snapshot.other_writer_input:
+        # Another writer's message is being folded into the running turn: ours would be
+        # read with it, unannounced. Wait until the agent answered it.
+        return Action.OBSERVE, "other_writer_input"
     if targets_turn:
         turn_problem = _turn_problem(intent, snapshot)
         if turn_problem is not None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import msgspec
 
 from tillerman.controller.core.overdue import overdue
+from tillerman.controller.core.render import goal_json, trigger_counts
 from tillerman.controller.core.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.daemon.link import HEARTBEAT
@@ -39,6 +41,9 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
             "external_effect_unknown": snap.external_effect_unknown,
             "queue": len(snap.queue),
             "queue_paused": snap.queue_paused,
+            "goal": goal_json(snap.goal),  # Codex's thread goal: its status, budget and use
+            "recent_turn_triggers": trigger_counts(projection.threads[thread_id]),
+            **writers_status(projection.threads[thread_id]),
         })
     return {
         "ledger": str(ledger_path),
@@ -54,6 +59,33 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
         "daemons": [dict(d, since=iso(d["since"]), renewed_at=iso(d["renewed_at"])) for d in _daemons(recorder)],
         "leases": [dict(lease, expires_at=iso(lease["expires_at"])) for lease in _leases(recorder)],
     }
+
+
+def writers_status(thread: ThreadState) -> dict:
+    """Several writers on the thread (``tillerman.ledger.writers``): who opened its recent
+    turns, whether another writer's message folded into the running turn is unanswered
+    (tillerman's steer and queue wait), and the latest facts."""
+    return {
+        "turn_writers": dict(Counter(thread.turn_writers.values())),
+        "other_writer_input": thread.other_input is not None,
+        "writer_facts": [{"kind": f.kind, "turn": f.turn_id, "other_turn": f.other_turn_id, "item": f.item_id,
+                          "at": iso(f.at) if f.at is not None else None} for f in thread.writer_facts],
+    }
+
+
+def writer_lines(thread: dict) -> list[str]:
+    """What ``tillerman status`` says of the thread's writers, one line per fact."""
+    lines = [f"thread {thread['thread']}: another writer's message was folded into turn {thread['active_turn']}"
+             " and is not answered yet; tillerman's steers and queued messages wait"] \
+        if thread["other_writer_input"] else []
+    for fact in thread["writer_facts"]:
+        if fact["kind"] == "overlapping_turn":
+            lines.append(f"thread {thread['thread']}: turn {fact['turn']} started at {fact['at']} while turn"
+                         f" {fact['other_turn']} was still running (two writers' turns at once)")
+        else:
+            lines.append(f"thread {thread['thread']}: another writer's message ({fact['item']}) was folded into"
+                         f" running turn {fact['turn']} at {fact['at']}")
+    return lines
 
 
 def _transport(thread: ThreadState) -> str | None:

@@ -67,7 +67,8 @@ def reconcile_fact(projection: Projection, view: IntentView, now: float, attempt
     if not intent.follows_active_turn:
         return fact
     return replace(fact, active_turn=snapshot.active_turn_id, active_turn_started_at=snapshot.active_turn_started_at,
-                   held_by=send_hazard(snapshot), attempt=attempt)
+                   held_by=send_hazard(snapshot) or ("other_writer_input" if snapshot.other_writer_input else None),
+                   attempt=attempt)
 
 
 def turn_items(projection: Projection, view: IntentView) -> frozenset[str]:
