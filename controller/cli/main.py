@@ -501,11 +501,8 @@ def status_cmd(as_json, ledger_path):
     for lease in data["leases"]:
         print_line(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
                    f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
-    from tillerman.controller.core.render import goal_text
-
-    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files", goal=goal_text(t["goal"]))
-               for t in data["threads"]]
-    print_table(threads, ("thread", "takes", "via", "active_turn", "status", "goal", "approval_pending",
+    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files") for t in data["threads"]]
+    print_table(threads, ("thread", "takes", "via", "active_turn", "status", "approval_pending",
                           "critical_tool", "external_effect_unknown", "queue"), "no threads")
     if data["unsupervised_threads"]:
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
