@@ -118,7 +118,9 @@ def intent() -> None:
 @intent.command("propose")
 @click.option("--thread", required=True, help="Thread (session) id to deliver into.")
 @click.option("--expected-turn", help="Turn id the intervention is for, or 'active' (required for steer/interrupt;"
-                                     " a stop takes none).")
+                                     " a stop takes none). A steer for 'active' follows the thread's current"
+                                     " work: refused for a turn that ended, it goes to a later one (see"
+                                     " docs/goals.md).")
 @click.option("--mode", type=click.Choice(MODES), required=True,
               help="steer, queue, interrupt (ends one turn), or stop: the thread does no more work until a person"
                    " resumes it (its goal paused, our queued messages withdrawn, its turn interrupted).")

@@ -29,8 +29,9 @@ from tillerman.controller.core.delivery import (
     dispatch_record,
     target_turn,
 )
+from tillerman.controller.core.reconcile import reconcile_fact
 from tillerman.controller.core.rpc_errors import Refusal
-from tillerman.ledger.events import IntentEvidence, TurnCompleted
+from tillerman.ledger.events import AgentMessage, Entry, Envelope, IntentEvidence, TurnCompleted, TurnStarted, UserMessage
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.monitor.codex_wire import SteerAccepted
@@ -236,3 +237,21 @@ def test_against_moving_turns_it_lands_at_most_once_and_never_on_an_older_or_ref
     if accepted:
         landed = [h for h in run.history("transition") if h.state == State.ACKNOWLEDGED]
         assert landed[0].evidence["turn_id"] == accepted[0]
+
+
+def test_the_driver_fact_names_the_running_turn_and_holds_for_another_writers_input():
+    run = Run(following())
+    [first] = dispatch(run).commands
+    run.feed(stale(first))
+    projection = run.record.projection
+    for seq, event in enumerate((TurnStarted(thread_id=THREAD, turn_id=T2),
+                                 UserMessage(thread_id=THREAD, turn_id=T2, digest="d", size=1, item_id="m1"),
+                                 AgentMessage(thread_id=THREAD, turn_id=T2, digest="d", size=1, item_id="a1"),
+                                 UserMessage(thread_id=THREAD, turn_id=T2, digest="d", size=1, item_id="m2")),
+                                start=100):
+        projection.apply(Entry(seq=seq, envelope=Envelope(event_id=f"e{seq}", event=event, source="appserver:ws",
+                                                          at=AFTER), prev_hash="", hash=""))
+    fact = reconcile_fact(projection, run.view(), NOW + 1, "r1")
+    assert (fact.active_turn, fact.active_turn_started_at, fact.held_by) == (T2, AFTER, "other_writer_input")
+    assert run.feed(fact) == Output()
+    assert reconcile_fact(projection, run.view(), NOW + 1).attempt is None  # a restart's reconcile sends nothing
