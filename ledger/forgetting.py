@@ -10,18 +10,21 @@ and ``intents show`` read settled intents' histories).
   open intent and no rule condition that could ever fire on its state (no timer, no
   counted failure), so it takes part in no later decision unless a later entry about it
   is folded — which starts it afresh. The caller decides when a source has ended.
+  A thread that had a Codex goal leaves its goal and the triggers of its recent turns
+  behind (``goal_threads``: the run's summary shows them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from tillerman.ledger.projections import Projection
+from tillerman.ledger.projections import Projection, ThreadState
 
 
 class ForgettingProjection(Projection, dict=True):
     def __post_init__(self) -> None:
         self._settled: Counter[str] = Counter()
+        self._goal_threads: dict[str, ThreadState] = {}  # forgotten threads that had a goal
 
     def forget_intent(self, intent_id: str) -> None:
         view = self.intents.pop(intent_id, None)
@@ -30,7 +33,16 @@ class ForgettingProjection(Projection, dict=True):
             self._settled[view.state] += 1
 
     def forget_thread(self, thread_id: str) -> None:
-        self.threads.pop(thread_id, None)
+        thread = self.threads.pop(thread_id, None)
+        if thread is not None and thread.goal is not None:
+            self._goal_threads[thread_id] = ThreadState(thread_id=thread_id, goal=thread.goal,
+                                                        turn_triggers=thread.turn_triggers)
+
+    def goal_threads(self) -> dict[str, ThreadState]:
+        """Every thread that had a Codex goal, held or forgotten (its goal and turn
+        triggers only, then), by id."""
+        held = {thread_id: t for thread_id, t in self.threads.items() if t.goal is not None}
+        return dict(sorted((self._goal_threads | held).items()))
 
     def intent_counts(self) -> dict[str, int]:
         """Intents by state: those still held and those forgotten once settled."""

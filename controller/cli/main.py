@@ -211,9 +211,12 @@ def intent_show(intent_id, as_json, ledger_path):
     """
     from tillerman.controller.core import intent_requests as intent_lib
 
+    from tillerman.controller.core.render import GOAL_KINDS, intent_goals
+
     with open_intact_ledger(ledger_path) as ledger:
         view = intent_lib.intent_view(ledger, intent_id)
-    _print_intent(view, as_json, history=True)
+        goals = intent_goals(view, ledger.history(kinds=GOAL_KINDS), ledger.max_seq())
+    _print_intent(view, as_json, history=True, goals=goals)
 
 
 def _warn_goal_goes_on(ledger, new) -> None:
@@ -231,10 +234,11 @@ def _warn_goal_goes_on(ledger, new) -> None:
                    " goal's next turn follows; --mode stop pauses the goal as well", err=True)
 
 
-def _print_intent(view, as_json: bool, history: bool) -> None:
-    from tillerman.controller.core.render import intent_json
+def _print_intent(view, as_json: bool, history: bool, goals: dict | None = None) -> None:
+    """``goals``: the thread's Codex goal around the intent (``render.intent_goals``)."""
+    from tillerman.controller.core.render import goal_text, intent_json
 
-    data = intent_json(view, history=history)
+    data = intent_json(view, history=history) | (goals or {})
     if as_json:
         print_json(data)
         return
@@ -242,6 +246,9 @@ def _print_intent(view, as_json: bool, history: bool) -> None:
                 "effect_deadline", "expires_at", "text"):
         if data.get(key) is not None:
             print_line(f"{key:>16}: {data[key]}")
+    for key in ("goal_at_proposal", "goal_at_end", "goal_now"):
+        if key in data:
+            print_line(f"{key:>16}: {goal_text(data[key])}")
     for item in data.get("history", []):
         extra = " ".join(f"{k}={v}" for k, v in item["evidence"].items())
         print_line(f"  {item['at']}  {item['kind']:<10} {item['state']:<16} {item['reason']} {extra}".rstrip())
@@ -503,8 +510,11 @@ def status_cmd(as_json, ledger_path):
     for lease in data["leases"]:
         print_line(f"lease: thread {lease['thread']} held by {lease['owner']} (token {lease['token']})"
                    f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
-    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files") for t in data["threads"]]
-    print_table(threads, ("thread", "takes", "via", "active_turn", "status", "approval_pending",
+    from tillerman.controller.core.render import goal_text
+
+    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files", goal=goal_text(t["goal"]))
+               for t in data["threads"]]
+    print_table(threads, ("thread", "takes", "via", "active_turn", "status", "goal", "approval_pending",
                           "critical_tool", "external_effect_unknown", "queue"), "no threads")
     if data["unsupervised_threads"]:
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")

@@ -24,6 +24,7 @@ from tillerman.controller.cli.output import (
 )
 from tillerman.controller.cli.shared import CONFIG_HELP, load_rules_or_fail, open_ledger
 from tillerman.controller.core.printable import printable
+from tillerman.controller.core.render import goal_text
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.replay.parallel import ReplaySettings, replay_files
 from tillerman.controller.replay.replayer import FORMATS, ReplayError, collect_files
@@ -108,6 +109,9 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         print_line(f"overdue: {item['intent']} on {item['thread']} ({item['state']}): {item['why']}")
     for kind, said in (summary.reviews or {}).items():
         print_line(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
+    for thread in summary.goals or ():
+        triggers = ", ".join(f"{k} {v}" for k, v in thread["recent_turn_triggers"].items()) or "none known"
+        print_line(f"goal: thread {thread['thread']}: {goal_text(thread['goal'])}; recent turns by trigger: {triggers}")
 
 
 def _check(path: str, as_json: bool) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 
 from tillerman.controller.core.overdue import overdue
+from tillerman.controller.core.render import goal_json, trigger_counts
 from tillerman.controller.core.rpc_errors import CHECKED_CODEX_VERSIONS
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.daemon.link import HEARTBEAT
@@ -40,6 +41,8 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
             "external_effect_unknown": snap.external_effect_unknown,
             "queue": len(snap.queue),
             "queue_paused": snap.queue_paused,
+            "goal": goal_json(snap.goal),  # Codex's thread goal: its status, budget and use
+            "recent_turn_triggers": trigger_counts(projection.threads[thread_id]),
             **writers_status(projection.threads[thread_id]),
         })
     return {

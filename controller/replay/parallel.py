@@ -130,6 +130,7 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
     overdue: list[dict] = []
     reviews: dict[str, Counter[str]] = {}
     reviewed = False
+    goals: list[dict] = []
     for group, result in zip(groups, results, strict=True):
         summary = result.summary
         for path, file in zip(group, summary.files, strict=True):
@@ -138,6 +139,8 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
         events, decisions, reports = events + summary.events, decisions + summary.decisions, reports + summary.reports
         intents.update(summary.intents)
         overdue.extend(summary.overdue)
+        if summary.goals is not msgspec.UNSET:
+            goals.extend(summary.goals)
         if summary.reviews is not msgspec.UNSET:  # reviewers configured: counted, even when none
             for kind, said in summary.reviews.items():
                 reviews.setdefault(kind, Counter()).update(said)
@@ -148,6 +151,7 @@ def _merge(paths: list[str], groups: list[list[str]], results: Iterator[GroupRes
         overdue=overdue, ruleset_digest=ruleset.digest,
         reviews={kind: dict(sorted(said.items())) for kind, said in sorted(reviews.items())}
         if reviewed else msgspec.UNSET,
+        goals=sorted(goals, key=lambda g: g["thread"]) or msgspec.UNSET,
     )
 
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tillerman.controller.core.overdue import overdue
-from tillerman.controller.core.render import overdue_json
+from tillerman.controller.core.render import goal_json, overdue_json, trigger_counts
 from tillerman.controller.core.round import Round
 from tillerman.controller.core.supervisor import Step
 from tillerman.ledger import events as ev
@@ -111,9 +111,20 @@ class ReplaySummary(msgspec.Struct, kw_only=True):
     # Reviews by checkpoint and disposition (or fail-closed outcome; "held": a new checkpoint
     # not asked). Unset (and not shown) when no reviewer is configured.
     reviews: dict[str, dict[str, int]] | msgspec.UnsetType = msgspec.UNSET
+    # Each thread that had a Codex goal: the goal as it ended and what started its recent
+    # turns (``goal_summary``). Unset (and not shown) when no thread had one.
+    goals: list[dict] | msgspec.UnsetType = msgspec.UNSET
 
 
 Progress = Callable[[str, int, int], None]  # (path, bytes done, bytes total)
+
+
+def goal_summary(projection: ForgettingProjection) -> list[dict] | msgspec.UnsetType:
+    """Per thread that had a Codex goal: the goal as the run left it, and how many of
+    its recent turns each trigger started (user, goal, queue, unknown)."""
+    found = projection.goal_threads()
+    return [{"thread": thread_id, "goal": goal_json(t.goal), "recent_turn_triggers": trigger_counts(t)}
+            for thread_id, t in found.items()] or msgspec.UNSET
 
 
 def collect_files(paths: list[str]) -> list[Path]:
@@ -254,6 +265,7 @@ class Replayer:
             overdue=[overdue_json(o) for o in overdue(self.projection, now)],
             ruleset_digest=self.ruleset.digest,
             reviews=_review_counts(self.checkpoints, self._held) if self.checkpoints is not None else msgspec.UNSET,
+            goals=goal_summary(self.projection),
         )
 
     def _may_load(self, found: list[Path]) -> bool:
