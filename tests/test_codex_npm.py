@@ -1,6 +1,7 @@
 """Fetching a Codex release from npm into the compat cache (``fixtures.codex_npm``), with
-a stand-in ``npm`` on PATH: where the binary lands, that a failed or partial fetch leaves
-no ``codex`` behind, and the one-line reasons."""
+a stand-in ``npm`` on PATH: where the package and the binary land, that a failed or
+partial fetch leaves no ``codex`` behind, that a bare binary fetched by hand is replaced
+by the package, and the one-line reasons."""
 
 from __future__ import annotations
 
@@ -27,12 +28,15 @@ if mode == "offline":
                      "npm error A complete log of this run can be found in: /x.log\\n")
     sys.exit(1)
 destination = Path(sys.argv[sys.argv.index("--pack-destination") + 1])
-member = {member!r} if mode == "ok" else "package/README.md"
+files = {{"package/README.md": b"codex"}}
+if mode == "ok":
+    files.update({{{folder!r} + "codex-package.json": b"{{}}", {folder!r} + "bin/codex": b"#!/bin/sh\\necho codex-cli 0.0.1\\n",
+                  {folder!r} + "codex-path/rg": b""}})
 with tarfile.open(destination / "openai-codex-0.0.1-linux.tgz", "w:gz") as archive:
-    data = b"#!/bin/sh\\necho codex-cli 0.0.1\\n"
-    info = tarfile.TarInfo(member)
-    info.size = len(data)
-    archive.addfile(info, io.BytesIO(data))
+    for name, data in files.items():
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o755
+        archive.addfile(info, io.BytesIO(data))
 """
 
 
@@ -47,7 +51,7 @@ def npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     places["calls"].write_text("")
     script = bin_dir / "npm"
     script.write_text(FAKE_NPM.format(python=sys.executable, mode=str(places["mode"]), calls=str(places["calls"]),
-                                      member=npm_package("0.0.1")[1]))
+                                      folder=npm_package("0.0.1")[1]))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     monkeypatch.setenv("COMPAT_CACHE", str(cache))
@@ -57,10 +61,12 @@ def npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 pytestmark = pytest.mark.skipif(platform.machine() not in codex_npm.TARGETS, reason="no npm build of Codex here")
 
 
-def test_the_binary_lands_in_the_cache_once(npm):
+def test_the_package_lands_in_the_cache_once_and_codex_links_to_its_binary(npm):
     binary = npm_codex("0.0.1")
-    assert binary == npm["cache"] / "npm" / "0.0.1" / "codex"
+    release = npm["cache"] / "npm" / "0.0.1"
+    assert binary == release / "codex" and binary.resolve() == release / "package" / "bin" / "codex"
     assert binary.read_text().endswith("codex-cli 0.0.1\n") and binary.stat().st_mode & 0o111
+    assert (release / "package" / "codex-path" / "rg").is_file()  # the rest of the package is beside it
     assert npm_codex("0.0.1") == binary
     calls = npm["calls"].read_text().splitlines()
     assert len(calls) == 1 and calls[0].endswith(f" {npm_package('0.0.1')[0]}")  # the second call used the cache
@@ -69,7 +75,7 @@ def test_the_binary_lands_in_the_cache_once(npm):
 
 @pytest.mark.parametrize(("mode", "says"), [
     ("offline", "npm pack @openai/codex@0.0.1-linux-"),
-    ("no-binary", "has no package/vendor/"),
+    ("no-binary", "has no Codex package in package/vendor/"),
 ])
 def test_a_failed_fetch_says_why_in_one_line_and_leaves_no_binary(npm, mode, says):
     npm["mode"].write_text(mode)
@@ -81,6 +87,14 @@ def test_a_failed_fetch_says_why_in_one_line_and_leaves_no_binary(npm, mode, say
     assert list((npm["cache"] / "npm").iterdir()) == []
 
 
+def test_a_bare_binary_fetched_by_hand_is_replaced_by_the_package(npm):
+    bare = npm["cache"] / "npm" / "0.0.1" / "codex"
+    bare.parent.mkdir(parents=True)
+    bare.write_text("#!/bin/sh\n")
+    assert npm_codex("0.0.1") == bare and bare.is_symlink() and (bare.parent / "package" / "codex-package.json").exists()
+    assert sorted(path.name for path in (npm["cache"] / "npm").iterdir()) == ["0.0.1"]
+
+
 def test_without_npm_it_says_so(npm, monkeypatch):
     monkeypatch.setenv("PATH", str(npm["cache"]))
     with pytest.raises(CodexUnavailable, match=r"^npm is not installed, so Codex 0.0.1 cannot be fetched; "
@@ -90,9 +104,9 @@ def test_without_npm_it_says_so(npm, monkeypatch):
 
 def test_each_machine_gets_its_own_build():
     assert npm_package("0.171.0", "x86_64") == (
-        "@openai/codex@0.171.0-linux-x64", "package/vendor/x86_64-unknown-linux-musl/bin/codex")
+        "@openai/codex@0.171.0-linux-x64", "package/vendor/x86_64-unknown-linux-musl/")
     assert npm_package("0.171.0", "aarch64") == (
-        "@openai/codex@0.171.0-linux-arm64", "package/vendor/aarch64-unknown-linux-musl/bin/codex")
+        "@openai/codex@0.171.0-linux-arm64", "package/vendor/aarch64-unknown-linux-musl/")
     with pytest.raises(CodexUnavailable, match="no npm build of Codex for"):
         npm_package("0.171.0", "riscv64")
 

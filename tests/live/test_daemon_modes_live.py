@@ -87,4 +87,5 @@ async def test_status_shows_the_daemon_threads_and_intents(app_server: AppServer
         assert codex["url"] == app_server.url and codex["connected"]
         assert codex["server_version"] == ".".join(map(str, codex_version())) and codex["client_name"] == "tillerman"
         assert codex["originator"] == "harness" and codex["initialized_first"] is False  # the harness came first
+        assert codex["server_version_checked"] is True  # the releases the live tests run are checked ones
         assert status["daemon"]["heartbeat"] and status["open_intents"] >= 0
