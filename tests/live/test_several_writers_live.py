@@ -55,8 +55,11 @@ async def test_another_clients_turn_and_steer_are_recorded_as_another_writers(ap
         await s.turn_completed(thread, turn, timeout=30)  # the agent answered the other writer, the turn ended
 
         later = await s.start_turn(thread, f"WAIT: {second_gate}")  # the person's next turn
-        view = await s.wait_state(intent.id, {"acknowledged"}, timeout=30)
+        # Accepted into that turn; the echo comes when the model reads it (0.153.4: at its
+        # next call, after the held one).
+        await s.wait_state(intent.id, {"queued", "acknowledged"}, timeout=30)
         second_gate.touch()
+        view = await s.wait_state(intent.id, {"acknowledged"}, timeout=30)
         await s.turn_completed(thread, later, timeout=30)
         state = s.projection().threads[thread]
         copies = server_copies(await thread_turns(s.harness, thread))
