@@ -14,7 +14,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.controller.test_delivery import NOW, THREAD, TURN, Run, echo, make_intent, transition
+from tests.controller.test_delivery import NOW, THREAD, TURN, Run, echo, make_intent, transition, turn, turns_page
 from tillerman.controller.core.boundary import judge
 from tillerman.controller.core.delivery import (
     Dispatch,
@@ -255,3 +255,19 @@ def test_the_driver_fact_names_the_running_turn_and_holds_for_another_writers_in
     assert (fact.active_turn, fact.active_turn_started_at, fact.held_by) == (T2, AFTER, "other_writer_input")
     assert run.feed(fact) == Output()
     assert reconcile_fact(projection, run.view(), NOW + 1).attempt is None  # a restart's reconcile sends nothing
+
+
+def test_a_crash_between_the_retarget_record_and_its_send_never_sends_twice():
+    run = Run(following())
+    [first] = dispatch(run).commands
+    run.feed(stale(first))
+    out = run.feed(turn_now(T2, AFTER))  # the record is durable; the process dies before the send
+    assert out.durable and len(out.commands) == 1
+    rebuilt = run.rebuilt()
+    assert rebuilt.expected_turn == T2
+    assert rebuilt.handle(turn_now(T3, AFTER + 1, attempt="r2")) == Output()  # its outcome is unknown: no resend
+    [readback] = rebuilt.handle(Reconcile(NOW + 5, expected_turn_state="completed")).commands
+    assert isinstance(readback, ReadBack) and readback.turn_id == T2
+    run.machine = rebuilt
+    move = transition(run.feed(Replied(readback, turns_page(turn(T2)), NOW + 6)))
+    assert (move.to_state, move.reason) == ("expired", "not_delivered")
