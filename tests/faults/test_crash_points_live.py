@@ -13,6 +13,11 @@ Checked after each crash, against the REAL app-server and the scripted model:
   steer's copy is in its expected turn;
 * ``ledger verify`` and ``PRAGMA integrity_check`` pass.
 
+A stop (``--mode stop``) on a goal thread is killed at each point as well: after the
+restart it ends ``effect_verified``, the goal paused and no turn running, with the goal
+paused once and no turn interrupted twice over both lives (every step reads before it
+writes: the restarted daemon never resends a write blindly).
+
 The full matrix is ``slow`` (``make torture``); one point per mode runs in ``make test``.
 """
 
@@ -24,8 +29,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, HarnessClient, watched_connection
-from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health
+from fixtures.codex_server import AppServer, HarnessClient, codex_version, watched_connection
+from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health, thread_turns
 from tillerman.controller.dispatch.driver import CHECKPOINTS
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
@@ -106,6 +111,70 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
         assert outcome.on_server == [turn]
     ok, problems = ledger_health(daemon.ledger)
     assert ok, problems
+
+
+def stop_cases():
+    for point in CHECKPOINTS:
+        marks = () if point == "dispatch_answered" else (pytest.mark.slow,)
+        yield pytest.param(point, marks=marks, id=f"stop-{point}")
+
+
+@pytest.mark.parametrize("point", list(stop_cases()))
+async def test_a_stop_killed_at_a_checkpoint_then_restarted_stops_the_thread_once(
+    point: str, app_server: AppServer, workspace: Path, tmp_path: Path
+) -> None:
+    if codex_version() < (0, 171, 0):
+        pytest.skip("a goal thread needs Codex 0.171.0: run with TILLERMAN_CODEX_BIN=<codex 0.171.0>")
+    daemon = DaemonProcess(app_server.url, tmp_path)
+    async with watched_connection(app_server.url, client_name="harness",
+                                  client_class=HarnessClient) as (client, log):
+        h = Harness(app_server, client, log, daemon)
+        daemon.start(kill_at=point)
+        try:
+            thread = await h.start_thread(workspace)
+            turn = await h.start_turn(thread, "RUN: sleep 10")
+            await h.command_started(thread, turn)
+            # Its goal would go on after this turn, turn after turn.
+            await client.request("thread/goal/set", {"threadId": thread, "objective": "keep going",
+                                                     "status": "active", "origin": "user"})
+            intent_id = h.propose(thread_id=thread, mode="stop", text=f"CRASHTEST stop at {point}")
+
+            with anyio.fail_after(20):  # the daemon picks the stop up and dies at the point
+                while daemon.process.poll() is None:
+                    await anyio.sleep(0.02)
+            assert daemon.process.returncode == -signal.SIGKILL, daemon.stderr_tail()
+            # dispatch_sending is passed before the first write: the goal's pause
+            assert h.trace.stop_writes(thread, "thread/goal/set") == (0 if point in NOT_SENT else 1)
+
+            daemon.process = None
+            daemon.start()  # no kill point: the restart reads back before it writes
+            with anyio.fail_after(40):  # acknowledged is not the end of a stop: its readback is
+                while _end(daemon.ledger, intent_id)[0] not in ("effect_verified", "effect_failed", "expired"):
+                    await anyio.sleep(0.1)
+            goal = (await client.request("thread/goal/get", {"threadId": thread}))["goal"]
+            turns = await thread_turns(client, thread)
+            state, reason = _end(daemon.ledger, intent_id)
+        finally:
+            assert daemon.stop() == 0, daemon.stderr_tail()
+
+    assert (state, reason) == ("effect_verified", "stop_verified"), daemon.stderr_tail()
+    assert goal["status"] == "paused"
+    assert not [t["id"] for t in turns if t["status"] == "inProgress"]
+    assert h.trace.stop_writes(thread, "thread/goal/set") == 1  # paused once over both lives
+    interrupted = [t["id"] for t in turns if h.trace.count("interrupt", "", t["id"])]
+    assert all(h.trace.count("interrupt", "", turn_id) == 1 for turn_id in interrupted)
+    ok, problems = ledger_health(daemon.ledger)
+    assert ok, problems
+
+
+def _end(ledger: Path, intent_id: str) -> tuple[str, str | None]:
+    from tillerman.controller.core.intent_requests import intent_view
+    from tillerman.ledger.sqlite import SQLiteRecorder
+
+    with SQLiteRecorder(ledger) as rec:
+        view = intent_view(rec, intent_id)
+    last = next((h for h in reversed(view.history) if h.kind == "transition"), None)
+    return view.state, last.reason if last else None
 
 
 def _client_id(ledger: Path, intent_id: str) -> str:

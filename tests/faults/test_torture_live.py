@@ -2,7 +2,8 @@
 ``tests.faults.torture``).
 
 * Random kills: rounds of a live session — a turn, 1–3 random intents (steer, queue,
-  interrupt) at random moments, and a SIGKILL of the daemon from outside at a random
+  interrupt) at random moments, or (one round in five, on Codex 0.171) a goal thread and
+  a stop, and a SIGKILL of the daemon from outside at a random
   moment or from inside at a random checkpoint, then a restart. After each round:
   nothing delivered twice, nothing lost without a report, no steer on a wrong turn, the
   ledger's verdict matches the server's history, ``ledger verify`` and

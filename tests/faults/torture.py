@@ -11,11 +11,16 @@ process would, and judges every intent from three independent records:
 * the rollout file the server wrote (``event_msg`` ``item_completed`` lines whose
   ``item.client_id`` is the intent's);
 * the daemon's ``--trace`` (every request it sent, flushed line by line, so it survives
-  a SIGKILL): how many times it sent the steer, queue add or interrupt.
+  a SIGKILL): how many times it sent the steer, queue add or interrupt, and a stop's
+  goal pauses and queue deletes per thread.
+
+A stop is judged by its effect: the server shows no turn running and the goal not
+active; delivered twice means the goal paused twice or a turn interrupted twice.
 
 ``judge`` turns these into an ``Outcome``; ``Summary`` counts them: proposed, delivered
-once, delivered twice (must be 0), lost without a report (must be 0), steers on a wrong
-turn (must be 0), and ledger/server disagreements (must be 0).
+once, delivered twice (must be 0), lost without a report (must be 0: for a stop, not
+settled past acknowledged), steers on a wrong turn (must be 0), a stop's writes on a
+thread no stop was proposed for (must be 0), and ledger/server disagreements (must be 0).
 
 Entry point (prints the summary table)::
 
@@ -45,6 +50,7 @@ from fixtures.codex_server import (
     AppServer,
     EventLog,
     HarnessClient,
+    codex_version,
     is_item,
     is_notification,
     make_codex_home,
@@ -52,7 +58,7 @@ from fixtures.codex_server import (
     start_turn,
     watched_connection,
 )
-from fixtures.rule_texts import ANN_DISPATCHES_ANYWHERE
+from fixtures.rule_texts import ANN_DISPATCHES_AND_STOPS_ANYWHERE
 from fixtures.scripted_model import ScriptedModel
 from tests.faults.ledger_faults import ledger_faults_on_their_own
 from tillerman.controller.core.intent_requests import intent_view, propose
@@ -61,17 +67,23 @@ from tillerman.controller.dispatch.driver import CHECKPOINTS, KILL_AT_ENV
 from tillerman.ledger import projections
 from tillerman.ledger.events import Report
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.monitor.jsonrpc import RpcError
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = "ann"
-GRANTS = ANN_DISPATCHES_ANYWHERE
+GRANTS = ANN_DISPATCHES_AND_STOPS_ANYWHERE
 MODES = ("steer", "queue", "interrupt")
 DEFINITE = frozenset({"acknowledged", "expired", "rejected", "effect_verified", "effect_failed"})
+#: Where a stop settles: acknowledged is its steps carried out, its readback still to come.
+STOP_FINAL = DEFINITE - {"acknowledged"}
+STOP_ROUNDS = 0.2  # the share of random rounds that are stop rounds (on a release with goals)
 #: What a steer that did not land may end as: each refusal reconciled, never retried.
 STEER_REFUSALS = frozenset({("rejected", "stale_turn"), ("rejected", "no_active_turn"),
                             ("expired", "turn_ended"), ("expired", "not_delivered"),
                             ("expired", "lost_after_accept")})
 QUEUE_ACK_DEADLINE = 3.0  # a queue add of unknown outcome that is absent settles after this
+#: The requests only a stop sends (tillerman never sets a goal otherwise), counted per thread.
+STOP_WRITES = ("thread/goal/set", "thread/queue/delete")
 
 
 # -- the daemon as a real process ----------------------------------------------------------
@@ -199,7 +211,7 @@ class TraceReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.sends: Counter[tuple[str, str]] = Counter()  # (method, clientId or turn id)
+        self.sends: Counter[tuple[str, str]] = Counter()  # (method, clientId, turn id or thread id)
         self._offset = 0
 
     def refresh(self) -> Counter[tuple[str, str]]:
@@ -223,14 +235,24 @@ class TraceReader:
                 self.sends[(msg["method"], str(params.get("clientUserMessageId")))] += 1
             elif msg.get("method") == "turn/interrupt":
                 self.sends[(msg["method"], str(params.get("turnId")))] += 1
+            elif msg.get("method") in STOP_WRITES:
+                self.sends[(msg["method"], str(params.get("threadId")))] += 1
         return self.sends
 
-    def count(self, mode: str, client_id: str, turn_id: str | None) -> int:
+    def stop_writes(self, thread_id: str, method: str | None = None) -> int:
+        """A stop's writes to the thread (goal pauses, queue deletes), or those of ``method``."""
+        self.refresh()
+        return sum(self.sends[(m, thread_id)] for m in STOP_WRITES if method in (None, m))
+
+    def count(self, mode: str, client_id: str, turn_id: str | None, thread_id: str | None = None) -> int:
+        """The sends of one intent: its steer, queue add or interrupt; a stop's goal pauses."""
         self.refresh()
         if mode == "steer":
             return self.sends[("turn/steer", client_id)]
         if mode == "queue":
             return self.sends[("thread/queue/add", client_id)]
+        if mode == "stop":
+            return self.sends[("thread/goal/set", str(thread_id))]
         return self.sends[("turn/interrupt", str(turn_id))]
 
 
@@ -256,6 +278,11 @@ class Outcome:
     reported: bool
     turn_status: str | None  # the expected turn's final status on the server
     label: str = ""
+    # A stop's thread as the server shows it at the end: a turn running, the goal's status.
+    still_running: bool = False
+    goal_status: str | None = None
+    stop_writes: int = 0  # goal pauses and queue deletes sent to the intent's thread
+    interrupted_twice: int = 0  # turns of the intent's thread the trace shows interrupted more than once
 
     @property
     def copies(self) -> int:
@@ -265,11 +292,16 @@ class Outcome:
     def delivered(self) -> bool:
         if self.mode == "interrupt":
             return self.turn_status == "interrupted"
+        if self.mode == "stop":  # its effect: the thread does no more work
+            return not self.still_running and self.goal_status != "active"
         return self.copies >= 1
 
     @property
     def duplicated(self) -> bool:
-        # an interrupt sent twice is a duplicate too, even if the second one found no turn
+        # an interrupt sent twice is a duplicate too, even if the second one found no turn;
+        # a stop pauses the goal once, and interrupts no turn twice
+        if self.mode == "stop":
+            return self.sends > 1 or self.interrupted_twice > 0
         return self.copies > 1 or (self.mode == "interrupt" and self.sends > 1)
 
     @property
@@ -278,31 +310,43 @@ class Outcome:
                                                            for t in self.on_server + self.in_rollout)
 
     @property
+    def wrong_thread(self) -> bool:
+        """A stop's write (goal pause, queue delete) on a thread no stop was proposed for."""
+        return self.mode != "stop" and self.stop_writes > 0
+
+    @property
+    def settled(self) -> bool:
+        return self.state in (STOP_FINAL if self.mode == "stop" else DEFINITE)
+
+    @property
     def lost(self) -> bool:
         """Neither in a definite state nor reported to a person."""
-        return self.state not in DEFINITE and not self.reported
+        return not self.settled and not self.reported
 
     @property
     def disagrees(self) -> bool:
         """The ledger's verdict contradicts the server: acknowledged but not there, or
         settled as not delivered while it is there."""
-        if self.state not in DEFINITE:
+        if not self.settled:
             return False
-        return (self.state == "acknowledged") != self.delivered
+        return (self.state == ("effect_verified" if self.mode == "stop" else "acknowledged")) != self.delivered
 
     @property
     def problems(self) -> list[str]:
         return [name for name, bad in (("duplicated", self.duplicated), ("wrong_turn", self.wrong_turn),
-                                       ("lost", self.lost), ("disagrees", self.disagrees)) if bad]
+                                       ("wrong_thread", self.wrong_thread), ("lost", self.lost),
+                                       ("disagrees", self.disagrees)) if bad]
 
     def describe(self) -> str:
         return (f"{self.label} {self.intent_id} {self.mode} -> {self.state}/{self.reason} server={self.on_server} "
                 f"rollout={self.in_rollout} expected={self.expected_turn} sends={self.sends} "
-                f"turn_status={self.turn_status} reported={self.reported}")
+                f"turn_status={self.turn_status} reported={self.reported}"
+                + (f" running={self.still_running} goal={self.goal_status} interrupted_twice={self.interrupted_twice}"
+                   if self.mode == "stop" else ""))
 
 
 def judge(ledger: Path, intent_ids: list[str], turns: list[dict], rollout: dict[str, list[str]],
-          trace: TraceReader, label: str = "") -> list[Outcome]:
+          trace: TraceReader, label: str = "", goal_status: str | None = None) -> list[Outcome]:
     on_server = server_copies(turns)
     status = {t.get("id"): t.get("status") for t in turns}
     with SQLiteRecorder(ledger) as rec:
@@ -319,9 +363,12 @@ def judge(ledger: Path, intent_ids: list[str], turns: list[dict], rollout: dict[
         outcomes.append(Outcome(
             intent_id=intent_id, mode=intent.mode, expected_turn=intent.expected_turn_id, state=view.state,
             reason=last.reason if last else None, on_server=on_server.get(cid, []),
-            in_rollout=rollout.get(cid, []), sends=trace.count(intent.mode, cid, intent.expected_turn_id),
+            in_rollout=rollout.get(cid, []), sends=trace.count(intent.mode, cid, intent.expected_turn_id, intent.thread_id),
             reported=intent_id in reports or intent_id in late,
-            turn_status=status.get(intent.expected_turn_id), label=label))
+            turn_status=status.get(intent.expected_turn_id), label=label,
+            still_running=any(s == "inProgress" for s in status.values()), goal_status=goal_status,
+            stop_writes=trace.stop_writes(intent.thread_id),
+            interrupted_twice=sum(1 for turn_id in status if trace.count("interrupt", cid, turn_id) > 1)))
     return outcomes
 
 
@@ -352,6 +399,7 @@ class Summary:
             "delivered twice": sum(1 for x in o if x.duplicated),
             "lost without a report": sum(1 for x in o if x.lost),
             "steers on a wrong turn": sum(1 for x in o if x.wrong_turn),
+            "stop writes on a wrong thread": sum(1 for x in o if x.wrong_thread),
             "ledger/server disagreements": sum(1 for x in o if x.disagrees),
             "ledger checks failed": len(self.ledger_failures),
         }
@@ -360,7 +408,8 @@ class Summary:
     def clean(self) -> bool:
         c = self.counts()
         return not any(c[k] for k in ("delivered twice", "lost without a report", "steers on a wrong turn",
-                                      "ledger/server disagreements", "ledger checks failed"))
+                                      "stop writes on a wrong thread", "ledger/server disagreements",
+                                      "ledger checks failed"))
 
     def table(self, title: str = "random kills") -> str:
         lines = [f"tillerman torture: {title} — {self.rounds} rounds, seed {self.seed}, "
@@ -390,6 +439,7 @@ class Harness:
         self.log = log
         self.daemon = daemon
         self.trace = TraceReader(daemon.trace)
+        self.goals = codex_version() >= (0, 171, 0)  # thread goals as measured
 
     async def start_thread(self, workspace: Path) -> str:
         return await start_thread(self.client, workspace)
@@ -437,13 +487,15 @@ class Harness:
                     continue
                 stable = stable + 1 if started == done and not queue else 0
 
-    async def settle(self, intent_ids: list[str], timeout: float = 20.0, keep_alive: bool = True) -> None:
-        """Wait (restarting a dead daemon) until every intent is in a definite state, or timeout."""
+    async def settle(self, intent_ids: list[str], timeout: float = 20.0, keep_alive: bool = True,
+                     final: frozenset[str] = DEFINITE) -> None:
+        """Wait (restarting a dead daemon) until every intent is in a definite state (one of
+        ``final``), or timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if keep_alive:
                 self.daemon.ensure()
-            if all(s in DEFINITE for s in states(self.daemon.ledger, intent_ids).values()):
+            if all(s in final for s in states(self.daemon.ledger, intent_ids).values()):
                 return
             await anyio.sleep(0.1)
 
@@ -451,14 +503,29 @@ class Harness:
         turns = await thread_turns(self.client, thread_id)
         await anyio.sleep(0.05)  # the rollout is written beside the notifications
         return judge(self.daemon.ledger, intent_ids, turns, rollout_copies(self.server, thread_id), self.trace,
-                     label)
+                     label, goal_status=await self.goal_status(thread_id))
+
+    async def set_goal(self, thread_id: str) -> None:
+        """An active goal: after the running turn Codex starts the next, turn after turn."""
+        await self.client.request("thread/goal/set", {"threadId": thread_id, "objective": "keep going",
+                                                      "status": "active", "origin": "user"})
+
+    async def goal_status(self, thread_id: str) -> str | None:
+        try:
+            goal = (await self.client.request("thread/goal/get", {"threadId": thread_id})).get("goal")
+        except RpcError:  # a release without goals
+            return None
+        return goal.get("status") if isinstance(goal, dict) else None
 
 
 # -- one random round -------------------------------------------------------------------------
 
 
 async def random_round(h: Harness, rng: random.Random, number: int, workspace: Path) -> list[Outcome]:
-    """A turn, 1–3 random intents at random moments, and (usually) a SIGKILL of the daemon."""
+    """A turn, 1–3 random intents at random moments, and (usually) a SIGKILL of the daemon.
+    One round in five (on a release with goals) is a stop round instead: the thread gets an
+    active goal during its turn, and a stop is the round's one intent (another intent
+    beside it would be judged against a turn the stop may have ended)."""
     plan = rng.choices(["none", "outside", "checkpoint"], weights=[1, 2, 2])[0]
     point = rng.choice(CHECKPOINTS) if plan == "checkpoint" else None
     if point:
@@ -474,6 +541,9 @@ async def random_round(h: Harness, rng: random.Random, number: int, workspace: P
     modes = rng.choices(MODES, weights=[4, 2, 2], k=rng.choice([1, 1, 2, 3]))
     if modes.count("interrupt") > 1:
         modes = [m for m in modes if m != "interrupt"] + ["interrupt"]
+    if rng.random() < STOP_ROUNDS and h.goals:
+        modes = ["stop"]
+        await h.set_goal(thread)
     events: list[tuple[float, str, str | None]] = sorted(
         (rng.uniform(0.0, sleep_for + 0.3), "propose", mode) for mode in modes)
     if plan == "outside":
@@ -489,12 +559,16 @@ async def random_round(h: Harness, rng: random.Random, number: int, workspace: P
             if mode == "queue":
                 intent_ids.append(h.propose(thread_id=thread, mode="queue", text=text,
                                             ack_deadline=QUEUE_ACK_DEADLINE))
+            elif mode == "stop":
+                intent_ids.append(h.propose(thread_id=thread, mode="stop", text=text))
             else:
                 intent_ids.append(h.propose(thread_id=thread, mode=mode, text=text, expected_turn=turn))
         elif what == "kill":
             h.daemon.sigkill()
         else:
             h.daemon.ensure()
+    if modes == ["stop"]:  # acknowledged is not its end: its readback is
+        await h.settle(intent_ids, timeout=40, final=STOP_FINAL)
     await h.idle(thread)
     await h.settle(intent_ids)
     await h.idle(thread)  # a settled queue intent may have started a turn
