@@ -1,8 +1,9 @@
 """What the agent's side can record to attack whoever reads it: strings for a terminal
 and for an HTML page, and a session that carries one such string in every recorded
 field a reader shows (thread and turn ids, the working directory, tool names,
-commands, statuses, approvals, queue entries, messages, reports and rule ids,
-decisions, and the intent's own fields, reasons and evidence)."""
+commands, statuses, what started a turn, a Codex goal's status and who changed it,
+approvals, queue entries, messages, reports and rule ids, decisions, and the intent's
+own fields, reasons and evidence)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def _thread(name: str, s: str, at: float) -> list[Envelope]:
 
     out = [
         env("thread", ev.ThreadStarted(thread_id=thread, cwd=f"/home/{s}", originator=s, cli_version=s), 0),
-        env("turn", ev.TurnStarted(thread_id=thread, turn_id=turn), 1),
+        env("goal", ev.GoalUpdated(thread_id=thread, status=f"goal-{s}", by=s, origin=s, objective_digest=s), 0.5),
+        env("turn", ev.TurnStarted(thread_id=thread, turn_id=turn, trigger=f"trigger-{s}"), 1),
         env("status", ev.StatusChanged(thread_id=thread, status=f"active{s}", flags=(s,)), 1),
         env("call", ev.ItemStarted(thread_id=thread, turn_id=turn, item_id=item, item_type=f"command{s}",
                                    tool=f"bash {s}", critical=True), 2),

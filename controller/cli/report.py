@@ -24,7 +24,9 @@ from tillerman.controller.cli.shared import CONFIG_HELP, load_rules_or_fail, ope
 from tillerman.controller.core.timefmt import iso, parse_time
 from tillerman.controller.replay.parallel import ReplaySettings, replay_files
 from tillerman.controller.replay.replayer import ReplayError, collect_files
-from tillerman.controller.report.account import BY_CHOICES, DEFAULT_BY, Account, Delays, Figure, Group, account
+from tillerman.controller.report.account import (
+    BY_CHOICES, DEFAULT_BY, NOT_KNOWN, Account, Delays, Figure, Group, account,
+)
 from tillerman.controller.report.fold import Facts, fold_facts
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.paths import check_output, replace_file
@@ -195,6 +197,23 @@ def render_text(result: Account) -> list[str]:
               _line("recovered after an intervention", s.recovered_after_intervention),
               _line("recovered alone", s.recovered_alone), _line("abandoned", s.abandoned),
               _line("unresolved at the end", s.unresolved)]
+    return lines + _goal_lines(result)
+
+
+def _goal_lines(result: Account) -> list[str]:
+    g = result.goals
+    lines = ["", "Goals and turn triggers"]
+    lines += [_line(f"turns started by {trigger}" if trigger != NOT_KNOWN else "turns, trigger not known", figure)
+              for trigger, figure in g.turns_by_trigger.items()]
+    lines += [_line("  of them inferred live", g.inferred_triggers), _line("goal changes", g.goal_changes),
+              _line("goals budget-limited", g.budget_limited)]
+    for thread in g.threads:
+        if thread.goal_status is None and not thread.goal_statuses:
+            continue  # no goal: its turns are in the counts above
+        budget = f", {thread.tokens_used} of {thread.token_budget} tokens" if thread.token_budget is not None else ""
+        turns = ", ".join(f"{k} {v}" for k, v in thread.turns_by_trigger.items()) or "none"
+        lines.append(f"  thread {thread.thread_id}: goal {' -> '.join(thread.goal_statuses) or thread.goal_status}"
+                     f" (now {thread.goal_status}{budget}); turns by trigger: {turns}")
     return lines
 
 

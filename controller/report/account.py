@@ -4,8 +4,9 @@
 Every figure is a ``Figure``: its value, how it was computed, and from how many
 events. A figure that cannot be computed has no value and says why, so a missing
 measurement never reads as a zero. The window (``since``/``until``) selects what is
-counted by when it began (an intent by its proposal, a turn by its end, a report or a
-review call by its time); states are always those at the end of the ledger.
+counted by when it began (an intent by its proposal, a turn by its end but by its start
+for what started it, a report, a goal change or a review call by its time); states are
+always those at the end of the ledger.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tillerman.controller.report.fold import STALL_FINDING, Facts
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView
+from tillerman.ledger.snapshot import GOAL_BUDGET_LIMITED
 
 BY_CHOICES = ("task_class", "mode", "rule", "owner", "thread")
 DEFAULT_BY = ("mode", "task_class")
@@ -135,6 +137,25 @@ class Stalls(msgspec.Struct, kw_only=True):
     items: list[Stall]
 
 
+class ThreadGoals(msgspec.Struct, kw_only=True):
+    """One thread's Codex goal over the window and what started its turns."""
+
+    thread_id: str
+    goal_status: str | None  # as the ledger ends (None: no goal was seen on the thread)
+    token_budget: int | None
+    tokens_used: int | None
+    goal_statuses: list[str]  # each change of its goal's status in the window, in order
+    turns_by_trigger: dict[str, int]  # user, goal, queue, unknown; "not known" for a turn without one
+
+
+class Goals(msgspec.Struct, kw_only=True):
+    turns_by_trigger: dict[str, Figure]
+    inferred_triggers: Figure
+    goal_changes: Figure
+    budget_limited: Figure
+    threads: list[ThreadGoals]
+
+
 class Account(msgspec.Struct, kw_only=True):
     events: int
     since: float | None
@@ -149,6 +170,7 @@ class Account(msgspec.Struct, kw_only=True):
     owner_interruptions: OwnerInterruptions
     reviewer: Reviewer
     stalls: Stalls
+    goals: Goals
     undecodable: int
 
 
@@ -191,6 +213,7 @@ def account(facts: Facts, *, since: float | None = None, until: float | None = N
         owner_interruptions=_owner(facts, inside),
         reviewer=_reviewer(facts, inside),
         stalls=_stalls(facts, inside),
+        goals=_goals(facts, inside),
         undecodable=facts.undecodable,
     )
 
@@ -417,3 +440,43 @@ def _stall_end(facts: Facts, thread_id: str, turn_id: str, at: float | None, seq
                            for h in v.history)), None)
     return Stall(thread_id=thread_id, turn_id=turn_id, at=at, seq=seq, by_intent=helper,
                  ended="recovered_after_intervention" if helper else "recovered_alone")
+
+
+#: A turn whose trigger the fold does not know (a Claude Code turn, a turn it kept no
+#: trigger of): counted under this name.
+NOT_KNOWN = "not known"
+
+
+def _goals(facts: Facts, inside: Callable[[float | None], bool]) -> Goals:
+    """What started each turn that began in the window, and each thread's goal changes."""
+    turns = [t for t in facts.turns.values() if inside(t.started_at if t.started_at is not None else t.ended_at)]
+    triggers = {(t.thread_id, t.turn_id): facts.trigger(t) for t in turns}
+    changes = [c for c in facts.goal_changes if inside(c.at)]
+    by_thread: dict[str, Counter[str]] = {}
+    for (thread_id, _), (trigger, _) in triggers.items():
+        by_thread.setdefault(thread_id, Counter())[trigger or NOT_KNOWN] += 1
+    threads = sorted(set(by_thread) | {c.thread_id for c in changes})
+    known = Counter(trigger or NOT_KNOWN for trigger, _ in triggers.values())
+    inferred = sum(1 for trigger, was_inferred in triggers.values() if trigger is not None and was_inferred)
+    limited = [c for c in changes if c.status == GOAL_BUDGET_LIMITED]
+    return Goals(
+        turns_by_trigger={trigger: count(n, f"turns started by {trigger}" if trigger != NOT_KNOWN else
+                                         "turns whose trigger is not known (not a Codex turn, or not kept)", len(turns))
+                          for trigger, n in sorted(known.items())},
+        inferred_triggers=count(inferred, "turns whose trigger the live fold inferred (the app-server does not"
+                                          " say; a rollout does)", len(turns)),
+        goal_changes=count(len(changes), "goal_updated/goal_cleared events that changed a goal's status"),
+        budget_limited=count(len(limited), "goal changes to budgetLimited (the token budget spent; Codex starts no"
+                                           " more turns for it)"),
+        threads=[_thread_goals(facts, thread_id, by_thread.get(thread_id, Counter()),
+                               [c.status for c in changes if c.thread_id == thread_id]) for thread_id in threads],
+    )
+
+
+def _thread_goals(facts: Facts, thread_id: str, triggers: Counter[str], statuses: list[str]) -> ThreadGoals:
+    thread = facts.projection.threads.get(thread_id)
+    goal = thread.goal if thread is not None else None
+    return ThreadGoals(
+        thread_id=thread_id, goal_status=goal.status if goal else None,
+        token_budget=goal.token_budget if goal else None, tokens_used=goal.tokens_used if goal else None,
+        goal_statuses=statuses, turns_by_trigger=dict(sorted(triggers.items())))

@@ -7,7 +7,8 @@ later run recognises it and replaces it whole; nothing else is ever replaced by 
 Tables: ``account`` (one row per figure), ``intents``, ``journeys`` (each intent's
 states, decisions and evidence, in seq order), ``turns``, ``tool_calls``,
 ``interventions`` (the decisions about intents), ``notifications`` (the reports made
-for a person). Labels and reasons are searchable (FTS on ``intents`` and ``journeys``).
+for a person), ``goal_changes`` (each change of a thread's Codex goal); a turn's row says
+what started it (``trigger``, ``trigger_inferred``). Labels and reasons are searchable (FTS on ``intents`` and ``journeys``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _tables(db: sqlite_utils.Database, facts: Facts, result: Account) -> None:
         foreign_keys=[("intent_id", "intents", "id")])
     _fill(db, "turns", ({
         "thread_id": t.thread_id, "turn_id": t.turn_id, "started_at": t.started_at, "ended_at": t.ended_at,
-        "status": t.status, "seconds": t.seconds,
+        "status": t.status, "seconds": t.seconds, **_trigger_columns(facts.trigger(t)),
     } for t in facts.turns.values()), _TURN_COLUMNS, ("thread_id", "turn_id"))
     _fill(db, "tool_calls", ({
         "thread_id": c.thread_id, "turn_id": c.turn_id, "item_id": c.item_id, "item_type": c.item_type,
@@ -68,13 +69,19 @@ def _tables(db: sqlite_utils.Database, facts: Facts, result: Account) -> None:
     } for c in facts.calls.values()), _CALL_COLUMNS, ("thread_id", "item_id"))
     _fill(db, "interventions", (msgspec.structs.asdict(d) for d in facts.decisions), _DECISION_COLUMNS, "seq")
     _fill(db, "notifications", (msgspec.structs.asdict(r) for r in facts.reports), _REPORT_COLUMNS, "seq")
+    _fill(db, "goal_changes", (msgspec.structs.asdict(c) for c in facts.goal_changes), _GOAL_CHANGE_COLUMNS, "seq")
     for table, columns in (("journeys", ["intent_id"]), ("turns", ["status"]), ("tool_calls", ["turn_id"]),
                            ("interventions", ["intent_id"]), ("notifications", ["thread_id"]),
-                           ("intents", ["task_class"]), ("intents", ["thread_id"])):
+                           ("intents", ["task_class"]), ("intents", ["thread_id"]),
+                           ("goal_changes", ["thread_id"]), ("turns", ["trigger"])):
         db[table].create_index(columns, if_not_exists=True)
     db["intents"].enable_fts(["task_class", "mode", "rule_id", "owner", "state", "reason"])
     db["journeys"].enable_fts(["state", "reason"])
     db["notifications"].enable_fts(["rule_id", "finding"])
+
+
+def _trigger_columns(trigger: tuple[str | None, bool]) -> dict:
+    return {"trigger": trigger[0], "trigger_inferred": trigger[1] if trigger[0] is not None else None}
 
 
 def _fill(db: sqlite_utils.Database, name: str, rows, columns: dict, pk, foreign_keys=None) -> None:
@@ -94,10 +101,12 @@ def account_rows(result: Account) -> Iterator[dict]:
     for group in (result.totals, *result.groups):
         key = ",".join(f"{k}={v}" for k, v in group.key.items()) or "all"
         yield from (row("interventions", key, name, figure) for name, figure in _group_figures(group))
-    for section in ("delivery", "cancelled_work", "owner_interruptions", "reviewer", "stalls"):
+    for section in ("delivery", "cancelled_work", "owner_interruptions", "reviewer", "stalls", "goals"):
         for name, value in msgspec.structs.asdict(getattr(result, section)).items():
             if isinstance(value, Figure):
                 yield row(section, "all", name, value)
+    for trigger, figure in result.goals.turns_by_trigger.items():
+        yield row("goals", "all", f"turns_by_trigger:{trigger}", figure)
 
 
 def _group_figures(group: Group) -> Iterator[tuple[str, Figure]]:
@@ -121,10 +130,12 @@ _INTENT_COLUMNS = {"id": str, "thread_id": str, "expected_turn_id": str, "mode":
 _JOURNEY_COLUMNS = {"intent_id": str, "seq": int, "at": float, "kind": str, "state": str, "reason": str,
                     "evidence": str}
 _TURN_COLUMNS = {"thread_id": str, "turn_id": str, "started_at": float, "ended_at": float, "status": str,
-                 "seconds": float}
+                 "seconds": float, "trigger": str, "trigger_inferred": int}
 _CALL_COLUMNS = {"thread_id": str, "turn_id": str, "item_id": str, "item_type": str, "tool": str, "critical": int,
                  "started_at": float, "ended_at": float, "status": str, "exit_code": int}
 _DECISION_COLUMNS = {"seq": int, "at": float, "thread_id": str, "intent_id": str, "action": str, "reason": str,
                      "rule_id": str, "shadow": int}
 _REPORT_COLUMNS = {"seq": int, "at": float, "thread_id": str, "turn_id": str, "rule_id": str, "finding": str,
                    "action": str, "shadow": int, "intent_id": str}
+_GOAL_CHANGE_COLUMNS = {"seq": int, "at": float, "thread_id": str, "status": str, "by": str, "token_budget": int,
+                        "tokens_used": int, "turn_id": str}

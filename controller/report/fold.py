@@ -5,7 +5,9 @@
 states and journeys) and ``tillerman.ledger.reviews`` for the reviewer's calls, and
 adds what neither keeps: every turn with its start and end, every tool call with its
 run time, approval waits, queue entries, the reports made for a person, the decisions,
-the echoes of our own messages (to count deliveries), and where the ledger's time ends.
+the echoes of our own messages (to count deliveries), each change of a thread's Codex
+goal and what started each turn (``Turn.trigger``: read from a rollout, or inferred by
+the ledger's fold), and where the ledger's time ends.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Turn(msgspec.Struct, kw_only=True):
     duration_ms: int | None = None
     seq: int = 0  # where it started (or, with no start recorded, ended)
     ended_seq: int = 0
+    # What started it ("user", "goal", "queue", "unknown"), as the fold knew it when the
+    # turn ended (an inference is settled by then); None: not known (``Facts.trigger``).
+    trigger: str | None = None
+    trigger_inferred: bool = False
 
     @property
     def seconds(self) -> float | None:
@@ -101,6 +107,19 @@ class Decision(msgspec.Struct, kw_only=True):
     shadow: bool
 
 
+class GoalChange(msgspec.Struct, kw_only=True):
+    """A thread's Codex goal moved to another status (``cleared`` for a clear)."""
+
+    seq: int
+    at: float | None
+    thread_id: str
+    status: str
+    by: str | None = None  # "tillerman" when our own request changed it
+    token_budget: int | None = None
+    tokens_used: int | None = None
+    turn_id: str | None = None  # the turn whose end the change came with
+
+
 class Progress(msgspec.Struct, kw_only=True):
     """The first sign of life in a turn after ``after``: the agent's, not our own message."""
 
@@ -117,6 +136,8 @@ class Facts:
         self.spans: dict[tuple[str, str, str], Span] = {}
         self.reports: list[PersonReport] = []
         self.decisions: list[Decision] = []
+        self.goal_changes: list[GoalChange] = []
+        self._goal_status: dict[str, str] = {}  # thread -> its goal's status at its last change
         # intent id -> the (turn, item) of each echo of its message: more than one is a duplicate
         self.echoes: dict[str, set[tuple[str | None, str | None]]] = {}
         # (thread, turn) -> (at, seq) of each agent event in it, for how stalls ended
@@ -217,6 +238,7 @@ class Facts:
         if turn is None or turn.status is not None:
             return
         turn.status, turn.ended_at, turn.duration_ms, turn.ended_seq = e.status, at, e.duration_ms, seq
+        turn.trigger, turn.trigger_inferred = self.trigger(turn)
         if not turn.seq:
             turn.seq = seq
         for span in self.spans.values():  # the server resolves what waited in the turn
@@ -296,10 +318,31 @@ class Facts:
         self.decisions.append(Decision(seq=seq, at=at, thread_id=e.thread_id, intent_id=e.intent_id,
                                        action=e.action, reason=e.reason, rule_id=e.rule_id, shadow=e.shadow))
 
+    def _goal(self, e: ev.GoalUpdated | ev.GoalCleared, at, seq) -> None:
+        """A goal report whose status differs from the last change's: a change (every
+        goal turn's end reports the goal again, mostly with the same status)."""
+        thread = self.projection.threads.get(e.thread_id) if e.thread_id is not None else None
+        goal = thread.goal if thread is not None else None
+        if goal is None or self._goal_status.get(e.thread_id) == goal.status:
+            return
+        self._goal_status[e.thread_id] = goal.status
+        self.goal_changes.append(GoalChange(
+            seq=seq, at=at, thread_id=e.thread_id, status=goal.status, by=goal.changed_by,
+            token_budget=goal.token_budget, tokens_used=goal.tokens_used, turn_id=goal.turn_id))
+
     def _undecodable(self, e: ev.Undecodable, at, seq) -> None:
         self.undecodable += 1
 
     # -- views ------------------------------------------------------------------
+
+    def trigger(self, turn: Turn) -> tuple[str | None, bool]:
+        """What started ``turn`` and whether that was inferred: as kept at its end, else as
+        the ledger's fold knows it now (a turn still open, or one of a fold's recent turns)."""
+        if turn.trigger is not None:
+            return turn.trigger, turn.trigger_inferred
+        thread = self.projection.threads.get(turn.thread_id)
+        found = thread.turn_trigger(turn.turn_id) if thread is not None else None
+        return found if found is not None else (None, False)
 
     def first_activity_after(self, thread_id: str, turn_id: str, after_seq: int) -> Progress | None:
         for at, seq in self.activity.get((thread_id, turn_id), ()):
@@ -334,6 +377,8 @@ _STEPS = {
     ev.Report: Facts._report,
     ev.DecisionRecorded: Facts._decision,
     ev.Undecodable: Facts._undecodable,
+    ev.GoalUpdated: Facts._goal,
+    ev.GoalCleared: Facts._goal,
 }
 
 

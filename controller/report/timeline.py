@@ -1,8 +1,9 @@
 """``tillerman timeline``: a session drawn as one self-contained HTML page.
 
 ``timeline_data`` turns the folded facts (``tillerman.controller.report.fold``) into
-plain JSON: threads, turns, tool calls, approval waits, queue entries, stalls and each
-intent's journey with the evidence of every step. ``render_html`` embeds that JSON in
+plain JSON: threads, turns (with what started each), tool calls, approval waits, queue
+entries, stalls, the changes of each thread's Codex goal and each intent's journey with
+the evidence of every step. ``render_html`` embeds that JSON in
 one page with its CSS and script inline: no network asset, so it opens from
 ``file://``. The page draws only what lies in the visible time window and at most
 ``MAX_DRAWN`` marks at a time (the rest is drawn when the window moves there), so a
@@ -15,6 +16,7 @@ import html
 import json
 
 from tillerman.controller.report.fold import STALL_FINDING, Facts
+from tillerman.ledger.snapshot import GOAL_HALTED
 
 #: The most marks (turn bands, calls, waits, intent steps) the page draws at once.
 MAX_DRAWN = 4000
@@ -36,12 +38,14 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
         return start, stop if stop is not None else end
 
     data: dict = {"threads": threads, "end": end, "max_drawn": MAX_DRAWN, "turns": [], "calls": [], "waits": [],
-                  "stalls": [], "intents": []}
+                  "stalls": [], "goals": [], "intents": []}
     for t in turns:
         s, e = span(t.started_at, t.ended_at)
         if s is not None:
+            trigger, inferred = facts.trigger(t)
             data["turns"].append({"lane": lane[t.thread_id], "id": t.turn_id, "s": s, "e": e,
-                                  "status": t.status or "open"})
+                                  "status": t.status or "open", "trigger": trigger or "not known",
+                                  "inferred": inferred})
     for c in sorted(facts.calls.values(), key=lambda c: c.seq):
         s, e = span(c.started_at, c.ended_at)
         if c.thread_id in lane and s is not None and wanted(c.thread_id, s):
@@ -56,6 +60,11 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
         if not r.shadow and r.thread_id in lane and r.at is not None and STALL_FINDING.match(r.finding) \
                 and wanted(r.thread_id, r.at):
             data["stalls"].append({"lane": lane[r.thread_id], "at": r.at, "finding": r.finding, "seq": r.seq})
+    for c in facts.goal_changes:
+        if c.thread_id in lane and c.at is not None and wanted(c.thread_id, c.at):
+            data["goals"].append({"lane": lane[c.thread_id], "at": c.at, "status": c.status, "by": c.by,
+                                  "token_budget": c.token_budget, "tokens_used": c.tokens_used, "turn": c.turn_id,
+                                  "seq": c.seq, "halted": c.status in GOAL_HALTED})
     for view in sorted(facts.projection.intents.values(), key=lambda v: v.intent.created_at):
         intent = view.intent
         if intent.thread_id not in lane or not wanted(intent.thread_id, intent.created_at):
@@ -114,6 +123,8 @@ header button { font: inherit; padding: 2px 8px; }
 .approval-wait { height: 6px; top: 57px; background: #e6b800; }
 .queue-entry { height: 6px; top: 57px; background: #9b59b6; }
 .stall-marker { top: 12px; width: 0; height: 34px; border-left: 3px dotted #d04848; }
+.goal-mark { top: 2px; width: 10px; height: 10px; margin-left: -5px; background: #0a7d8c; transform: rotate(45deg); }
+.goal-mark.halted { background: #d04848; }
 .intent-marker { top: 66px; width: 12px; height: 12px; margin-left: -6px; border-radius: 50%;
   background: #2e8b57; border: 2px solid #fff; box-shadow: 0 0 0 1px #2e8b57; z-index: 2; }
 .intent-marker.rejected, .intent-marker.expired, .intent-marker.effect_failed { background: #b33; box-shadow: 0 0 0 1px #b33; }
@@ -135,7 +146,8 @@ header button { font: inherit; padding: 2px 8px; }
 <div id="legend"><span style="--c:#cfe3ff">turn</span><span style="--c:#ffe0c2">interrupted turn</span>
 <span style="--c:#7a8699">tool call</span><span style="--c:#c22">critical tool call</span>
 <span style="--c:#e6b800">approval wait</span><span style="--c:#9b59b6">queue entry</span>
-<span style="--c:#d04848">stall</span><span style="--c:#2e8b57">intent (journey)</span></div>
+<span style="--c:#d04848">stall</span><span style="--c:#0a7d8c">goal change</span>
+<span style="--c:#2e8b57">intent (journey)</span></div>
 <div id="axis"></div><div id="chart"></div>
 <div id="detail">Click a mark for its evidence.</div>
 <script type="application/json" id="timeline-data">__DATA__</script>
@@ -149,6 +161,7 @@ const times = [];
 for (const t of D.turns) { times.push(t.s, t.e); }
 for (const i of D.intents) for (const s of i.steps) times.push(s.at);
 for (const c of D.calls) times.push(c.s);
+for (const g of D.goals) times.push(g.at);
 const clean = times.filter(x => typeof x === "number");
 const t0 = clean.length ? Math.min(...clean.slice(0, 200000)) : 0;
 const t1 = clean.length ? Math.max(...clean.slice(0, 200000)) : 1;
@@ -158,6 +171,7 @@ for (const t of D.turns) marks.push({s: t.s, e: t.e, kind: "turn", d: t});
 for (const c of D.calls) marks.push({s: c.s, e: c.e, kind: "call", d: c});
 for (const w of D.waits) marks.push({s: w.s, e: w.e, kind: w.kind, d: w});
 for (const s of D.stalls) marks.push({s: s.at, e: s.at, kind: "stall", d: s});
+for (const g of D.goals) marks.push({s: g.at, e: g.at, kind: "goal", d: g});
 for (const i of D.intents) {
   const ats = i.steps.map(s => s.at);
   marks.push({s: Math.min(...ats), e: Math.max(...ats), kind: "intent", d: i});
@@ -186,7 +200,7 @@ function el(cls, left, width, lane, title, onclick) {
   return div;
 }
 const tops = {"turn-band": "16px", "tool-call": "46px", "approval-wait": "57px", "queue-entry": "57px",
-              "stall-marker": "12px", "intent-marker": "66px", "journey-line": "71px", "journey-step": "68px"};
+              "stall-marker": "12px", "goal-mark": "2px", "intent-marker": "66px", "journey-line": "71px", "journey-step": "68px"};
 function getComputedStyleTop(cls) { return tops[cls.split(" ")[0]] || "0px"; }
 function show(obj) { detail.textContent = JSON.stringify(obj, null, 2); }
 function fmt(t) { return new Date(t * 1000).toISOString().replace("T", " ").replace(/\\.\\d+Z$/, "Z"); }
@@ -209,8 +223,11 @@ function draw() {
     if (drawn >= D.max_drawn) { skipped++; continue; }
     const d = m.d, left = x(Math.max(m.s, a)), w = x(Math.min(end, b)) - left;
     if (m.kind === "turn") {
-      frag.appendChild(el("turn-band " + d.status, left, w, d.lane, "turn " + d.id + " (" + d.status + ")",
-        () => show({turn: d.id, status: d.status, started: fmt(d.s), ended: fmt(d.e)})));
+      const by = d.trigger + (d.inferred ? ", inferred" : "");
+      frag.appendChild(el("turn-band " + d.status, left, w, d.lane,
+        "turn " + d.id + " (" + d.status + "; started by " + by + ")",
+        () => show({turn: d.id, status: d.status, trigger: d.trigger, inferred: d.inferred, started: fmt(d.s),
+                    ended: fmt(d.e)})));
       drawn++;
     } else if (m.kind === "call") {
       frag.appendChild(el("tool-call" + (d.critical ? " critical" : ""), left, w, d.lane,
@@ -222,6 +239,12 @@ function draw() {
       drawn++;
     } else if (m.kind === "stall") {
       frag.appendChild(el("stall-marker", left, null, d.lane, d.finding, () => show(d)));
+      drawn++;
+    } else if (m.kind === "goal") {
+      const mark = el("goal-mark" + (d.halted ? " halted" : ""), left, null, d.lane, "goal " + d.status + (d.token_budget === null ? "" :
+        " (" + d.tokens_used + " of " + d.token_budget + " tokens)"), () => show(d));
+      mark.dataset.goal = d.status;
+      frag.appendChild(mark);
       drawn++;
     } else {
       frag.appendChild(el("journey-line", left, w, d.lane, "intent " + d.id, () => show(d)));

@@ -75,7 +75,8 @@ def test_the_embedded_data_holds_no_markup_and_reads_back_as_recorded(tmp_path: 
     for hostile in (HTML | TERMINAL).values():  # every kind of field the page shows carries one
         for field in (f"thread-{hostile}", f"turn-{hostile}", f"bash {hostile}", f"queued-{hostile}",
                       f"turn x made no progress for 600s {hostile}", f"in-waiting-{hostile}", f"class-{hostile}",
-                      f"owner:{hostile}", f"reason-{hostile}", f"key-{hostile}"):
+                      f"owner:{hostile}", f"reason-{hostile}", f"key-{hostile}", f"goal-{hostile}",
+                      f"trigger-{hostile}"):
             assert field in recorded, field
 
 
@@ -101,12 +102,17 @@ def test_the_page_draws_every_hostile_string_as_text_and_runs_none(tmp_path: Pat
         turns: document.querySelectorAll('.turn-band').length,
         calls: [...document.querySelectorAll('.tool-call')].map(e => e.title),
         intents: document.querySelectorAll('.intent-marker').length,
+        goals: [...document.querySelectorAll('.goal-mark')].map(e => [e.dataset.goal, e.title]),
+        bands: [...document.querySelectorAll('.turn-band')].map(e => e.title),
         detail: (document.querySelector('.tool-call').click(), document.getElementById('detail').textContent),
     })""", wait_for=".intent-marker")
     assert drawn["pwned"] == "undefined" and drawn["scripts"] == 2, "a script ran from the recorded data"
     assert drawn["lanes"] == data["threads"]
     assert drawn["turns"] == len(data["turns"]) and drawn["intents"] == len(data["intents"])
     assert sorted(drawn["calls"]) == sorted(f"{c['tool']} (critical): {c['status']}" for c in data["calls"])
+    assert sorted(drawn["goals"]) == sorted([g["status"], f"goal {g['status']}"] for g in data["goals"])
+    assert sorted(drawn["bands"]) == sorted(f"turn {t['id']} ({t['status']}; started by {t['trigger']})"
+                                            for t in data["turns"])
     assert json.loads(drawn["detail"])["tool"] in {c["tool"] for c in data["calls"]}
 
 
