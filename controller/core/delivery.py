@@ -440,6 +440,12 @@ class Delivery:
         intent = self.intent
         if intent.replayed:
             return self._out(self._move(S.REJECTED, "not_dispatchable", {"replayed": True}, fact.now))
+        if intent.mode == "stop":
+            # A stop has its own machine (tillerman.controller.core.stop), built for an
+            # app-server thread; a transport that drives this one (tillerman claude) has no
+            # goal to pause, and says so rather than half-stopping.
+            return self._out(self._move(S.REJECTED, "not_dispatchable", {"mode": "stop", "machine": "delivery"},
+                                        fact.now))
         following = intent.mode == "steer" and intent.follows_active_turn
         if intent.mode != "queue" and intent.expected_turn_id is None and not following:
             return self._out(self._move(S.REJECTED, "invalid", {"missing": "expected_turn_id"}, fact.now))

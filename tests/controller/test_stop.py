@@ -16,6 +16,7 @@ import pytest
 from tests.controller.test_delivery import NOW, THREAD, Record, make_intent
 from tillerman.controller.core.delivery import (
     Command,
+    Delivery,
     Dispatch,
     Interrupt,
     ListTerminals,
@@ -271,3 +272,14 @@ def test_a_hazard_at_the_boundary_holds_the_interrupt_until_a_reconcile() -> Non
     held = stop.machine.handle(Refused(interrupt, Refusal.REFUSED, {"boundary": "interrupt_hazard"}, NOW + 1))
     assert held.commands == () and stop.machine.state is State.DISPATCH_UNKNOWN
     assert [type(c) for c in stop.machine.handle(Reconcile(NOW + 2)).commands] == [ReadGoal]
+
+
+def test_a_stop_given_to_the_other_modes_machine_is_rejected_not_half_carried_out() -> None:
+    stop = Stop()
+    record = Record(proposal_envelopes(stop.intent, Projection()))
+    output = Delivery(stop.intent).handle(Dispatch(NOW, "a1"))
+    record.append(output.envelopes)
+    assert output.commands == ()
+    last = record.view(stop.intent.id).history[-1]
+    assert (last.state, last.reason, last.evidence) == ("rejected", "not_dispatchable",
+                                                        {"mode": "stop", "machine": "delivery"})
