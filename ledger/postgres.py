@@ -70,6 +70,13 @@ POOL_SIZE = 4
 #: (a restart, a failover, a dropped connection), short, so that the daemon's loop is
 #: never held by a wait whose answer is already known, and says so and retries instead.
 WAIT_FOR_CONNECTION = 30.0
+#: Seconds a writer's transaction may sit idle before the server ends it (and the
+#: session). A block (``bulk``) holds the head row for a whole decision round, a few
+#: milliseconds; a process frozen inside one (SIGSTOP, a paused VM, a swap storm) would
+#: hold every other writer on the ledger — every other daemon — for as long as it stays
+#: frozen, leases or not. Ended, its rows roll back; woken, it finds its connection gone
+#: and reads the ledger again, and its lease's fence refuses what it no longer owns.
+IDLE_TRANSACTION_LIMIT = 20.0
 WAIT_WHILE_UNREACHABLE = 0.2
 
 SCHEMA = (
@@ -177,6 +184,8 @@ class PostgresRecorder(Recorder):
         def configure(conn: psycopg.Connection) -> None:
             if readonly:
                 conn.execute("SET default_transaction_read_only = on")
+            else:
+                conn.execute(f"SET idle_in_transaction_session_timeout = {round(IDLE_TRANSACTION_LIMIT * 1000)}")
 
         try:  # one plain connection first: a wrong URL fails at once, not after the pool's retries
             psycopg.connect(dsn, connect_timeout=10).close()

@@ -6,7 +6,8 @@ import psycopg
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, turn
-from tillerman.ledger.errors import AnchorMismatch, IntegrityError, SchemaError
+from tillerman.ledger import postgres
+from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.postgres import PostgresRecorder
 
 
@@ -52,6 +53,34 @@ def test_concurrent_writers_get_contiguous_ordered_seqs(postgres_dsn):
     assert errors == []
     with PostgresRecorder(postgres_dsn) as rec:
         assert [e.seq for e in rec.read()] == list(range(1, 101))
+        assert rec.verify().ok
+
+
+def test_a_writer_frozen_inside_a_block_does_not_hold_the_others(postgres_dsn, monkeypatch):
+    """A process frozen inside ``bulk()`` (its head-row lock taken) is ended by the server
+    after ``IDLE_TRANSACTION_LIMIT``: another writer appends while it is still frozen,
+    the frozen block's rows are rolled back when it wakes, and the chain verifies."""
+    monkeypatch.setattr(postgres, "IDLE_TRANSACTION_LIMIT", 1.0)
+    PostgresRecorder(postgres_dsn).close()
+    other_done = threading.Event()
+
+    def other_writer() -> None:
+        with PostgresRecorder(postgres_dsn) as rec:
+            rec.append([turn(2, thread="other")])
+        other_done.set()
+
+    with PostgresRecorder(postgres_dsn) as frozen:
+        with pytest.raises(OperationalError):
+            with frozen.bulk():
+                frozen.append([turn(1, thread="frozen")])
+                writer = threading.Thread(target=other_writer)
+                writer.start()
+                # Frozen: no statement for far longer than the limit. The other writer
+                # gets through meanwhile (never, before: it waited on the head row).
+                assert other_done.wait(timeout=30)
+        writer.join()
+    with PostgresRecorder(postgres_dsn) as rec:
+        assert [e.envelope.event.thread_id for e in rec.read()] == ["other"]
         assert rec.verify().ok
 
 

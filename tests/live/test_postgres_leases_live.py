@@ -13,6 +13,8 @@ three daemons, ``TILLERMAN_LEASE_ROUNDS`` times (50 by default).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -30,6 +32,7 @@ from tests.live.daemon_support import SETTLED, wait_until
 from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.controller.dispatch.driver import CHECKPOINTS, KILL_AT_ENV, STOP_AT_ENV
 from tillerman.ledger.postgres import PostgresRecorder
+from tillerman.monitor.jsonrpc import RpcError
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -250,6 +253,10 @@ async def paused_past_its_lease(checkpoint: str, daemons: int, app_server: AppSe
             for daemon in (first, *others):
                 daemon.stop()
         ours = [c for c in await user_messages(harness, thread) if c == intent.client_user_message_id]
+        # The long turn is ended here: left running, every later test's daemons would
+        # lease it and read it back at their start.
+        with contextlib.suppress(RpcError):  # it may have ended already
+            await harness.request("turn/interrupt", {"threadId": thread, "turnId": turn})
     client_id = intent.client_user_message_id
     assert len(ours) <= 1 and delivered(scripted_model, text) <= 1  # never twice
     assert sum(d.sent(client_id) for d in (first, *others)) <= 1
