@@ -163,10 +163,19 @@ class Turn(msgspec.Struct, frozen=True):
     id: str | None = None
     status: str | None = None  # IN_PROGRESS, or how it ended
     items: tuple[TurnItem, ...] = ()
+    # The listing said ``completedAt: null`` (a release without the field says nothing).
+    no_end_time: bool = False
 
     @property
     def running(self) -> bool:
         return self.status == IN_PROGRESS
+
+    @property
+    def maybe_running(self) -> bool:
+        """Running, or just starting: Codex 0.171 briefly lists a turn that is starting as
+        "interrupted" with ``completedAt: null`` (46 of 2,152 polls over 40 goal turns, all
+        of which then ran). An interrupted turn that ended has its end time."""
+        return self.running or (self.status == "interrupted" and self.no_end_time)
 
 
 class TurnPage(msgspec.Struct, frozen=True):
@@ -294,7 +303,8 @@ def _turn(turn: dict) -> Turn:
     return Turn(_text(turn.get("id")), _text(turn.get("status")),
                 tuple(TurnItem(_text(item.get("type")), _text(item.get("id")), _text(item.get("clientId")),
                                _text(item.get("text")))
-                      for item in _objects(turn.get("items"))))
+                      for item in _objects(turn.get("items"))),
+                no_end_time="completedAt" in turn and turn["completedAt"] is None)
 
 
 # -- tolerant field readers: the wrong type reads as absent --------------------------------

@@ -207,10 +207,9 @@ class StopDelivery(Delivery):
                     "queue_withdrawn", evidence, f"queue_withdrawn:{command.submission_id}:{now}", now),
                     then=self._find_running, now=now)
             case ReadTurns(verifying=True), TurnPage():
-                running = next((t.id for t in result.turns if t.running), None)
-                return self._read_back(turn=running, now=now)
+                return self._read_back(turn=_running(result), now=now)
             case ReadTurns(), TurnPage():
-                running = next((t.id for t in result.turns if t.running), None)
+                running = _running(result)
                 if running is None:
                     return self._out(commands=self._terminate_all(now))
                 self._interrupting = running
@@ -342,6 +341,11 @@ class StopDelivery(Delivery):
         # Reconcile starts the steps again, judged again.
         self._step = None
         return self._out(evidence)
+
+
+def _running(page: TurnPage) -> str | None:
+    """The turn the listing shows running, or starting (``Turn.maybe_running``)."""
+    return next((turn.id for turn in page.turns if turn.maybe_running), None)
 
 
 def _joined(first: Output, second: Output) -> Output:
