@@ -145,6 +145,8 @@ class Notifier:
         the status it already had (every turn's end, a ``thread/goal/get``) opens none."""
         status = event.status if isinstance(event, ev.GoalUpdated) else GOAL_CLEARED
         before = self.state.goals.get(event.thread_id)
+        if before is None and status == GOAL_CLEARED:
+            return  # Codex clears on every resume of a thread that has no goal: nothing to keep
         self.state.goals[event.thread_id] = status
         if status not in GOAL_HALTED or status == before:
             return

@@ -29,6 +29,7 @@ VALID_GRANT = {"subject": "owner:ann", "actions": ["steer"], "threads": "*"}
 KEYS = [*VALID_RULE, *VALID_GRANT, "kind", "for", "count", "within", "expires", "critical", "external",
         "owner_grant", "rule", "grant", "patterns", "defaults", "x"]
 WORDS = ["turn_quiet", "repeated_failure", "approval_waiting", "critical_tool_running", "intent_overdue",
+         "goal_budget_limited",
          "turn_long", "active", "shadow", "proposed", "steer", "queue", "interrupt", "report_overdue", "*",
          "owner:ann", "rule:stall", "10m", "0s", "365d", "366d", "{turn_id}", "{", "}", "\\bdeploy\\b", "(", "a{99999999999}"]
 
