@@ -135,3 +135,11 @@ def test_without_a_sink_a_goal_change_is_logged_once_and_its_settling_once(caplo
     _look(rec, notifier, 10.0)
     assert caplog.text.count("resolved: thread T's goal is no longer budgetLimited (goal_paused)") == 1
     assert notifier.state.alerts == {}
+
+
+def test_a_clear_of_a_thread_that_never_had_a_goal_keeps_nothing():
+    rec = MemoryRecorder()
+    for n in range(3):  # Codex clears on every resume of a thread without a goal
+        _append(rec, GoalCleared(thread_id=f"T{n}"), f"cleared-{n}", float(n))
+    notifier = Notifier([SINK])
+    assert _look(rec, notifier, 10.0) == [] and notifier.state.goals == {}
