@@ -10,21 +10,35 @@ and ``intents show`` read settled intents' histories).
   open intent and no rule condition that could ever fire on its state (no timer, no
   counted failure), so it takes part in no later decision unless a later entry about it
   is folded — which starts it afresh. The caller decides when a source has ended.
-  A thread that had a Codex goal leaves its goal and the triggers of its recent turns
-  behind (``goal_threads``: the run's summary shows them).
+  A thread that had a Codex goal leaves its goal, the statuses it went through and the
+  triggers of its recent turns behind (``goal_threads``, ``goal_statuses``: the run's
+  summary shows them).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from tillerman.ledger.events import Envelope, GoalCleared, GoalUpdated
 from tillerman.ledger.projections import Projection, ThreadState
+
+_GOAL_EVENTS = frozenset({GoalUpdated, GoalCleared})
 
 
 class ForgettingProjection(Projection, dict=True):
     def __post_init__(self) -> None:
         self._settled: Counter[str] = Counter()
         self._goal_threads: dict[str, ThreadState] = {}  # forgotten threads that had a goal
+        self._goal_statuses: dict[str, list[str]] = {}  # thread -> each status its goal changed to
+
+    def apply_envelope(self, env: Envelope, seq: int) -> None:
+        super().apply_envelope(env, seq)
+        if type(env.event) in _GOAL_EVENTS:
+            thread = self.threads.get(env.event.thread_id)
+            goal = thread.goal if thread is not None else None
+            statuses = self._goal_statuses.setdefault(env.event.thread_id, []) if goal is not None else None
+            if statuses is not None and (not statuses or statuses[-1] != goal.status):
+                statuses.append(goal.status)
 
     def forget_intent(self, intent_id: str) -> None:
         view = self.intents.pop(intent_id, None)
@@ -37,6 +51,11 @@ class ForgettingProjection(Projection, dict=True):
         if thread is not None and thread.goal is not None:
             self._goal_threads[thread_id] = ThreadState(thread_id=thread_id, goal=thread.goal,
                                                         turn_triggers=thread.turn_triggers)
+
+    def goal_statuses(self, thread_id: str) -> list[str]:
+        """Each status the thread's goal changed to, in order (a report with the same
+        status, as every goal turn's end brings, is no change)."""
+        return self._goal_statuses.get(thread_id, [])
 
     def goal_threads(self) -> dict[str, ThreadState]:
         """Every thread that had a Codex goal, held or forgotten (its goal and turn

@@ -111,7 +111,8 @@ def replay_cmd(fmt, ledger_path, rules_path, config_path, retain_payloads, jobs,
         print_line(f"reviews at {kind}: " + ", ".join(f"{k} {v}" for k, v in said.items()))
     for thread in summary.goals or ():
         triggers = ", ".join(f"{k} {v}" for k, v in thread["recent_turn_triggers"].items()) or "none known"
-        print_line(f"goal: thread {thread['thread']}: {goal_text(thread['goal'])}; recent turns by trigger: {triggers}")
+        print_line(f"goal: thread {thread['thread']}: {' -> '.join(thread['goal_statuses'])}"
+                   f" (now {goal_text(thread['goal'])}); recent turns by trigger: {triggers}")
 
 
 def _check(path: str, as_json: bool) -> None:

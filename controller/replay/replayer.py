@@ -120,11 +120,12 @@ Progress = Callable[[str, int, int], None]  # (path, bytes done, bytes total)
 
 
 def goal_summary(projection: ForgettingProjection) -> list[dict] | msgspec.UnsetType:
-    """Per thread that had a Codex goal: the goal as the run left it, and how many of
-    its recent turns each trigger started (user, goal, queue, unknown)."""
+    """Per thread that had a Codex goal: each status its goal changed to, the goal as
+    the run left it, and how many of its recent turns each trigger started (user, goal,
+    queue, unknown)."""
     found = projection.goal_threads()
-    return [{"thread": thread_id, "goal": goal_json(t.goal), "recent_turn_triggers": trigger_counts(t)}
-            for thread_id, t in found.items()] or msgspec.UNSET
+    return [{"thread": thread_id, "goal_statuses": projection.goal_statuses(thread_id), "goal": goal_json(t.goal),
+             "recent_turn_triggers": trigger_counts(t)} for thread_id, t in found.items()] or msgspec.UNSET
 
 
 def collect_files(paths: list[str]) -> list[Path]:

@@ -102,9 +102,11 @@ def test_replay_shows_each_goal_thread_with_its_turns_triggers():
     # the rollout: the goal as set (0.171 writes no budget update there) and its four turns' triggers
     assert by_source["active"]["recent_turn_triggers"] == {"goal": 2, "queue": 1, "user": 1}
     assert by_source["cleared"]["recent_turn_triggers"] == {}  # a replayed trace is not inferred
+    assert by_source["cleared"]["goal_statuses"] == ["active", "budgetLimited", "cleared"]  # the wire has them all
     text = run("replay", "--jobs", "1", str(SESSIONS / ROLLOUT))
     thread = by_source["active"]["thread"]
-    assert f"goal: thread {thread}: active 0/20000 tokens; recent turns by trigger: goal 2, queue 1, user 1" in text
+    assert f"goal: thread {thread}: active (now active 0/20000 tokens); recent turns by trigger: goal 2, queue 1," \
+           " user 1" in text
 
 
 def test_replay_of_sessions_without_goals_shows_none():
