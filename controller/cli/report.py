@@ -206,7 +206,11 @@ def _goal_lines(result: Account) -> list[str]:
     lines += [_line(f"turns started by {trigger}" if trigger != NOT_KNOWN else "turns, trigger not known", figure)
               for trigger, figure in g.turns_by_trigger.items()]
     lines += [_line("  of them inferred live", g.inferred_triggers), _line("goal changes", g.goal_changes),
-              _line("goals budget-limited", g.budget_limited)]
+              _line("goals budget-limited", g.budget_limited),
+              _line("interrupts whose goal went on", g.interrupts_goal_went_on)]
+    if g.interrupts_goal_went_on.value:
+        lines.append("  warning: the agent worked on after these interrupts (each ended one turn of an active"
+                     " goal); tillerman intent propose --mode stop pauses the goal")
     for thread in g.threads:
         if thread.goal_status is None and not thread.goal_statuses:
             continue  # no goal: its turns are in the counts above

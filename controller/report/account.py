@@ -153,6 +153,7 @@ class Goals(msgspec.Struct, kw_only=True):
     inferred_triggers: Figure
     goal_changes: Figure
     budget_limited: Figure
+    interrupts_goal_went_on: Figure  # interrupts that ended one turn of a goal that went on
     threads: list[ThreadGoals]
 
 
@@ -468,9 +469,22 @@ def _goals(facts: Facts, inside: Callable[[float | None], bool]) -> Goals:
         goal_changes=count(len(changes), "goal_updated/goal_cleared events that changed a goal's status"),
         budget_limited=count(len(limited), "goal changes to budgetLimited (the token budget spent; Codex starts no"
                                            " more turns for it)"),
+        interrupts_goal_went_on=_interrupts_goal_went_on(facts, inside),
         threads=[_thread_goals(facts, thread_id, by_thread.get(thread_id, Counter()),
                                [c.status for c in changes if c.thread_id == thread_id]) for thread_id in threads],
     )
+
+
+def _interrupts_goal_went_on(facts: Facts, inside: Callable[[float | None], bool]) -> Figure:
+    """Interrupts acknowledged on a thread whose goal stayed active (their evidence says
+    ``goal_active``): each ended one turn, and Codex started the goal's next one."""
+    interrupts = [v for v in facts.projection.intents.values()
+                  if v.intent.mode == "interrupt" and inside(v.intent.created_at)]
+    went_on = sum(1 for v in interrupts if any(
+        h.kind == "transition" and h.reason == "turn_interrupted" and h.evidence.get("goal_active") is True
+        for h in v.history))
+    return count(went_on, "interrupts acknowledged turn_interrupted while the thread's goal stayed active"
+                          " (the goal's next turn followed; a stop pauses the goal)", len(interrupts))
 
 
 def _thread_goals(facts: Facts, thread_id: str, triggers: Counter[str], statuses: list[str]) -> ThreadGoals:

@@ -5,12 +5,18 @@ observation (``Observed.goal_active``, from the projection) and after a restart
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner
 
 from tests.controller.test_delivery import NOW, THREAD, TURN, Run, make_intent
+from tillerman.controller.cli.main import main
+from tillerman.controller.core import intent_requests as lib
 from tillerman.controller.core.delivery import Interrupt, Observed, QueueList, Reconcile, Replied, ResumeQueue
-from tillerman.ledger.events import TurnCompleted
+from tillerman.ledger.events import Envelope, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.codex_wire import InterruptAccepted, QueueEntry, QueuePage
 
 
@@ -56,3 +62,26 @@ def test_resuming_the_paused_queue_of_a_goal_thread_says_it_resumes_the_goal(goa
     assert [type(c) for c in resumed.commands] == [ResumeQueue]
     [paused] = [h.evidence for h in run.history("evidence") if h.reason == "queue_paused"]
     assert paused.get("resumes_goal") is (True if goal_active else None)
+
+
+def _ledger_with_interrupt(path, goal_active: bool) -> None:
+    with SQLiteRecorder(path) as rec:
+        rec.append([Envelope(event_id="t", event=TurnStarted(thread_id="T1", turn_id="U1"), source="appserver:x",
+                             at=1.0)])
+        intent = lib.propose(rec, thread_id="T1", mode="interrupt", text="not this turn", expected_turn="U1",
+                             owner="ann", now=2.0)
+        lib.transition(rec, intent.id, State.DISPATCH_UNKNOWN, "dispatching", {"attempt": "a1"}, at=3.0)
+        lib.transition(rec, intent.id, State.ACKNOWLEDGED, "turn_interrupted",
+                       {"turn_id": "U1", "turn_status": "interrupted"} | ({"goal_active": True} if goal_active else {}),
+                       at=4.0)
+
+
+@pytest.mark.parametrize("goal_active", [True, False])
+def test_the_report_counts_interrupts_whose_goal_went_on_and_warns(tmp_path, goal_active: bool) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    _ledger_with_interrupt(ledger, goal_active)
+    report = CliRunner().invoke(main, ["report", "--json", "--ledger", str(ledger)])
+    figure = json.loads(report.output)["goals"]["interrupts_goal_went_on"]
+    assert (figure["value"], figure["events"]) == (int(goal_active), 1)
+    text = CliRunner().invoke(main, ["report", "--ledger", str(ledger)]).output
+    assert ("warning: the agent worked on after these interrupts" in text) is goal_active
