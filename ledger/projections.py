@@ -201,6 +201,7 @@ class Projection(msgspec.Struct):
             thread_id=thread_id,
             steerable=t.steerable,
             hook_delivery=t.hook_delivery,
+            wrapped=t.wrapped,
             supervised=t.supervised,
             active_turn_id=t.active_turn_id,
             active_turn_started_at=t.active_turn_started_at,

@@ -58,6 +58,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     # Claude Code's hooks report it (``tillerman hook claude``): a queued message can be
     # delivered at a Stop, a steer with ``deliver_at="pre_tool_use"`` at a PreToolUse.
     hook_delivery: bool = False
+    # Steered through ``tillerman claude`` (a stream-json wrapper), not an app-server:
+    # what it carries out is the wrapper's (a Claude Code session has no goal to pause).
+    wrapped: bool = False
     supervised: bool = True  # False: Codex's own ephemeral housekeeping thread; nothing is decided
     active_turn_id: str | None = None
     active_turn_started_at: float | None = None

@@ -23,15 +23,12 @@ app-server connection saw (a rollout or a hook names no writer):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from tillerman.ledger import events as ev
 from tillerman.ledger.intents import client_id_to_intent_id
-
-if TYPE_CHECKING:
-    from tillerman.ledger.projections import ThreadState
 
 TILLERMAN, OTHER = "tillerman", "other"
 WRITER_FACTS = 16  # the latest facts a thread keeps
@@ -45,6 +42,20 @@ class WriterFact(msgspec.Struct, frozen=True, kw_only=True):
     other_turn_id: str | None = None  # overlapping_turn: the turn that was still running
     item_id: str | None = None  # input_folded: the other writer's message
     at: float | None = None
+
+
+class ThreadState(Protocol):
+    """What of a thread's fold these functions read and keep
+    (``tillerman.ledger.projections.ThreadState``; named here, not imported, so the
+    fold depends on this module and not the reverse)."""
+
+    active_turn_id: str | None
+    turn_input: str | None
+    other_input: str | None
+    turn_writers: dict[str, str]
+    writer_facts: tuple[WriterFact, ...]
+
+    def canonical_turn(self, turn_id: str | None) -> str | None: ...
 
 
 def writer_of(client_id: str | None) -> str:

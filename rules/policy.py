@@ -192,7 +192,8 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
 #: the turn's end (the Stop hook's block), a steer before the next tool call
 #: (PreToolUse's deny). No hook reaches a running model call, and none can end a turn.
 STEER_AT_PRE_TOOL_USE = f"steer@{PRE_TOOL_USE}"
-_TRANSPORT_TAKES = ("steer", "queue", "interrupt", "stop")  # an app-server connection, ``tillerman claude``
+_APP_SERVER_TAKES = ("steer", "queue", "interrupt", "stop")
+_WRAPPER_TAKES = ("steer", "queue", "interrupt")  # ``tillerman claude``: no goal to pause, no stop
 _HOOKS_TAKE = ("queue", STEER_AT_PRE_TOOL_USE)
 
 
@@ -201,7 +202,7 @@ def capabilities(snapshot: ThreadSnapshot) -> tuple[str, ...]:
     decides by them): everything over a connection that steers it, what the hooks
     carry for a session seen through them, nothing for one only followed in files."""
     if snapshot.steerable:
-        return _TRANSPORT_TAKES
+        return _WRAPPER_TAKES if snapshot.wrapped else _APP_SERVER_TAKES
     return _HOOKS_TAKE if snapshot.hook_delivery else ()
 
 

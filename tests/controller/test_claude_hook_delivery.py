@@ -377,19 +377,19 @@ def test_status_shows_what_each_thread_takes_and_through_what(tmp_path: Path) ->
     shown = {t["thread"]: (t["takes"], t["via"], t["steerable"]) for t in json.loads(result.output)["threads"]}
     assert shown == {"hooks": (["queue", "steer@pre_tool_use"], "claude-hooks", False),
                      "wrapper": (["steer", "queue", "interrupt"], "claude-wrapper", True),
-                     "codex": (["steer", "queue", "interrupt"], "app-server", True),
+                     "codex": (["steer", "queue", "interrupt", "stop"], "app-server", True),
                      "files": ([], None, False)}
     for thread in seen:  # what status lists is what the policy lets through
         snapshot = projection.snapshot(thread)
         for mode, fields in (("steer", {}), ("steer", {"deliver_at": "pre_tool_use"}), ("queue", {}),
-                             ("interrupt", {})):
+                             ("interrupt", {}), ("stop", {})):
             intent = Intent(id="i", thread_id=thread, mode=mode, text="t", text_digest="d", created_at=0.0,
                             ack_deadline=1.0, expires_at=2.0, **fields)
             form = "steer@pre_tool_use" if fields and "steer" not in capabilities(snapshot) else mode
             assert takes(intent, snapshot) == (form in shown[thread][0])
     text = CliRunner().invoke(main, ["status", "--ledger", str(ledger)]).output
     assert [line.split()[:3] for line in text.splitlines() if line.startswith(tuple(seen))] == [
-        ["codex", "steer,queue,interrupt", "app-server"], ["files", "-", "files"],
+        ["codex", "steer,queue,interrupt,stop", "app-server"], ["files", "-", "files"],
         ["hooks", "queue,steer@pre_tool_use", "claude-hooks"], ["wrapper", "steer,queue,interrupt", "claude-wrapper"]]
 
 

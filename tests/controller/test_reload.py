@@ -90,7 +90,7 @@ def test_daemon_reloads_valid_changes_and_keeps_the_last_good_set(tmp_path):
             assert rejected.kept_digest == second.ruleset.digest and rejected.reason == "reload"
             assert rejected.error == (f'{rules}:8: rule "repeated-failure" field action: unknown action "reboot"; '
                                       "expected one of observe, observe_critical, reconcile, reconcile_turn, "
-                                      "report_overdue, steer, queue, interrupt, verify_effect, expire, escalate")
+                                      "report_overdue, steer, queue, interrupt, stop, verify_effect, expire, escalate")
             await anyio.sleep(0.1)  # later polls do not record the same rejection again
             assert len(kinds(recorder, "ruleset_rejected")) == 1
             assert daemon.step.ruleset == second.ruleset

@@ -91,7 +91,7 @@ def test_validate_a_wrong_type_under_defaults(here):
 
 @pytest.mark.parametrize(("change", "error"), [
     (('"steer"', '"reboot"'), 'bad.toml:8: rule "quiet-steer" field action: unknown action "reboot"; expected one of '
-     "observe, observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, verify_effect, "
+     "observe, observe_critical, reconcile, reconcile_turn, report_overdue, steer, queue, interrupt, stop, verify_effect, "
      "expire, escalate"),
     (('for = "5m"', 'for = "5 minutes"'), 'bad.toml:7: rule "quiet-steer" field condition.for: invalid duration '
      '"5 minutes"; write a number and a unit, like 90s, 5m, 1.5h, 1h30m or 250ms'),
