@@ -742,6 +742,9 @@ class SQLiteRecorder(Recorder):
             return segments.verify_alone(self, header)
 
         unreadable: list[str] = []
+        # The anchor first: it names a committed row, so read before the rows it never
+        # names one they lack.
+        anchor = self._read_anchor() if self.head_path else None
 
         def rows() -> Iterator[tuple]:
             try:
@@ -750,23 +753,39 @@ class SQLiteRecorder(Recorder):
             except sqlite3.DatabaseError as exc:  # a truncated or overwritten page: stop there
                 unreadable.append(str(exc))
 
+        with self._one_moment():
+            try:
+                integrity = [r[0] for r in self._db.execute("PRAGMA integrity_check")]
+            except sqlite3.DatabaseError as exc:
+                integrity = [str(exc)]
+            if self.damage:
+                unreadable.append(self.damage)
+            try:
+                version = int(_meta(self._db, "chain_version") or CHAIN_VERSION)
+                had_anchor = _meta(self._db, "anchored") is not None
+            except sqlite3.DatabaseError as exc:
+                version, had_anchor = CHAIN_VERSION, False
+                unreadable.append(str(exc))
+            with segments.ChainThrough(self, rows()) as chain:
+                report = verify_ledger(chain.rows, integrity, anchor, chain_version=version, had_anchor=had_anchor,
+                                       unreadable=unreadable, snapshot=self._verifiable_snapshot, entries=self.read)
+                return chain.complete(report)
+
+    @contextlib.contextmanager
+    def _one_moment(self) -> Iterator[None]:
+        """One read transaction: every statement in it sees the ledger as it was at its
+        first (WAL keeps that moment for it). Statement by statement, a daemon's commit
+        between the walk and the fold snapshot's read showed a snapshot past the last
+        row walked, reported as forged."""
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
         try:
-            integrity = [r[0] for r in self._db.execute("PRAGMA integrity_check")]
-        except sqlite3.DatabaseError as exc:
-            integrity = [str(exc)]
-        if self.damage:
-            unreadable.append(self.damage)
-        try:
-            version = int(_meta(self._db, "chain_version") or CHAIN_VERSION)
-            had_anchor = _meta(self._db, "anchored") is not None
-        except sqlite3.DatabaseError as exc:
-            version, had_anchor = CHAIN_VERSION, False
-            unreadable.append(str(exc))
-        with segments.ChainThrough(self, rows()) as chain:
-            report = verify_ledger(chain.rows, integrity, self._read_anchor() if self.head_path else None,
-                                   chain_version=version, had_anchor=had_anchor, unreadable=unreadable,
-                                   snapshot=self._verifiable_snapshot, entries=self.read)
-            return chain.complete(report)
+            yield
+        finally:
+            if self._db.in_transaction:  # an error may have ended it already
+                self._db.execute("ROLLBACK")  # it read only
 
     def _verifiable_snapshot(self, name: str) -> tuple[int, bytes] | None:
         try:

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, turn
-from tillerman.ledger import postgres
+from tillerman.ledger import postgres, projections
 from tillerman.ledger.errors import AnchorMismatch, IntegrityError, OperationalError, SchemaError
 from tillerman.ledger.postgres import PostgresRecorder
 
@@ -222,3 +222,26 @@ def test_a_replay_into_postgresql_decides_and_chains_as_into_sqlite(postgres_dsn
 def _head(recorder) -> tuple[int, str]:
     (last,) = recorder.read(after_seq=recorder.max_seq() - 1)
     return last.seq, last.hash
+
+
+def test_a_commit_during_verify_is_not_taken_for_a_forged_snapshot(postgres_dsn, monkeypatch):
+    """A daemon commits a row and saves its fold snapshot while ``verify`` walks the
+    chain: the snapshot verify reads is of the walk's moment, never past its last row."""
+    walk = postgres.verify_ledger
+
+    def a_daemon_commits_before_the_snapshot_is_read(*args, snapshot, **kwargs):
+        def read(name):
+            with PostgresRecorder(postgres_dsn) as daemon:
+                daemon.append([turn(99)])
+                projections.save(daemon, projections.load(daemon))
+            return snapshot(name)
+        return walk(*args, snapshot=read, **kwargs)
+
+    with PostgresRecorder(postgres_dsn) as rec:
+        rec.append([turn(i) for i in range(1, 4)])
+        projections.save(rec, projections.load(rec))
+        monkeypatch.setattr(postgres, "verify_ledger", a_daemon_commits_before_the_snapshot_is_read)
+        report = rec.verify()
+        monkeypatch.undo()
+        assert report.ok, report.problems
+        assert rec.verify().ok

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from tests.ledger.recorder_contract import turn
 from tillerman.controller.cli.main import main
+from tillerman.ledger import projections
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 
@@ -67,3 +68,24 @@ def test_verify_json(ledger_file):
 def test_missing_ledger_is_a_usage_error(tmp_path):
     code, out = _verify(tmp_path / "nope.sqlite3")
     assert code == 2 and "no ledger at" in out
+
+
+def test_a_commit_during_verify_is_not_taken_for_a_forged_snapshot(ledger_file, monkeypatch):
+    """A daemon commits a row and saves its fold snapshot while ``verify`` walks the
+    chain: verify sees the ledger of one moment, so the snapshot it reads is never past
+    the last row it walked (statement by statement it was: "beyond the chain (forged?)")."""
+    read_snapshot = SQLiteRecorder._verifiable_snapshot
+
+    def a_daemon_commits_first(self, name):
+        with SQLiteRecorder(ledger_file) as daemon:
+            daemon.append([turn(99)])
+            projections.save(daemon, projections.load(daemon))
+        return read_snapshot(self, name)
+
+    with SQLiteRecorder(ledger_file) as rec:
+        projections.save(rec, projections.load(rec))
+        monkeypatch.setattr(SQLiteRecorder, "_verifiable_snapshot", a_daemon_commits_first)
+        report = rec.verify()
+    assert report.ok, report.problems
+    with SQLiteRecorder(ledger_file) as rec:  # and the ledger the daemon left verifies too
+        assert rec.verify().ok
