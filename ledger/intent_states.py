@@ -57,9 +57,12 @@ TRANSITIONS: dict[tuple[State, State], frozenset[str]] = {
     # the expected turn ended and a readback shows our clientId absent
     # ack token: the echo came, then the turn that took it ended without the token
     # deny_not_honoured: the tool call a Claude Code hook denied to deliver a steer ran anyway
-    (S.DISPATCH_UNKNOWN, S.EXPIRED): frozenset({"not_delivered", "ack_token_missing", "deny_not_honoured"}),
+    # withdrawn: a stop deleted our queued message from the server's queue (its
+    # thread/queue/delete answered deleted: true), so it can never start a turn
+    (S.DISPATCH_UNKNOWN, S.EXPIRED): frozenset({"not_delivered", "ack_token_missing", "deny_not_honoured",
+                                                "withdrawn"}),
     (S.QUEUED, S.ACKNOWLEDGED): frozenset({"echo", "ack_token", "turn_interrupted", "queue_turn_started"}),
-    (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed", "ack_token_missing"}),
+    (S.QUEUED, S.EXPIRED): frozenset({"lost_after_accept", "expires_at_passed", "ack_token_missing", "withdrawn"}),
     (S.ACKNOWLEDGED, S.ACTION_STARTED): frozenset({"expect_matched"}),
     # stop_verified: a stop's readback (thread/turns/list, thread/goal/get) shows no turn
     # running and no active goal

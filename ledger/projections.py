@@ -23,7 +23,7 @@ from __future__ import annotations
 import msgspec
 
 from tillerman.ledger import events as ev
-from tillerman.ledger import writers
+from tillerman.ledger import stopped, writers
 from tillerman.ledger.events import Entry, Envelope, QueueEntry
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
@@ -36,7 +36,7 @@ from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
 from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v10"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v11"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -100,6 +100,10 @@ class ThreadState(msgspec.Struct):
     turn_input: str | None = None
     other_input: str | None = None
     writer_facts: tuple[WriterFact, ...] = ()
+    # A stopped thread (``tillerman.ledger.stopped``): the stop that stopped it, until a
+    # person resumed it; our queued messages a stop withdrew (queue intent -> stop).
+    stopped_by: str | None = None
+    withdrawn: dict[str, str] = {}
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
@@ -220,6 +224,8 @@ class Projection(msgspec.Struct):
             failures=dict(t.failures) if t.failures else {},
             goal=t.goal,
             other_writer_input=t.other_input is not None,
+            stopped_by=t.stopped_by,
+            withdrawn=t.withdrawn,
         )
 
     def watched(self, thread_id: str) -> Watched | None:
@@ -488,7 +494,7 @@ def _user_message(p, e: ev.UserMessage, at, seq, source) -> None:
         return
     _progress(t, e, at)
     _first_input(p, t, e)
-    writers.user_message(t, e, at, source)
+    stopped.resumed_by_turn(t, writers.user_message(t, e, at, source))
     if e.client_id and e.client_id.startswith("tillerman-"):
         t.client_ids.setdefault(e.client_id, t.canonical_turn(e.turn_id))
 
@@ -510,6 +516,7 @@ def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
 def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
+        stopped.resumed_by_goal(t, t.goal.status if t.goal else None, e.status, e.by, source.startswith("appserver"))
         _set_goal(t, e.status, at, e.by, e.turn_id, objective_digest=e.objective_digest, origin=e.origin,
                   token_budget=e.token_budget, tokens_used=e.tokens_used, time_used_seconds=e.time_used_seconds)
 
@@ -585,6 +592,8 @@ def _intent_transition(p, e: ev.IntentTransition, at, seq, source) -> None:
     view.state, view.updated_at = state, at
     view.history.append(HistoryItem(seq, at, "transition", state, e.reason, e.evidence))
     _keep_open(p, view)
+    if (t := p.threads.get(view.intent.thread_id)) is not None:
+        stopped.intent_moved(t, view.intent, state)
 
 
 def _keep_open(p: Projection, view: IntentView) -> None:
@@ -602,6 +611,15 @@ def _intent_evidence(p, e: ev.IntentEvidence, at, seq, source) -> None:
     view = p.intents.get(e.intent_id)
     if view is not None:
         view.history.append(HistoryItem(seq, at, "evidence", e.state, e.reason, e.evidence))
+        if e.reason == stopped.WITHDRAWN_EVIDENCE and e.evidence.get("deleted") is True:
+            _withdrawn(p, str(e.evidence.get("intent_id")), e.intent_id)
+
+
+def _withdrawn(p: Projection, queue_intent_id: str, stop_intent_id: str) -> None:
+    """A stop deleted an open queue intent's message from the server's queue."""
+    queued = p.intents.get(queue_intent_id)
+    if queued is not None and is_open(queued):
+        stopped.queue_withdrawn(p.thread(queued.intent.thread_id), queue_intent_id, stop_intent_id)
 
 
 def _decision(p, e: ev.DecisionRecorded, at, seq, source) -> None:

@@ -87,6 +87,12 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     # Another writer's message was folded into the running turn and no agent message has
     # answered it yet (``tillerman.ledger.writers``): tillerman's steer and queue wait.
     other_writer_input: bool = False
+    # The stop intent that stopped the thread (acknowledged or verified), until a person
+    # resumed it (docs/goals.md "Stopping a thread"): rules' and reviewers' intents wait.
+    stopped_by: str | None = None
+    # tillerman's queued messages a stop deleted from the server's queue: queue intent id
+    # -> the stop's intent id, until that queue intent settles (``withdrawn``).
+    withdrawn: dict[str, str] = {}
 
     @property
     def goal_status(self) -> str | None:

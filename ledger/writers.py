@@ -78,21 +78,22 @@ def turn_ended(t: ThreadState) -> None:
     t.turn_input, t.other_input = None, None
 
 
-def user_message(t: ThreadState, e: ev.UserMessage, at: float | None, source: str) -> None:
+def user_message(t: ThreadState, e: ev.UserMessage, at: float | None, source: str) -> str | None:
     """The running turn's first user message names who opened it; another writer's that
-    came after its first input was folded in (a fact, and a hold until answered)."""
+    came after its first input was folded in (a fact, and a hold until answered).
+    Returns the writer this message opened the running turn for (None: it opened none)."""
     turn = t.canonical_turn(e.turn_id)
     if not _live(source) or turn is None or turn != t.active_turn_id:
-        return
+        return None
     if t.turn_input is None:
         t.turn_input = e.item_id or MODEL_FIRST
-        t.turn_writers.setdefault(turn, writer_of(e.client_id))
-        return
+        return t.turn_writers.setdefault(turn, writer_of(e.client_id))
     if writer_of(e.client_id) == TILLERMAN or e.item_id in (t.turn_input, t.other_input):
-        return  # our own steer, or a second copy of a message already seen
+        return None  # our own steer, or a second copy of a message already seen
     t.other_input = e.item_id or MODEL_FIRST
     if e.item_id is None or all(f.item_id != e.item_id for f in t.writer_facts):
         _note(t, WriterFact(kind="input_folded", turn_id=turn, item_id=e.item_id, at=at))
+    return None
 
 
 def model_output(t: ThreadState, e: ev.Event, source: str) -> None:

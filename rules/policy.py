@@ -8,9 +8,11 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
     state             condition (first that holds)                     action            reason
     ----------------  -----------------------------------------------  ----------------  ---------------------------
     terminal          -                                                observe           terminal
-    dispatch_unknown  expected turn ended                              reconcile         expected_turn_ended
+    dispatch_unknown  a stop withdrew our queued message               reconcile         withdrawn
+                      expected turn ended                              reconcile         expected_turn_ended
                       otherwise (never resend, whatever the deadlines) reconcile         delivery_unknown
-    queued            expected turn ended                              reconcile         expected_turn_ended
+    queued            a stop withdrew our queued message               reconcile         withdrawn
+                      expected turn ended                              reconcile         expected_turn_ended
                       now >= expires_at                                report_overdue    expires_at_passed
                       now >= ack_deadline                              report_overdue    ack_deadline_passed
                       otherwise                                        observe           awaiting_ack
@@ -26,6 +28,8 @@ what happened. The spine is the seed's sketch, as a ``match`` on the intent's st
                         than a steer that follows the active turn)
                       steer/interrupt, expected turn ended (other      expire            turn_ended
                         than a steer that follows the active turn)
+                      a rule's or reviewer's steer/queue/interrupt     observe           thread_stopped
+                        on a stopped thread (until a person resumes it)
                       approval pending                                 observe_critical  approval_pending
                       external effect unknown                          observe_critical  external_effect_unknown
                       critical tool, forced interrupt or stop without  observe_critical  critical_tool_force_not_granted
@@ -60,6 +64,11 @@ Safety choices:
 - A stop targets the thread, not a turn: it needs no expected turn and no active
   one (an idle goal thread is stopped by pausing its goal). It holds for the same
   hazards as an interrupt: it ends the running turn.
+- A stopped thread stays stopped (``tillerman.ledger.stopped``): after a stop was
+  carried out, a rule's or a reviewer's steer, queue or interrupt waits (until it
+  expires, or a person resumes the thread); a person's own goes through. A queued
+  message of ours that a stop deleted from the server's queue can never start a turn:
+  its machine settles it (``expired withdrawn``) instead of it being reported overdue.
 - Queue mode needs no active turn (the message waits for the turn to end), but the
   hazards hold it too: the conservative reading of the seed, at the cost of a delay.
 - Authority is the producer's (who asked), not the owner's (who answers for it): a
@@ -79,6 +88,7 @@ from __future__ import annotations
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import PRE_TOOL_USE, Intent
 from tillerman.ledger.snapshot import ENDED_TURN_STATES, ThreadSnapshot
+from tillerman.ledger.stopped import held_while_stopped
 from tillerman.rules.decision import Action, Decision
 from tillerman.rules.ruleset import INTERRUPT_CRITICAL, RuleSet
 
@@ -112,6 +122,10 @@ def _next_step(
     match state:
         case _ if is_terminal(state, intent):
             return Action.OBSERVE, "terminal"
+        case State.DISPATCH_UNKNOWN | State.QUEUED if intent.id in snapshot.withdrawn:
+            # A stop deleted it from the server's queue: it can never start a turn, and
+            # its machine settles it (expired withdrawn) instead of waiting for an echo.
+            return Action.RECONCILE, "withdrawn"
         case State.DISPATCH_UNKNOWN:
             # Never resend: only the echo or a readback after the turn ends settles it.
             if _expected_turn_ended(intent, snapshot):
@@ -164,6 +178,10 @@ def _proposed_step(intent: Intent, snapshot: ThreadSnapshot, now: float, ruleset
         return Action.ESCALATE, "missing_expected_turn"
     if named_turn and _expected_turn_ended(intent, snapshot):
         return Action.EXPIRE, "turn_ended"
+    if snapshot.stopped_by is not None and held_while_stopped(intent):
+        # A stop's effect is that the thread does no more work until a person resumes
+        # it: a rule's later message would start it again. It waits, or expires.
+        return Action.OBSERVE, "thread_stopped"
     found = hazard(intent, snapshot, ruleset)
     if found is not None:
         return Action.OBSERVE_CRITICAL, found

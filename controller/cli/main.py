@@ -494,7 +494,7 @@ def status_cmd(as_json, ledger_path):
     url = ledger_url(ledger_path)
     path = shown(url) if url else ledger_file(ledger_path, readonly=True)
     with open_intact_ledger(url or str(path)) as recorder:
-        from tillerman.controller.cli.status import ledger_status, writer_lines
+        from tillerman.controller.cli.status import ledger_status, state_text, stopped_lines, writer_lines
 
         data = ledger_status(recorder, path, time.time())
     warn_undecodable({int(seq): why for seq, why in data["undecodable"].items()})
@@ -512,14 +512,14 @@ def status_cmd(as_json, ledger_path):
                    f" {'until' if lease['held'] else 'lapsed at'} {lease['expires_at']}")
     from tillerman.controller.core.render import goal_text
 
-    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files", goal=goal_text(t["goal"]))
-               for t in data["threads"]]
+    threads = [dict(t, takes=",".join(t["takes"]) or "-", via=t["via"] or "files", goal=goal_text(t["goal"]),
+                    status=state_text(t)) for t in data["threads"]]
     print_table(threads, ("thread", "takes", "via", "active_turn", "status", "goal", "approval_pending",
                           "critical_tool", "external_effect_unknown", "queue"), "no threads")
     if data["unsupervised_threads"]:
         click.echo(f"({data['unsupervised_threads']} of Codex's ephemeral housekeeping threads recorded, not supervised)")
     for thread in data["threads"]:
-        for line in writer_lines(thread):
+        for line in stopped_lines(thread) + writer_lines(thread):
             print_line(line)
     click.echo(f"open intents: {data['open_intents']}, overdue: {data['overdue']}")
     for name, probes in data["flagged_reviewers"].items():

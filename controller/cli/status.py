@@ -43,6 +43,9 @@ def ledger_status(recorder: Recorder, ledger_path: Path | str, now: float) -> di
             "queue_paused": snap.queue_paused,
             "goal": goal_json(snap.goal),  # Codex's thread goal: its status, budget and use
             "recent_turn_triggers": trigger_counts(projection.threads[thread_id]),
+            # The stop intent that stopped it (docs/goals.md "Stopping a thread"), until a
+            # person resumed it: meanwhile rules' and reviewers' intents wait.
+            "stopped_by": snap.stopped_by,
             **writers_status(projection.threads[thread_id]),
         })
     return {
@@ -86,6 +89,22 @@ def writer_lines(thread: dict) -> list[str]:
             lines.append(f"thread {thread['thread']}: another writer's message ({fact['item']}) was folded into"
                          f" running turn {fact['turn']} at {fact['at']}")
     return lines
+
+
+def state_text(thread: dict) -> str | None:
+    """The STATUS cell: Codex's status of the thread, and "stopped" while a stop holds it."""
+    if thread["stopped_by"] is None:
+        return thread["status"]
+    return f"{thread['status'] or '-'}, stopped"
+
+
+def stopped_lines(thread: dict) -> list[str]:
+    """What ``tillerman status`` says of a stopped thread."""
+    if thread["stopped_by"] is None:
+        return []
+    return [f"thread {thread['thread']}: stopped by intent {thread['stopped_by']}; rules' and reviewers' steers,"
+            " queued messages and interrupts wait until a person resumes it (a turn of their own, the goal set"
+            " active, or an intent of their own)"]
 
 
 def _transport(thread: ThreadState) -> str | None:

@@ -55,6 +55,8 @@ Theory of operation (docs/design.md "Intents: the delivery protocol"):
   the turn it started. Only then, with no turn of the thread still running, does
   absence mean ``not_delivered``. An add sent to an idle thread (no turn to wait
   behind) settles only when found. The ack deadline makes it overdue, never expired.
+  A stop that deleted our entry from the server's queue (``Reconcile.withdrawn_by``)
+  settles it ``expired withdrawn``, naming the stop: it can never start a turn.
 * Interrupt: ``{}`` → queued; the target turn completed ``interrupted`` →
   acknowledged. Then the background terminals are listed and only those whose item
   started in THAT turn are terminated; each request, result and late
@@ -246,6 +248,9 @@ class Reconcile:
     echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
     behind_turn_state: str | None = None  # queue: the state of the turn the add waits behind
     goal_active: bool = False  # the thread's goal is active (as ``Observed.goal_active``)
+    # queue: the stop intent that deleted our message from the server's queue
+    # (``ThreadSnapshot.withdrawn``): it can never start a turn.
+    withdrawn_by: str | None = None
     # A steer that follows the active turn, waiting after a refusal: the turn running now,
     # when it started, what holds a send now (``tillerman.rules.policy.send_hazard``), and a
     # fresh token for the send's record (None: this fact may not send).
@@ -773,6 +778,8 @@ class Delivery:
         if self.state not in _UNSETTLED:
             return Output()
         mode = self.intent.mode
+        if fact.withdrawn_by is not None and mode == "queue":
+            return self._out(self._move(S.EXPIRED, "withdrawn", {"stop_intent_id": fact.withdrawn_by}, fact.now))
         if self._waiting is not None and self.state is S.DISPATCH_UNKNOWN and fact.echo_turn_id is None:
             return self._retarget(fact)
         if fact.echo_turn_id is not None and mode != "interrupt":

@@ -63,7 +63,7 @@ def reconcile_fact(projection: Projection, view: IntentView, now: float, attempt
                      turn_items(projection, view),
                      echo_turn_state=snapshot.turn_state(echo),
                      behind_turn_state=snapshot.turn_state(behind_turn(view)),
-                     goal_active=snapshot.goal_active)
+                     goal_active=snapshot.goal_active, withdrawn_by=snapshot.withdrawn.get(intent.id))
     if not intent.follows_active_turn:
         return fact
     return replace(fact, active_turn=snapshot.active_turn_id, active_turn_started_at=snapshot.active_turn_started_at,
