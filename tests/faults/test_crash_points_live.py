@@ -29,7 +29,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, HarnessClient, codex_version, watched_connection
+from fixtures.codex_server import AppServer, HarnessClient, watched_connection
 from tests.faults.torture import QUEUE_ACK_DEADLINE, DaemonProcess, Harness, ledger_health, thread_turns
 from tillerman.controller.dispatch.driver import CHECKPOINTS
 
@@ -123,8 +123,6 @@ def stop_cases():
 async def test_a_stop_killed_at_a_checkpoint_then_restarted_stops_the_thread_once(
     point: str, app_server: AppServer, workspace: Path, tmp_path: Path
 ) -> None:
-    if codex_version() < (0, 171, 0):
-        pytest.skip("a goal thread needs Codex 0.171.0: run with TILLERMAN_CODEX_BIN=<codex 0.171.0>")
     daemon = DaemonProcess(app_server.url, tmp_path)
     async with watched_connection(app_server.url, client_name="harness",
                                   client_class=HarnessClient) as (client, log):

@@ -50,7 +50,6 @@ from fixtures.codex_server import (
     AppServer,
     EventLog,
     HarnessClient,
-    codex_version,
     is_item,
     is_notification,
     make_codex_home,
@@ -439,7 +438,6 @@ class Harness:
         self.log = log
         self.daemon = daemon
         self.trace = TraceReader(daemon.trace)
-        self.goals = codex_version() >= (0, 171, 0)  # thread goals as measured
 
     async def start_thread(self, workspace: Path) -> str:
         return await start_thread(self.client, workspace)
@@ -541,7 +539,7 @@ async def random_round(h: Harness, rng: random.Random, number: int, workspace: P
     modes = rng.choices(MODES, weights=[4, 2, 2], k=rng.choice([1, 1, 2, 3]))
     if modes.count("interrupt") > 1:
         modes = [m for m in modes if m != "interrupt"] + ["interrupt"]
-    if rng.random() < STOP_ROUNDS and h.goals:
+    if rng.random() < STOP_ROUNDS:
         modes = ["stop"]
         await h.set_goal(thread)
     events: list[tuple[float, str, str | None]] = sorted(

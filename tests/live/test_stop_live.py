@@ -1,4 +1,4 @@
-"""A stop against the REAL Codex app-server (0.171.0: thread goals): the thread does no more
+"""A stop against the REAL Codex app-server (thread goals: every checked release has them): the thread does no more
 work, and a plain interrupt on a goal thread says the work goes on. A stopped thread stays
 stopped: our queued message the stop deleted settles ``expired withdrawn``, never delivered,
 and a rule's later queued message waits (``thread_stopped``) until a person's turn.
@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, EventLog, codex_version, is_notification, text_input
+from fixtures.codex_server import AppServer, EventLog, is_notification, text_input
 from tests.live.test_appserver_live import _harness_and_supervisor, _turn_completed
 from tillerman.controller.core.delivery import Delivery, Dispatch
 from tillerman.controller.core.intent_requests import intent_view, propose
@@ -52,12 +52,6 @@ GRANTS = build_ruleset(
      Grant(subject=f"rule:{RULE}", actions=frozenset({"queue"}))))
 #: How long a stopped thread is watched for a turn that should not start.
 QUIET = 10.0
-
-
-@pytest.fixture(autouse=True)
-def _goals_need_a_release_with_them() -> None:
-    if codex_version() < (0, 171, 0):
-        pytest.skip("thread goals as measured are Codex 0.171.0's: run with TILLERMAN_CODEX_BIN=<codex 0.171.0>")
 
 
 class Tillerman:
