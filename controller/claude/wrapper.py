@@ -49,20 +49,9 @@ import anyio
 import anyio.abc
 
 from tillerman.controller.claude.relay import CliFramer, Echo, Ours, Piece, Relay, cli_record, message_uuid
-from tillerman.controller.core.delivery import (
-    Command,
-    Delivery,
-    Dispatch,
-    Fact,
-    Interrupt,
-    ListTerminals,
-    NoAnswer,
-    QueueAdd,
-    QueueList,
-    ReadBack,
-    Replied,
-    Steer,
-)
+from tillerman.controller.core.commands import Command, Interrupt, ListTerminals, QueueAdd, QueueList, ReadBack, Steer
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, Fact, NoAnswer, Replied
 from tillerman.controller.core.intent_requests import evidence_envelope, intent_view, transition_envelope
 from tillerman.controller.core.reconcile import observed, reconcile_fact, turn_items, under_way
 from tillerman.controller.dispatch.adapter import GuardedAdapter

@@ -210,7 +210,6 @@ def intent_show(intent_id, as_json, ledger_path):
     Example: tillerman intent show in-3f2a9c0d1e2b4a5f6c7d --json
     """
     from tillerman.controller.core import intent_requests as intent_lib
-
     from tillerman.controller.core.render import GOAL_KINDS, intent_goals
 
     with open_intact_ledger(ledger_path) as ledger:

@@ -25,7 +25,14 @@ from tillerman.controller.core.timefmt import iso, parse_time
 from tillerman.controller.replay.parallel import ReplaySettings, replay_files
 from tillerman.controller.replay.replayer import ReplayError, collect_files
 from tillerman.controller.report.account import (
-    BY_CHOICES, DEFAULT_BY, NOT_KNOWN, Account, Delays, Figure, Group, account,
+    BY_CHOICES,
+    DEFAULT_BY,
+    NOT_KNOWN,
+    Account,
+    Delays,
+    Figure,
+    Group,
+    account,
 )
 from tillerman.controller.report.fold import Facts, fold_facts
 from tillerman.ledger.memory import MemoryRecorder

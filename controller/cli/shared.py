@@ -14,8 +14,8 @@ import click
 
 from tillerman.controller.cli.output import EXIT_ANCHOR_STALE, EXIT_CHECK_FAILED, Fail, PathType, print_line
 from tillerman.controller.core.timefmt import parse_time
-from tillerman.ledger.errors import SchemaError, UnsafeOutput
 from tillerman.ledger.backends import open_recorder
+from tillerman.ledger.errors import SchemaError, UnsafeOutput
 from tillerman.ledger.location import is_database_url, shown
 from tillerman.ledger.paths import check_ledger_path
 from tillerman.ledger.recorder import Recorder

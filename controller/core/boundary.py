@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from tillerman.controller.core.delivery import (
+from tillerman.controller.core.commands import (
     DISPATCH_COMMANDS,
     Command,
     Interrupt,
@@ -48,13 +48,13 @@ from tillerman.controller.core.delivery import (
     QueueList,
     ReadGoal,
     ReadTurns,
-    Refused,
     ResumeQueue,
     RunVerify,
     Steer,
     Terminate,
-    dispatch_record,
 )
+from tillerman.controller.core.delivery import dispatch_record
+from tillerman.controller.core.facts import Refused
 from tillerman.controller.core.intent_requests import evidence_envelope
 from tillerman.controller.core.rpc_errors import Refusal
 from tillerman.controller.core.stop import stop_attempt

@@ -1,10 +1,11 @@
 """The delivery protocol as a sans-IO machine: ledger facts in, envelopes and commands out.
 
 One ``Delivery`` per intent. It owns no socket and no clock: the driver
-(``tillerman.controller.dispatch.driver``) hands it a fact (``handle(fact)``) and gets an
-``Output`` back — ledger envelopes to append (intent transitions and evidence, built
-with ``tillerman.controller.core.intent_requests``) and adapter commands to execute, in that
-order. The machine's ``state`` is a cache of the
+(``tillerman.controller.dispatch.driver``) hands it a fact (``handle(fact)``; the facts are
+in ``tillerman.controller.core.facts``) and gets an ``Output`` back — ledger envelopes to
+append (intent transitions and evidence, built with
+``tillerman.controller.core.intent_requests``) and adapter commands to execute, in that
+order (``tillerman.controller.core.commands``). The machine's ``state`` is a cache of the
 ledger's: if an append is refused (``IllegalTransition``) or conflicts, another
 writer moved the intent first; the driver drops the commands and rebuilds the
 machine from the ledger (``Delivery.from_view``). A server's reply reaches it as a typed
@@ -70,9 +71,33 @@ Theory of operation (docs/design.md "Intents: the delivery protocol"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
+from tillerman.controller.core.commands import (
+    DISPATCH_COMMANDS,
+    Command,
+    Interrupt,
+    ListTerminals,
+    Output,
+    QueueAdd,
+    QueueList,
+    ReadBack,
+    ResumeQueue,
+    RunVerify,
+    Steer,
+    Terminate,
+)
+from tillerman.controller.core.facts import (
+    Dispatch,
+    Evidence,
+    Fact,
+    NoAnswer,
+    Observed,
+    Reconcile,
+    Refused,
+    Replied,
+    Tick,
+    Verified,
+    VerifyDue,
+)
 from tillerman.controller.core.intent_requests import SOURCE, evidence_envelope, transition_envelope
 from tillerman.controller.core.rpc_errors import EvidenceValue, Refusal
 from tillerman.ledger.events import (
@@ -95,7 +120,6 @@ from tillerman.monitor.codex_wire import (
     QueueEntry,
     QueuePage,
     QueueStarted,
-    Reply,
     SteerAccepted,
     Terminal,
     TerminalList,
@@ -114,221 +138,7 @@ _CHECKING = frozenset({S.ACKNOWLEDGED, S.ACTION_STARTED})
 #: Refusals that say the turn a steer named is no longer the running one (and that the
 #: steer added nothing): a steer that follows the active turn waits for the next.
 _TURN_MOVED_ON = frozenset({Refusal.STALE_TURN, Refusal.NO_ACTIVE_TURN})
-Evidence = Mapping[str, EvidenceValue]
 
-
-# -- commands: what the machine asks the adapter to do ---------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Command:
-    intent_id: str
-    thread_id: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class Steer(Command):
-    expected_turn_id: str
-    client_user_message_id: str
-    text: str
-    attempt: str  # the dispatch record this send belongs to
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueAdd(Command):
-    client_user_message_id: str
-    text: str
-    attempt: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class Interrupt(Command):
-    turn_id: str
-    attempt: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class PauseGoal(Command):
-    """A stop's first change: pause the thread's goal (``tillerman.controller.core.stop``)."""
-
-    origin: str  # "user" for a person's stop, "automatic" for a rule's
-    attempt: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueDelete(Command):
-    """A stop withdraws one of tillerman's own queued messages."""
-
-    submission_id: str
-    withdrawn_intent_id: str  # the queue intent the message belongs to
-    attempt: str
-
-
-#: The commands that deliver something; the adapter sends them only under their record.
-DISPATCH_COMMANDS = (Steer, QueueAdd, Interrupt, PauseGoal, QueueDelete)
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueList(Command):
-    pass
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReadGoal(Command):
-    """``thread/goal/get``: a stop reads the goal before it pauses it, and after, to verify."""
-
-    verifying: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReadTurns(Command):
-    """A stop's look at the thread's newest turns: is one running?"""
-
-    verifying: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReadBack(Command):
-    """Look for our clientId in the thread's history: in ``turn_id``, or in any recent turn."""
-
-    client_id: str
-    turn_id: str | None
-    cursor: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ListTerminals(Command):
-    pass
-
-
-@dataclass(frozen=True, kw_only=True)
-class Terminate(Command):
-    process_id: str
-    item_id: str
-    turn_id: str  # the interrupted turn the item started in
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResumeQueue(Command):
-    pass
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunVerify(Command):
-    command: str
-
-
-# -- facts: what the driver tells the machine -----------------------------------------
-
-
-@dataclass(frozen=True)
-class Dispatch:
-    """The policy authorized this intent's mode; ``attempt`` is a fresh unique token."""
-
-    now: float
-    attempt: str
-    active_turn: str | None = None  # the thread's running turn: the one a queue add waits behind
-    active_turn_started_at: float | None = None  # when the ledger saw it start (a following steer)
-
-
-@dataclass(frozen=True)
-class Reconcile:
-    """The policy said reconcile (or the daemon restarted): what the ledger knows now.
-
-    ``expected_turn_state`` is the snapshot's state of the expected turn, ``echo_turn_id``
-    the turn our clientId echo landed in (``ThreadState.client_ids``) and
-    ``echo_turn_state`` that turn's state, ``turn_items`` the items seen starting in the
-    expected turn (interrupt: the processes that are ours to end).
-    """
-
-    now: float
-    expected_turn_state: str | None = None
-    echo_turn_id: str | None = None
-    turn_items: frozenset[str] = frozenset()
-    echo_turn_state: str | None = None  # the state of the echo's turn (an ack token may still be owed)
-    behind_turn_state: str | None = None  # queue: the state of the turn the add waits behind
-    goal_active: bool = False  # the thread's goal is active (as ``Observed.goal_active``)
-    # queue: the stop intent that deleted our message from the server's queue
-    # (``ThreadSnapshot.withdrawn``): it can never start a turn.
-    withdrawn_by: str | None = None
-    # A steer that follows the active turn, waiting after a refusal: the turn running now,
-    # when it started, what holds a send now (``tillerman.rules.policy.send_hazard``), and a
-    # fresh token for the send's record (None: this fact may not send).
-    active_turn: str | None = None
-    active_turn_started_at: float | None = None
-    held_by: str | None = None
-    attempt: str | None = None
-
-
-@dataclass(frozen=True)
-class Replied:
-    """The server answered ``command``; ``result`` is its reply as the wire module read it."""
-
-    command: Command
-    result: Reply
-    now: float
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A definite refusal: classified from the server's error, or at tillerman's boundary."""
-
-    command: Command
-    refusal: Refusal
-    evidence: Evidence
-    now: float
-
-
-@dataclass(frozen=True)
-class NoAnswer:
-    """Unknown outcome: ``cause`` is timeout, disconnected, unrecognized_error or
-    unreadable_reply (a listing that came back without its list)."""
-
-    command: Command
-    cause: str
-    now: float
-    evidence: Evidence = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Observed:
-    event: Event
-    now: float
-    # The thread's goal is active (the projection's): an interrupt's evidence says the
-    # work goes on, a resumed queue's that the goal resumes with it. False leaves both as
-    # they were on threads without a goal.
-    goal_active: bool = False
-
-
-@dataclass(frozen=True)
-class VerifyDue:
-    now: float
-
-
-@dataclass(frozen=True)
-class Verified:
-    """The readback's outcome, run in the thread's working directory (read at verify time)."""
-
-    exit_code: int | None  # None: the readback timed out or could not run (no verdict)
-    now: float
-    cwd_digest: str | None  # None: the thread's working directory is unknown (nothing ran)
-    cwd: str | None = None  # the directory itself: only with --retain-payloads
-    error: str | None = None  # why it could not run
-
-
-@dataclass(frozen=True)
-class Tick:
-    now: float
-
-
-Fact = Dispatch | Reconcile | Replied | Refused | NoAnswer | Observed | VerifyDue | Verified | Tick
-
-
-@dataclass(frozen=True)
-class Output:
-    envelopes: tuple[Envelope, ...] = ()
-    commands: tuple[Command, ...] = ()
-    durable: bool = False  # append with a full fsync BEFORE executing the commands
 
 
 def expect_matches(expect: str, event: ItemStarted) -> bool:

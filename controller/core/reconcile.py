@@ -32,7 +32,8 @@ from typing import get_args
 
 import msgspec
 
-from tillerman.controller.core.delivery import Observed, Reconcile, ack_turn, behind_turn, target_turn
+from tillerman.controller.core.delivery import ack_turn, behind_turn, target_turn
+from tillerman.controller.core.facts import Observed, Reconcile
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope, Event
 from tillerman.ledger.intent_states import State

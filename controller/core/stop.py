@@ -33,27 +33,20 @@ record's ``attempt`` (the boundary checks it), as a steer's does.
 
 from __future__ import annotations
 
-from tillerman.controller.core.delivery import (
+from tillerman.controller.core.commands import (
     Command,
-    Delivery,
-    Dispatch,
-    Fact,
     Interrupt,
     ListTerminals,
-    NoAnswer,
-    Observed,
     Output,
     PauseGoal,
     QueueDelete,
     QueueList,
     ReadGoal,
     ReadTurns,
-    Reconcile,
-    Refused,
-    Replied,
     Terminate,
-    Tick,
 )
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, Fact, NoAnswer, Observed, Reconcile, Refused, Replied, Tick
 from tillerman.controller.core.intent_requests import SOURCE
 from tillerman.ledger.events import Envelope, GoalUpdated, TurnCompleted
 from tillerman.ledger.intent_states import State

@@ -40,7 +40,8 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from tillerman.controller.claude.hook_delivery import Outboxes, is_hook_thread, settle
-from tillerman.controller.core.delivery import READBACK_PAGE, Delivery, Dispatch, VerifyDue
+from tillerman.controller.core.delivery import READBACK_PAGE, Delivery
+from tillerman.controller.core.facts import Dispatch, VerifyDue
 from tillerman.controller.core.intent_requests import intent_view
 from tillerman.controller.core.reconcile import (
     read_back,
@@ -51,8 +52,8 @@ from tillerman.controller.core.reconcile import (
     under_way,
     verify_due,
 )
-from tillerman.controller.core.stop import machine_from_view
 from tillerman.controller.core.round import Carry, Round
+from tillerman.controller.core.stop import machine_from_view
 from tillerman.controller.core.supervisor import Step
 from tillerman.controller.core.watches import Watches
 from tillerman.controller.daemon.collector import Collector

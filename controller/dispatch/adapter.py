@@ -31,13 +31,10 @@ from typing import Any, Protocol
 import anyio
 
 from tillerman.controller.core.boundary import judge
-from tillerman.controller.core.delivery import (
-    READBACK_PAGE,
+from tillerman.controller.core.commands import (
     Command,
-    Fact,
     Interrupt,
     ListTerminals,
-    NoAnswer,
     PauseGoal,
     QueueAdd,
     QueueDelete,
@@ -45,14 +42,13 @@ from tillerman.controller.core.delivery import (
     ReadBack,
     ReadGoal,
     ReadTurns,
-    Refused,
-    Replied,
     ResumeQueue,
     RunVerify,
     Steer,
     Terminate,
-    Verified,
 )
+from tillerman.controller.core.delivery import READBACK_PAGE
+from tillerman.controller.core.facts import Fact, NoAnswer, Refused, Replied, Verified
 from tillerman.controller.core.intent_requests import intent_view
 from tillerman.controller.core.rpc_errors import classify
 from tillerman.ledger import projections

@@ -28,7 +28,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tillerman.controller.core.boundary import BoundaryRefusal
-from tillerman.controller.core.delivery import DISPATCH_COMMANDS, Delivery, Fact, Replied
+from tillerman.controller.core.commands import DISPATCH_COMMANDS
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Fact, Replied
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.ledger.errors import Fenced
 from tillerman.ledger.recorder import Recorder

@@ -40,9 +40,9 @@ from pathlib import Path
 import msgspec
 
 from tillerman.ledger import events as ev
+from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.errors import LedgerError
 from tillerman.ledger.events import Entry
-from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.location import is_database_url, shown
 from tillerman.ledger.projections import Projection
 from tillerman.rules.policy import decide

@@ -17,21 +17,9 @@ from tillerman.controller.core.boundary import (
     ReplayedIntent,
     Unauthorized,
 )
-from tillerman.controller.core.delivery import (
-    Delivery,
-    Dispatch,
-    Interrupt,
-    NoAnswer,
-    Observed,
-    QueueList,
-    Refused,
-    Replied,
-    ResumeQueue,
-    RunVerify,
-    Steer,
-    Terminate,
-    Verified,
-)
+from tillerman.controller.core.commands import Interrupt, QueueList, ResumeQueue, RunVerify, Steer, Terminate
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, NoAnswer, Observed, Refused, Replied, Verified
 from tillerman.controller.core.intent_requests import intent_view, proposal_envelopes, transition_envelope
 from tillerman.controller.dispatch.adapter import GuardedAdapter, request_for
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out

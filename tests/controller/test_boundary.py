@@ -18,7 +18,7 @@ from tillerman.controller.core.boundary import (
     Unauthorized,
     judge,
 )
-from tillerman.controller.core.delivery import (
+from tillerman.controller.core.commands import (
     Command,
     ListTerminals,
     QueueAdd,

@@ -19,7 +19,7 @@ import pytest
 
 from tests.controller.test_reviewer import GOOD, answering, script
 from tillerman.controller.core import intent_requests
-from tillerman.controller.core.delivery import Dispatch
+from tillerman.controller.core.facts import Dispatch
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.controller.review.checkpoints import is_reviewer_thread
 from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending, ThreadStarted, TurnCompleted, TurnStarted

@@ -28,7 +28,8 @@ from tillerman.controller.claude.wrapper import (
     transcript_turns,
 )
 from tillerman.controller.core import intent_requests
-from tillerman.controller.core.delivery import Delivery, Tick
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Tick
 from tillerman.controller.core.reconcile import observed
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import events as ev

@@ -15,28 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from tillerman.controller.core.delivery import (
-    Delivery,
-    Dispatch,
+from tillerman.controller.core.commands import (
     Interrupt,
     ListTerminals,
-    NoAnswer,
-    Observed,
     Output,
     QueueAdd,
     QueueList,
     ReadBack,
-    Reconcile,
-    Refused,
-    Replied,
     ResumeQueue,
     RunVerify,
     Steer,
     Terminate,
+)
+from tillerman.controller.core.delivery import Delivery, expect_matches
+from tillerman.controller.core.facts import (
+    Dispatch,
+    NoAnswer,
+    Observed,
+    Reconcile,
+    Refused,
+    Replied,
     Tick,
     Verified,
     VerifyDue,
-    expect_matches,
 )
 from tillerman.controller.core.intent_requests import proposal_envelopes
 from tillerman.controller.core.rpc_errors import Refusal

@@ -16,22 +16,20 @@ from hypothesis import strategies as st
 
 from tests.controller.test_delivery import NOW, THREAD, TURN, Run, echo, make_intent, transition, turn, turns_page
 from tillerman.controller.core.boundary import judge
-from tillerman.controller.core.delivery import (
-    Dispatch,
-    NoAnswer,
-    Observed,
-    Output,
-    ReadBack,
-    Reconcile,
-    Refused,
-    Replied,
-    Steer,
-    dispatch_record,
-    target_turn,
-)
+from tillerman.controller.core.commands import Output, ReadBack, Steer
+from tillerman.controller.core.delivery import dispatch_record, target_turn
+from tillerman.controller.core.facts import Dispatch, NoAnswer, Observed, Reconcile, Refused, Replied
 from tillerman.controller.core.reconcile import reconcile_fact
 from tillerman.controller.core.rpc_errors import Refusal
-from tillerman.ledger.events import AgentMessage, Entry, Envelope, IntentEvidence, TurnCompleted, TurnStarted, UserMessage
+from tillerman.ledger.events import (
+    AgentMessage,
+    Entry,
+    Envelope,
+    IntentEvidence,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+)
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.monitor.codex_wire import SteerAccepted

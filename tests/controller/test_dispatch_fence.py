@@ -9,7 +9,8 @@ import time
 import pytest
 
 from tests.controller.test_adapter import FakeAppServer, adapter_for, grants, make_intent
-from tillerman.controller.core.delivery import Delivery, Dispatch
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch
 from tillerman.controller.core.intent_requests import intent_view, proposal_envelopes
 from tillerman.controller.dispatch.driver import carry_out
 from tillerman.controller.dispatch.leases_keeper import Fence, LeaseKeeper

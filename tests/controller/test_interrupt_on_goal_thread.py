@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from tests.controller.test_delivery import NOW, THREAD, TURN, Run, make_intent
 from tillerman.controller.cli.main import main
 from tillerman.controller.core import intent_requests as lib
-from tillerman.controller.core.delivery import Interrupt, Observed, QueueList, Reconcile, Replied, ResumeQueue
+from tillerman.controller.core.commands import Interrupt, QueueList, ResumeQueue
+from tillerman.controller.core.facts import Observed, Reconcile, Replied
 from tillerman.ledger.events import Envelope, TurnCompleted, TurnStarted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.sqlite import SQLiteRecorder

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.controller.test_adapter import NEXT_TURN, NOW, THREAD, TURN, ledger_with, make_intent, mark_dispatching
-from tillerman.controller.core.delivery import Reconcile
+from tillerman.controller.core.facts import Reconcile
 from tillerman.controller.core.intent_requests import proposal_envelopes, transition_envelope
 from tillerman.controller.core.reconcile import (
     read_back,

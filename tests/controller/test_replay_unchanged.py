@@ -27,8 +27,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from functools import cache
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import msgspec
 import pytest

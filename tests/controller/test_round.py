@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tillerman.controller.core import intent_requests
-from tillerman.controller.core.delivery import Observed
+from tillerman.controller.core.facts import Observed
 from tillerman.controller.core.round import Round
 from tillerman.controller.core.supervisor import Step
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions

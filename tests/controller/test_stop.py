@@ -14,24 +14,19 @@ import msgspec
 import pytest
 
 from tests.controller.test_delivery import NOW, THREAD, Record, make_intent
-from tillerman.controller.core.delivery import (
+from tillerman.controller.core.commands import (
     Command,
-    Delivery,
-    Dispatch,
     Interrupt,
     ListTerminals,
-    NoAnswer,
-    Observed,
     PauseGoal,
     QueueDelete,
     QueueList,
     ReadGoal,
     ReadTurns,
-    Reconcile,
-    Refused,
-    Replied,
     Terminate,
 )
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, NoAnswer, Observed, Reconcile, Refused, Replied
 from tillerman.controller.core.intent_requests import proposal_envelopes
 from tillerman.controller.core.rpc_errors import Refusal
 from tillerman.controller.core.stop import RECHECK_AFTER, STOP_ROUNDS, StopDelivery, goal_origin, machine_from_view

@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from tests.controller.test_delivery import NOW, THREAD, make_intent
 from tests.controller.test_stop import Stop, Thread
 from tillerman.controller.cli.main import main
-from tillerman.controller.core.delivery import Delivery, Dispatch, QueueAdd, QueueList, Replied
+from tillerman.controller.core.commands import QueueAdd, QueueList
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, Replied
 from tillerman.controller.core.intent_requests import proposal_envelopes
 from tillerman.controller.core.reconcile import reconcile_fact
 from tillerman.controller.core.stop import machine_from_view

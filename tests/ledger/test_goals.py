@@ -1,7 +1,6 @@
 """A thread's Codex goal in the fold: ThreadSnapshot.goal, goal_status and goal_active."""
 
 from tests.ledger.test_projections import env, fold
-
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
 from tillerman.ledger.sqlite import SQLiteRecorder

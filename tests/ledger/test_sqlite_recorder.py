@@ -6,9 +6,9 @@ import msgspec
 import pytest
 
 from tests.ledger.recorder_contract import RecorderContract, turn
-from tillerman.ledger.events import Envelope, TurnStarted, kind_of
-from tillerman.ledger.errors import IntegrityError, OperationalError, SchemaError
 from tillerman.ledger import sqlite as sqlite_ledger
+from tillerman.ledger.errors import IntegrityError, OperationalError, SchemaError
+from tillerman.ledger.events import Envelope, TurnStarted, kind_of
 from tillerman.ledger.sqlite import SQLiteRecorder
 
 

@@ -29,7 +29,9 @@ from tests.live.daemon_support import (
 )
 from tillerman.controller.core import intent_requests
 from tillerman.controller.core.boundary import Unauthorized
-from tillerman.controller.core.delivery import Delivery, Dispatch, Steer
+from tillerman.controller.core.commands import Steer
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import carry_out
 from tillerman.ledger.events import (

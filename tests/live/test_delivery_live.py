@@ -17,7 +17,8 @@ import pytest
 from fixtures.codex_server import AppServer, EventLog, HarnessClient, is_item
 from fixtures.scripted_model import ScriptedModel
 from tests.live.test_appserver_live import _harness_and_supervisor, _start_turn, _subscribe, _turn_completed
-from tillerman.controller.core.delivery import Delivery, Dispatch, Observed, Reconcile
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch, Observed, Reconcile
 from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.controller.core.overdue import overdue
 from tillerman.controller.dispatch.adapter import GuardedAdapter

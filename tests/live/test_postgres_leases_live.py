@@ -14,7 +14,6 @@ three daemons, ``TILLERMAN_LEASE_ROUNDS`` times (50 by default).
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import signal

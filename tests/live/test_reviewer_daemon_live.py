@@ -20,7 +20,7 @@ from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, reached_model, session, wait_until
 from tillerman.controller.core import intent_requests
 from tillerman.controller.core.boundary import Unauthorized
-from tillerman.controller.core.delivery import QueueAdd
+from tillerman.controller.core.commands import QueueAdd
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.ledger.events import ReviewCommitted
 from tillerman.ledger.intent_states import State

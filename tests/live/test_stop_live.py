@@ -22,7 +22,8 @@ import pytest
 
 from fixtures.codex_server import AppServer, EventLog, is_notification, text_input
 from tests.live.test_appserver_live import _harness_and_supervisor, _turn_completed
-from tillerman.controller.core.delivery import Delivery, Dispatch
+from tillerman.controller.core.delivery import Delivery
+from tillerman.controller.core.facts import Dispatch
 from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.controller.core.reconcile import observed, reconcile_fact
 from tillerman.controller.core.stop import StopDelivery

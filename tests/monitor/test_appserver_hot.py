@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.faults.test_hostile_messages import RAW, frames, json_values, raw_frames
-from tillerman.monitor.appserver_events import QUIET_METHODS, HotNotification, decode_hot
 from tillerman.ledger.events import Quarantined
+from tillerman.monitor.appserver_events import QUIET_METHODS, HotNotification, decode_hot
 from tillerman.monitor.appserver_tap import AppServerTap
 from tillerman.monitor.jsonrpc import RpcSession
 

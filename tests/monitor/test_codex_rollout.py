@@ -1,4 +1,5 @@
 import json
+
 import pytest
 
 from tests.monitor.support import events, jsonl, kinds, parse, reasons

@@ -29,9 +29,9 @@ from tests.monitor.tailer_support import (
     session_meta,
 )
 from tillerman.ledger import events as ev
+from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor import tailer as tailer_module
-from tillerman.ledger.command_patterns import CommandPatterns
 from tillerman.monitor.tailer import FILE_DELETED, FILE_TRUNCATED, SYMLINK_LOOP, UNKNOWN_FORMAT, UNREADABLE, Tailer
 
 

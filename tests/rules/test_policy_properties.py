@@ -19,17 +19,15 @@ from hypothesis import strategies as st
 from msgspec.structs import replace
 
 from fixtures.rule_texts import NO_OWNER_GRANT
+from tests.rules.test_policy_table import CASES, case_inputs
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import MODES, Intent
-from tillerman.ledger.snapshot import TURN_STATES, ThreadSnapshot
+from tillerman.ledger.snapshot import ENDED_TURN_STATES, TURN_STATES, ThreadSnapshot
 from tillerman.rules import policy
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
-from tillerman.ledger.snapshot import ENDED_TURN_STATES
-from tillerman.rules.policy import FORCEABLE_MODES, decide, producing_rule
 from tillerman.rules.files import load_config
-from tillerman.rules.schema import NO_CONFIG
 from tillerman.rules.owner import owner_grant
-from tests.rules.test_policy_table import CASES, case_inputs
+from tillerman.rules.policy import FORCEABLE_MODES, decide, producing_rule
 from tillerman.rules.ruleset import (
     ANY,
     GRANTABLE_ACTIONS,
@@ -41,6 +39,7 @@ from tillerman.rules.ruleset import (
     RuleSet,
     build_ruleset,
 )
+from tillerman.rules.schema import NO_CONFIG
 
 Inputs = tuple[Intent, State, ThreadSnapshot, float, RuleSet]
 Decide = Callable[[Intent, State, ThreadSnapshot, float, RuleSet], Decision]
