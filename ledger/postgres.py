@@ -75,7 +75,8 @@ WAIT_FOR_CONNECTION = 30.0
 #: milliseconds; a process frozen inside one (SIGSTOP, a paused VM, a swap storm) would
 #: hold every other writer on the ledger — every other daemon — for as long as it stays
 #: frozen, leases or not. Ended, its rows roll back; woken, it finds its connection gone
-#: and reads the ledger again, and its lease's fence refuses what it no longer owns.
+#: and reads the ledger again, and its lease's fence refuses what it no longer owns. A
+#: daemon sets its lease length instead: frozen longer, it has lost its threads anyway.
 IDLE_TRANSACTION_LIMIT = 20.0
 WAIT_WHILE_UNREACHABLE = 0.2
 
@@ -175,9 +176,13 @@ def _translate(exc: psycopg.Error, dsn: str) -> Exception:
 
 
 class PostgresRecorder(Recorder):
-    def __init__(self, dsn: str, *, readonly: bool = False, create: bool = True) -> None:
+    def __init__(self, dsn: str, *, readonly: bool = False, create: bool = True,
+                 idle_transaction_limit: float | None = None) -> None:
         """``create``: make the schema in an empty database (a reader, or ``create=False``,
-        refuses a database without one instead)."""
+        refuses a database without one instead). ``idle_transaction_limit``: seconds a
+        transaction of this recorder may sit idle before the server ends it
+        (``IDLE_TRANSACTION_LIMIT`` by default; a daemon gives its lease length)."""
+        idle_limit = IDLE_TRANSACTION_LIMIT if idle_transaction_limit is None else idle_transaction_limit
         self.path = shown(dsn)
         self._dsn = dsn  # with its password: for the listener's and the daemon lock's own connections
         self.readonly = readonly
@@ -190,7 +195,7 @@ class PostgresRecorder(Recorder):
             if readonly:
                 conn.execute("SET default_transaction_read_only = on")
             else:
-                conn.execute(f"SET idle_in_transaction_session_timeout = {round(IDLE_TRANSACTION_LIMIT * 1000)}")
+                conn.execute(f"SET idle_in_transaction_session_timeout = {max(1, round(idle_limit * 1000))}")
 
         try:  # one plain connection first: a wrong URL fails at once, not after the pool's retries
             psycopg.connect(dsn, connect_timeout=10).close()

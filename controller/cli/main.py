@@ -405,7 +405,9 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             metrics=serve_metrics(metrics_address) if metrics_address else None, lease=lease)
     try:
         if database:  # several daemons may share a database: each thread by lease, no lock file
-            with open_ledger(database) as recorder:
+            # A transaction of this daemon frozen past its lease is ended by the server:
+            # its threads are another daemon's by then, and the head row must be free.
+            with open_ledger(database, idle_transaction_limit=lease) as recorder:
                 run_daemon(recorder, None, effective.ruleset, options)
         else:
             with open_ledger(str(path)) as recorder:

@@ -68,14 +68,17 @@ def ledger_file(path: str | None, *, command: str | None = None, readonly: bool 
         raise Fail(str(exc)) from None
 
 
-def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False) -> Recorder:
+def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False,
+                idle_transaction_limit: float | None = None) -> Recorder:
     """``must_exist``: a reading command, which never creates a ledger (or its folders) where
     none is; a writing command creates one. ``readonly``: for the commands that only read;
     they never write (no migration, no anchor, no snapshot), so they work on a read-only
-    file or a full disk. A ``postgresql://`` URL opens that database's ledger."""
+    file or a full disk. A ``postgresql://`` URL opens that database's ledger
+    (``idle_transaction_limit``: ``tillerman.ledger.backends.open_recorder``)."""
     if (url := ledger_url(path)) is not None:
         try:
-            return open_recorder(url, readonly=readonly, must_exist=must_exist or readonly)
+            return open_recorder(url, readonly=readonly, must_exist=must_exist or readonly,
+                                 idle_transaction_limit=idle_transaction_limit)
         except SchemaError as exc:
             raise Fail(str(exc)) from exc
     target = ledger_file(path, readonly=readonly)

@@ -56,11 +56,10 @@ def test_concurrent_writers_get_contiguous_ordered_seqs(postgres_dsn):
         assert rec.verify().ok
 
 
-def test_a_writer_frozen_inside_a_block_does_not_hold_the_others(postgres_dsn, monkeypatch):
+def test_a_writer_frozen_inside_a_block_does_not_hold_the_others(postgres_dsn):
     """A process frozen inside ``bulk()`` (its head-row lock taken) is ended by the server
-    after ``IDLE_TRANSACTION_LIMIT``: another writer appends while it is still frozen,
+    after its ``idle_transaction_limit``: another writer appends while it is still frozen,
     the frozen block's rows are rolled back when it wakes, and the chain verifies."""
-    monkeypatch.setattr(postgres, "IDLE_TRANSACTION_LIMIT", 1.0)
     PostgresRecorder(postgres_dsn).close()
     other_done = threading.Event()
 
@@ -69,7 +68,7 @@ def test_a_writer_frozen_inside_a_block_does_not_hold_the_others(postgres_dsn, m
             rec.append([turn(2, thread="other")])
         other_done.set()
 
-    with PostgresRecorder(postgres_dsn) as frozen:
+    with PostgresRecorder(postgres_dsn, idle_transaction_limit=1.0) as frozen:
         with pytest.raises(OperationalError):
             with frozen.bulk():
                 frozen.append([turn(1, thread="frozen")])
@@ -222,6 +221,13 @@ def test_a_replay_into_postgresql_decides_and_chains_as_into_sqlite(postgres_dsn
 def _head(recorder) -> tuple[int, str]:
     (last,) = recorder.read(after_seq=recorder.max_seq() - 1)
     return last.seq, last.hash
+
+
+@pytest.mark.parametrize(("given", "shown"), [(None, "20s"), (3.0, "3s")])
+def test_a_writers_transactions_are_bounded_by_its_limit(postgres_dsn, given, shown):
+    """The default for any writer; a daemon gives its lease length (``tillerman run``)."""
+    with PostgresRecorder(postgres_dsn, idle_transaction_limit=given) as rec, rec._reading() as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0] == shown
 
 
 def test_a_commit_during_verify_is_not_taken_for_a_forged_snapshot(postgres_dsn, monkeypatch):

@@ -104,10 +104,12 @@ def owner_pid(ledger: PostgresRecorder, thread: str) -> int | None:
     return int(held[0]["owner"].split(":")[-2]) if held else None
 
 
-async def command_turn(harness, log, workspace: Path, seconds: int) -> tuple[str, str]:
-    """A thread whose turn runs ``sleep`` (a steer lands at its tool boundary), once running."""
+async def command_turn(harness, log, workspace: Path, seconds: int, *, runs: str = "RUN") -> tuple[str, str]:
+    """A thread whose turn runs ``sleep`` (a steer lands at its tool boundary), once
+    running. ``runs="RETRY"``: the agent runs it again each time it ends, six times, so
+    the turn outlasts its command with a tool boundary after each run."""
     thread = await start_thread(harness, workspace)
-    turn = await start_turn(harness, thread, f"RUN: sleep {seconds}")
+    turn = await start_turn(harness, thread, f"{runs}: sleep {seconds}")
     await log.wait_for(lambda m: is_item("item/started", "commandExecution")(m) and m.params.get("threadId") == thread,
                        timeout=30)
     return thread, turn
@@ -229,10 +231,11 @@ async def paused_past_its_lease(checkpoint: str, daemons: int, app_server: AppSe
         try:
             with PostgresRecorder(dsn) as ledger:
                 # The turn outlasts a takeover on a loaded machine (three daemons starting,
-                # a lease running out, a readback): a steer for an ended turn expires. 30 s
-                # was once not enough beside a busy machine's other work; the test ends when
-                # the steer settles, so a longer turn costs no time.
-                thread, turn = await command_turn(harness, log, workspace, 120)
+                # a lease running out, a readback): a steer for an ended turn expires. One
+                # long command did not do: Codex hands a command still running after 10 s
+                # back to the model, which ended the turn, and once a takeover took longer.
+                # Six runs of 3 s: a turn of about 20 s, a boundary for the steer every 3 s.
+                thread, turn = await command_turn(harness, log, workspace, 3, runs="RETRY")
                 await wait_until(lambda: owner_pid(ledger, thread) == first.process.pid, "the first daemon's lease", 60)
                 others = [start_daemon(app_server, dsn, config, f"other{i}") for i in range(daemons - 1)]
                 await wait_until(lambda: len(ledger.leases().daemons()) == daemons, "every daemon to register", 60)
