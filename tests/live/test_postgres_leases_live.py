@@ -8,7 +8,7 @@ and reconciles before it dispatches; woken (SIGCONT), the stopped daemon's dispa
 refused by the fence, and nothing is delivered twice.
 
 ``make test`` runs two checkpoints; ``make torture`` runs every checkpoint with two and
-three daemons, ``TILLERMAN_LEASE_ROUNDS`` times (50 by default).
+three daemons, ``TILLERMAN_LEASE_ROUNDS`` times (20 by default).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 3.0  # seconds: short enough for a test, long enough for a loaded machine to renew in time
-ROUNDS = int(os.environ.get("TILLERMAN_LEASE_ROUNDS", "50"))
+ROUNDS = int(os.environ.get("TILLERMAN_LEASE_ROUNDS", "20"))
 #: Checkpoints before the send: the woken daemon's dispatch must be refused by the fence.
 BEFORE_THE_SEND = ("dispatch_recording", "dispatch_recorded", "dispatch_sending")
 
