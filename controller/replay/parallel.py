@@ -240,14 +240,15 @@ def _context(ledger: bool):
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload([__name__])  # workers forked with replay already imported
-        # The server starts with SIGINT ignored, and so stays (Python installs its
-        # KeyboardInterrupt handler only where SIGINT is at its default): a Ctrl-C
-        # during its imports would print their traceback. Its workers inherit that.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # The server starts with SIGINT blocked (the mask is inherited), so a Ctrl-C
+        # during its imports prints no traceback there, and the server then ignores it
+        # for good. Blocked, not ignored, here: a Ctrl-C meanwhile waits and reaches this
+        # process once the server stands (ignored, it was lost and the replay ran on).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return context
 
 

@@ -3,6 +3,7 @@
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import signal
 import sqlite3
@@ -145,6 +146,20 @@ def test_ctrl_c_stops_the_workers(tmp_path):
         time.sleep(0.05)
     assert not _group_members(proc.pid)
     assert b"Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="starts no fork server")
+def test_a_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
+    """Ctrl-C in the second the fork server takes to start (its imports): the replay
+    stops once the server stands; it was ignored and the replay ran to its end."""
+    import multiprocessing.forkserver
+
+    def starting() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # the person presses Ctrl-C now
+
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", starting)
+    with pytest.raises(KeyboardInterrupt):
+        parallel_replay._context(ledger=True)
 
 
 def test_workers_are_forked_from_the_parent_unless_a_ledger_is_open(monkeypatch):

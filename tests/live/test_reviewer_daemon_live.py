@@ -88,7 +88,7 @@ async def test_a_reviewers_correction_is_carried_out_through_the_normal_guards_a
         def recommended():
             return next((v for v in s.projection().intents.values() if v.intent.producer == "reviewer:script"), None)
 
-        correction = await wait_until(recommended, "the review to return the turn with a correction", timeout=30.0)
+        correction = await wait_until(recommended, "the review to return the turn with a correction", timeout=90.0)
         assert correction.intent.mode == "queue" and CORRECTION in correction.intent.text
         done = await s.wait_state(correction.intent.id, SETTLED, timeout=30.0)
         assert done.state == State.ACKNOWLEDGED  # queued, and its turn started
@@ -130,7 +130,7 @@ async def test_a_reviewers_correction_without_its_grant_is_never_sent(
         def recommended():
             return next((v for v in s.projection().intents.values() if v.intent.producer == "reviewer:script"), None)
 
-        correction = await wait_until(recommended, "the review to return the turn with a correction", timeout=30.0)
+        correction = await wait_until(recommended, "the review to return the turn with a correction", timeout=90.0)
         done = await s.wait_state(correction.intent.id, SETTLED)
         assert (done.state, done.last_decision) == (State.REJECTED, ("escalate", "no_grant"))
         assert s.sent("thread/queue/add") == []
