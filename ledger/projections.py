@@ -516,7 +516,8 @@ def _agent_message(p, e: ev.AgentMessage, at, seq, source) -> None:
 def _goal_updated(p, e: ev.GoalUpdated, at, seq, source) -> None:
     t = _touch(p, e, at, source)
     if t is not None:
-        stopped.resumed_by_goal(t, t.goal.status if t.goal else None, e.status, e.by, source.startswith("appserver"))
+        stopped.resumed_by_goal(t, t.goal.status if t.goal else None, e.status, e.by, source.startswith("appserver"),
+                                e.turn_id)
         _set_goal(t, e.status, at, e.by, e.turn_id, objective_digest=e.objective_digest, origin=e.origin,
                   token_budget=e.token_budget, tokens_used=e.tokens_used, time_used_seconds=e.time_used_seconds)
 

@@ -84,8 +84,11 @@ def resumed_by_turn(t: ThreadState, opener: str | None) -> None:
         t.stopped_by = None
 
 
-def resumed_by_goal(t: ThreadState, old_status: str | None, status: str, by: str | None, live: bool) -> None:
-    """The goal's status, reported by an app-server connection (``live``), changed to
-    active, and not by tillerman (a stop only ever pauses a goal)."""
-    if live and status == GOAL_ACTIVE and old_status != GOAL_ACTIVE and by != TILLERMAN:
+def resumed_by_goal(t: ThreadState, old_status: str | None, status: str, by: str | None, live: bool,
+                    turn_id: str | None) -> None:
+    """The goal set active (a ``thread/goal/set``: its report names no turn), seen by an
+    app-server connection (``live``), and not by tillerman (a stop only ever pauses a
+    goal). A report at a turn's end says how the goal stood when that turn ended: the
+    turn the stop interrupted may report it active after the pause."""
+    if live and turn_id is None and status == GOAL_ACTIVE and old_status != GOAL_ACTIVE and by != TILLERMAN:
         t.stopped_by = None

@@ -97,6 +97,8 @@ def test_a_rejected_stop_stops_nothing() -> None:
      [TurnStarted(thread_id=THREAD, turn_id="u1"), user("u1", None)], ROLLOUT),
     ("the goal set active, read from a rollout", [GoalUpdated(thread_id=THREAD, status="active")], ROLLOUT),
     ("a goal report that is not active", [GoalUpdated(thread_id=THREAD, status="complete")], LIVE),
+    ("the goal reported active at the end of a turn (the stop's interrupted one: not a set)",
+     [GoalUpdated(thread_id=THREAD, turn_id="t1", status="active")], LIVE),
 ])
 def test_what_does_not_resume_a_stopped_thread(what: str, events: list[Event], source: str) -> None:
     p = apply(stopped_thread(), *events, source=source)

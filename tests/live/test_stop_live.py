@@ -143,6 +143,11 @@ class Tillerman:
     def history(self, intent: Intent):
         return intent_view(self.recorder, intent.id).history
 
+    def goal_reports(self) -> list[tuple[str, str | None, str | None]]:
+        """Each recorded goal change: (status, the turn it names, by)."""
+        return [(e.envelope.event.status, e.envelope.event.turn_id, e.envelope.event.by) for e in self.recorder.read()
+                if isinstance(e.envelope.event, GoalUpdated)]
+
 
 def _turns_started(log: EventLog, thread_id: str, start: int = 0) -> list[str]:
     return [m.params["turn"]["id"] for m in log.messages[start:]
@@ -300,7 +305,7 @@ async def test_a_rules_queued_message_waits_on_a_stopped_thread_until_a_persons_
         await tm.dispatch(stop)
         await tm.until(lambda: stop.finished)
         assert tm.moves(stop.intent)[-1] == ("effect_verified", "stop_verified")
-        assert tm.snapshot(thread_id).stopped_by == stop.intent.id
+        assert tm.snapshot(thread_id).stopped_by == stop.intent.id, tm.goal_reports()
 
         nudge = tm.propose(thread_id=thread_id, mode="queue", text="carry on with the docs",
                            producer=f"rule:{RULE}", rule_id=RULE, rule_version=1)
