@@ -131,7 +131,7 @@ async def _owner_steers_a_running_turn(tillerman: Tillerman, url: str, ledger: P
     """A harness runs a long command; the owner's steer, proposed with no --owner and no
     config, reaches that turn exactly once."""
     async with watched_connection(url, client_name="harness") as (harness, log):
-        thread, turn = await start_command(harness, log, workspace, "RUN: sleep 4", timeout=30)
+        thread, turn = await start_command(harness, log, workspace, "RUN: sleep 9", timeout=30)
         with anyio.fail_after(30):
             while not any(t["thread"] == thread and t["active_turn"] == turn
                           for t in tillerman.status(ledger)["threads"]):

@@ -70,7 +70,7 @@ def wrapped(tmp_path: Path, ledger: Path, claude_cli: Path) -> tuple[Path, dict[
     return script, {"TILLERMAN_CLAUDE_BIN": str(claude_cli), "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 45.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := predicate():
