@@ -55,7 +55,10 @@ class BackgroundCheckpoints:
             return
         try:
             db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-            while True:
+            # ``stop`` may set both events just before the ``clear`` below takes the wake-up
+            # away: the loop looks at ``_stop`` before it waits again (waiting on ``_grown``
+            # alone, a closing ledger's join hung for good).
+            while not self._stop.is_set():
                 self._grown.wait()
                 if self._stop.wait(every):  # the commits of the next ``every`` seconds: one checkpoint
                     break

@@ -145,3 +145,23 @@ def test_checkpointing_in_commits_again_stops_the_thread_and_restores_sqlites_ow
         assert _sizes(path)[0] > database  # the commits copied the log in themselves
         assert recorder.checkpoint_in_background() is not None  # and a thread may start again
     assert _checkpointing_threads() == []
+
+
+def test_a_stop_just_before_the_wake_up_is_cleared_still_ends_the_thread(tmp_path):
+    """``stop`` sets both events; the thread, between its wait and its ``clear``, took the
+    wake-up away and then waited on ``_grown`` for ever: closing the ledger hung."""
+    with SQLiteRecorder(tmp_path / "l.sqlite3"):
+        pass
+    checkpoints = wal_checkpoints.BackgroundCheckpoints(str(tmp_path / "l.sqlite3"), every=0.01)
+
+    class StoppedJustBeforeTheClear(threading.Event):
+        def clear(self) -> None:
+            checkpoints._stop.set()  # what stop() does, at the worst moment
+            self.set()
+            super().clear()
+
+    first, checkpoints._grown = checkpoints._grown, StoppedJustBeforeTheClear()
+    first.set()  # a commit, on whichever event the thread waits: it wakes, waits ``every``, clears
+    threading.Event.set(checkpoints._grown)
+    checkpoints._thread.join(timeout=10)
+    assert not checkpoints._thread.is_alive()
