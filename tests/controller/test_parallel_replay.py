@@ -134,8 +134,11 @@ def _group_members(pgid: int) -> set[int]:
 def test_ctrl_c_stops_the_workers(tmp_path):
     for seed in range(1, 5):
         write_rollout(str(tmp_path / rollout_name(seed)), 30_000, seed)
+    # Ctrl-C as a terminal's shell leaves it, whatever this test process was given (a
+    # process that ignores SIGINT hands that to its children, and the replay ran on).
     proc = subprocess.Popen([sys.executable, "-m", "tillerman.controller", "replay", "--jobs", "2", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(_group_members(proc.pid)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)  # the parent and two workers (forked from it: no fork server)
@@ -158,8 +161,12 @@ def test_a_ctrl_c_while_the_fork_server_starts_is_not_lost(monkeypatch):
         os.kill(os.getpid(), signal.SIGINT)  # the person presses Ctrl-C now
 
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", starting)
-    with pytest.raises(KeyboardInterrupt):
-        parallel_replay._context(ledger=True)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's Ctrl-C finds it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parallel_replay._context(ledger=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_workers_are_forked_from_the_parent_unless_a_ledger_is_open(monkeypatch):
