@@ -18,6 +18,7 @@ from typing import Literal
 import msgspec
 
 from tillerman.ledger.intents import Intent
+from tillerman.ledger.usage import Tokens
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -154,6 +155,60 @@ class GoalCleared(Event, tag="goal_cleared"):
     """The thread's goal was removed (``thread/goal/clear``): no more continuations."""
 
     by: str | None = None
+
+
+# -- usage: what the model responses cost ------------------------------------------
+
+
+#: Where a usage figure was read: the app-server's ``thread/tokenUsage/updated``, a
+#: rollout's ``token_count``, a Claude Code transcript's ``message.usage``, stream-json's
+#: ``result``, a transcript's ``cost-state`` line, the app-server's ``account/usage/read``.
+UsageSource = Literal["codex_live", "codex_rollout", "claude_transcript", "claude_stream", "claude_cost_state",
+                      "codex_account"]
+
+
+class Usage(Event, tag="usage", omit_defaults=True):
+    """One model response's tokens (``tillerman.ledger.usage.Tokens``: cached input inside
+    input, reasoning inside output), numbers only. ``total`` is the source's cumulative
+    counter after this response where it keeps one (Codex), the second calculation the
+    account checks the sum against. Duplicates are counted once by the account:
+    ``response_key`` (Codex: the thread and its total) or, for Claude Code,
+    (``message_id``, ``request_id``) as ccusage keys them, a ``sidechain`` entry also
+    matching its parent by ``message_id``.
+
+    Not an observation (``OBSERVATION_KINDS``): usage is an account, not activity, so it
+    never moves a quiet timer or changes a decision unless a budget rule names it."""
+
+    source_kind: UsageSource
+    tokens: Tokens
+    model: str | None = None
+    total: Tokens | None = None
+    context_window: int | None = None
+    speed: str | None = None  # "fast" where the source says so; None: standard
+    response_key: str | None = None
+    message_id: str | None = None
+    request_id: str | None = None
+    sidechain: bool = False
+
+
+class ModelUsage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A vendor's own per-model figures (Claude Code's ``modelUsage``, Codex's usage groups)."""
+
+    model: str
+    tokens: Tokens
+    cost_usd: float | None = None
+
+
+class UsageReported(Event, tag="usage_reported", omit_defaults=True):
+    """A vendor's own cumulative account of a session, kept beside ours and never added to
+    it: stream-json ``result`` (``total_cost_usd`` cumulative for the query: the latest
+    counts, never a sum), the transcript's ``cost-state`` line, ``account/usage/read``'s
+    ``estimatedUsageUsdMicros`` (as dollars)."""
+
+    source_kind: UsageSource
+    cost_usd: float | None = None
+    tokens: Tokens | None = None
+    models: tuple[ModelUsage, ...] = ()
 
 
 class ApprovalRequested(Event, tag="approval_requested"):
@@ -440,6 +495,8 @@ AnyEvent = (
     | DenyNotHonoured
     | GoalUpdated
     | GoalCleared
+    | Usage
+    | UsageReported
     | ApprovalRequested
     | ApprovalResolved
     | QueueChanged
