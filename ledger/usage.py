@@ -136,6 +136,28 @@ def codex_tokens(breakdown: Any, names: tuple[str, ...] = CODEX_LIVE_NAMES, *,
     return tokens
 
 
+def difference(later: Tokens, earlier: Tokens, field: str) -> Tokens:
+    """The figures a cumulative counter rose by (one response's, where the source wrote
+    only the counter), or ``UsageRefused``: a counter that went down, or a rise that is
+    no response's (more cached input than input), cannot be read as one; ``field``
+    names the counter."""
+    rise = later - earlier
+    if any(getattr(rise, name) < 0 for name in FIELDS):
+        raise UsageRefused("usage_inconsistent", field, rise)
+    return _consistent(rise)
+
+
+def codex_response_key(thread_id: str | None, total: Tokens) -> str | None:
+    """The key one Codex response is counted by: its thread and the thread's cumulative
+    counters after it. The app-server's ``thread/tokenUsage/updated`` and the rollout's
+    ``token_count`` of one response share it (the account counts it once), and a
+    repeated report of an unchanged total (Codex writes one when only its rate limits
+    changed) is the same response. None without a thread: nothing to join."""
+    if thread_id is None:
+        return None
+    return f"{thread_id}:" + ":".join(str(getattr(total, name)) for name in FIELDS)
+
+
 def claude_tokens(usage: Any) -> Tokens:
     """An Anthropic ``usage`` object (a transcript's ``message.usage``, stream-json's
     ``usage``). ``input_tokens`` there is the uncached part: input here adds the cache

@@ -23,7 +23,18 @@ from typing import Any, Union
 
 import msgspec
 
-from tillerman.ledger.events import Error, Event, GoalUpdated, ThreadStarted, TurnCompleted, TurnStarted
+from tillerman.ledger.events import Error, Event, GoalUpdated, ThreadStarted, TurnCompleted, TurnStarted, Usage
+from tillerman.ledger.usage import (
+    CODEX_ROLLOUT_NAMES,
+    MAX_TOTAL_TOKENS,
+    ZERO,
+    Tokens,
+    UsageRefused,
+    codex_response_key,
+    codex_tokens,
+    count,
+    difference,
+)
 from tillerman.monitor.digest import digest, payload
 from tillerman.monitor.lines import TypedLines, decode_json, nested
 from tillerman.monitor.parser import (
@@ -502,6 +513,33 @@ _ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _WebSearchCall: _P._web_search_call,
 }
 _BODY_HANDLERS = {**_EVENT_HANDLERS, **_ITEM_HANDLERS}  # the body types of the two are distinct classes
+
+
+def token_count_usage(payload: dict, *, thread_id: str | None, turn_id: str | None, model: str | None,
+                      previous_total: Tokens | None) -> Usage | None:
+    """The usage of one ``event_msg`` ``token_count`` body (``{"type": "token_count",
+    "info": {total_token_usage, last_token_usage, model_context_window}, …}``), or None
+    when it has nothing to count: ``info: null`` (only rate limits changed) or a response
+    of no tokens. The response's figures are ``last_token_usage``; a rollout without it
+    (older CLIs) gives the rise of ``total_token_usage`` over ``previous_total``, the
+    file's total before this record (None: the first). Raises ``UsageRefused`` for a
+    figure that cannot be counted (the caller quarantines the record), including a
+    total that fell where there is no ``last_token_usage`` to count instead."""
+    info = payload.get("info")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise UsageRefused("usage_missing_field", "info", info)
+    total = codex_tokens(info.get("total_token_usage"), CODEX_ROLLOUT_NAMES, limit=MAX_TOTAL_TOKENS)
+    last = info.get("last_token_usage")
+    tokens = (codex_tokens(last, CODEX_ROLLOUT_NAMES) if last is not None
+              else difference(total, previous_total or ZERO, "total_token_usage"))
+    if tokens.is_zero():
+        return None
+    window = info.get("model_context_window")
+    return Usage(source_kind="codex_rollout", thread_id=thread_id, turn_id=turn_id, tokens=tokens, model=model,
+                 total=total, context_window=None if window is None else count(window, "model_context_window"),
+                 response_key=codex_response_key(thread_id, total))
 
 
 #: ``turn_attribution.turn_trigger`` → ``TurnStarted.trigger``: null is a client's ``turn/start``.

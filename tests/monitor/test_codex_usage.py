@@ -1,0 +1,121 @@
+"""Codex usage as facts: ``token_count`` records of a rollout and the app-server's
+``thread/tokenUsage/updated``, mapped to ``Usage`` (docs/design.md "The usage account")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tillerman.ledger.events import Usage
+from tillerman.ledger.usage import Tokens, UsageRefused
+from tillerman.monitor.codex_rollout import token_count_usage
+
+THREAD = "0199a1b2-0000-7000-8000-00000000aa01"
+
+
+def rollout_usage(input_tokens: int, cached: int, output: int, reasoning: int, **extra) -> dict:
+    return {"input_tokens": input_tokens, "cached_input_tokens": cached, "cache_write_input_tokens": 0,
+            "output_tokens": output, "reasoning_output_tokens": reasoning,
+            "total_tokens": input_tokens + output, **extra}
+
+
+def token_count(total: dict | None = None, last: dict | None = None, window: int | None = 258400) -> dict:
+    info: dict = {"total_token_usage": total}
+    if last is not None:
+        info["last_token_usage"] = last
+    if window is not None:
+        info["model_context_window"] = window
+    return {"type": "token_count", "info": info, "rate_limits": {"primary": None}}
+
+
+def usage_of(payload: dict, previous: Tokens | None = None) -> Usage | None:
+    return token_count_usage(payload, thread_id=THREAD, turn_id="T1", model="gpt-5.5", previous_total=previous)
+
+
+# -- token_count (rollouts) ----------------------------------------------------------
+
+
+def test_a_token_count_is_the_last_responses_figures_with_the_threads_total():
+    used = usage_of(token_count(total=rollout_usage(3000, 1000, 300, 40), last=rollout_usage(1200, 1000, 100, 40)))
+    assert used == Usage(
+        source_kind="codex_rollout", thread_id=THREAD, turn_id="T1", model="gpt-5.5", context_window=258400,
+        tokens=Tokens(input=1200, cached_input=1000, output=100, reasoning=40),
+        total=Tokens(input=3000, cached_input=1000, output=300, reasoning=40),
+        response_key=f"{THREAD}:3000:1000:0:0:300:40",
+    )
+    assert used.tokens.total == 1300  # cached input inside input, reasoning inside output: nothing twice
+
+
+def test_info_null_carries_only_rate_limits_and_counts_nothing():
+    assert usage_of({"type": "token_count", "info": None, "rate_limits": {"primary": {"used_percent": 3}}}) is None
+
+
+def test_without_last_token_usage_the_response_is_the_rise_of_the_files_total():
+    first = usage_of(token_count(total=rollout_usage(5200, 0, 310, 0), window=None))
+    assert first.tokens == Tokens(input=5200, output=310) and first.context_window is None
+    second = usage_of(token_count(total=rollout_usage(11000, 5000, 500, 20), window=None), previous=first.total)
+    assert second.tokens == Tokens(input=5800, cached_input=5000, output=190, reasoning=20)
+
+
+def test_a_rise_that_is_no_responses_figures_is_refused():
+    previous = Tokens(input=5200, output=310)
+    with pytest.raises(UsageRefused) as refused:
+        usage_of(token_count(total=rollout_usage(9000, 4000, 500, 0)), previous=previous)
+    assert refused.value.reason == "usage_inconsistent"
+
+
+def test_an_unchanged_total_without_last_token_usage_is_no_response():
+    total = rollout_usage(5200, 0, 310, 0)
+    first = usage_of(token_count(total=total))
+    assert usage_of(token_count(total=total), previous=first.total) is None
+
+
+def test_a_total_that_fell_without_last_token_usage_is_refused_not_floored():
+    previous = Tokens(input=9000, output=500)
+    with pytest.raises(UsageRefused) as refused:
+        usage_of(token_count(total=rollout_usage(5200, 0, 310, 0)), previous=previous)
+    assert (refused.value.reason, refused.value.field) == ("usage_inconsistent", "total_token_usage")
+
+
+def test_a_thread_less_record_has_no_response_key():
+    used = token_count_usage(token_count(total=rollout_usage(10, 0, 1, 0), last=rollout_usage(10, 0, 1, 0)),
+                             thread_id=None, turn_id=None, model=None, previous_total=None)
+    assert used.response_key is None and used.tokens == Tokens(input=10, output=1)
+
+
+HOSTILE_ROLLOUT = [
+    ({"input_tokens": -5, "output_tokens": 1}, "usage_negative", "input_tokens"),
+    ({"input_tokens": 5.5, "output_tokens": 1}, "usage_not_integer", "input_tokens"),
+    ({"input_tokens": "123", "output_tokens": 1}, "usage_not_integer", "input_tokens"),
+    ({"input_tokens": True, "output_tokens": 1}, "usage_not_integer", "input_tokens"),
+    ({"input_tokens": 10**400, "output_tokens": 1}, "usage_out_of_range", "input_tokens"),
+    ({"input_tokens": 10**9 + 1, "output_tokens": 1}, "usage_out_of_range", "input_tokens"),
+    ({"input_tokens": None, "output_tokens": 1}, "usage_missing_field", "input_tokens"),
+    ({"output_tokens": 1}, "usage_missing_field", "input_tokens"),
+    ({"input_tokens": 5, "cached_input_tokens": 6, "output_tokens": 1}, "usage_inconsistent", "cached_input"),
+    ({"input_tokens": 5, "output_tokens": 1, "reasoning_output_tokens": 2}, "usage_inconsistent", "reasoning"),
+    ({"input_tokens": 5, "output_tokens": 1, "total_tokens": 7}, "usage_inconsistent", "total_tokens"),
+]
+
+
+@pytest.mark.parametrize(("last", "reason", "field"), HOSTILE_ROLLOUT)
+def test_each_hostile_figure_is_refused_with_its_reason(last, reason, field):
+    with pytest.raises(UsageRefused) as refused:
+        usage_of(token_count(total=rollout_usage(3000, 0, 300, 0), last=last))
+    assert (refused.value.reason, refused.value.field) == (reason, field)
+
+
+@pytest.mark.parametrize(("info", "reason"), [
+    ("nonsense", "usage_missing_field"),
+    ({"last_token_usage": {"input_tokens": 1, "output_tokens": 1}}, "usage_missing_field"),
+    ({"total_token_usage": {"input_tokens": 10**16, "output_tokens": 1}}, "usage_out_of_range"),
+    ({"total_token_usage": {"input_tokens": 1, "output_tokens": 1}, "model_context_window": -1}, "usage_negative"),
+])
+def test_a_broken_info_is_refused(info, reason):
+    with pytest.raises(UsageRefused) as refused:
+        usage_of({"type": "token_count", "info": info})
+    assert refused.value.reason == reason
+
+
+def test_a_thread_total_may_pass_one_responses_limit():
+    big = rollout_usage(5 * 10**9, 0, 10**6, 0)
+    assert usage_of(token_count(total=big, last=rollout_usage(10, 0, 1, 0))).total.input == 5 * 10**9
