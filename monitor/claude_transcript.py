@@ -63,9 +63,11 @@ from tillerman.ledger.events import (
     TurnAlias,
     TurnCompleted,
     TurnStarted,
+    Usage,
 )
+from tillerman.ledger.usage import UsageRefused, claude_tokens
 from tillerman.monitor.digest import digest
-from tillerman.monitor.lines import TypedLines, nested
+from tillerman.monitor.lines import WRONG_TYPE, TypedLines, nested
 from tillerman.monitor.parser import (
     Call,
     OpenCalls,
@@ -132,6 +134,9 @@ _UNDECLARED = object()
 class _Message(_Fields):
     content: Any = UNSET
     stop_reason: Any = UNSET
+    id: Any = UNSET
+    model: Any = UNSET
+    usage: Any = UNSET
 
 
 class _AttachmentBody(_Fields):  # the rest (skill lists, deferred tools, file contents) skipped
@@ -171,6 +176,7 @@ class _User(_Said, tag="user"):
 
 class _Assistant(_Said, tag="assistant"):
     isApiErrorMessage: Any = UNSET
+    requestId: Any = UNSET
 
 
 class _System(_Line, tag="system"):
@@ -375,6 +381,8 @@ class ClaudeTranscriptParser(Parser):
         content = message.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content_blocks(content)
         ids = {"thread_id": thread_id, "turn_id": state.turn}
+        # Read before any call starts: a refused figure quarantines the line untouched.
+        usage = transcript_usage(record, **ids)
         uuid = text(record, "uuid") or f"line@{self._offset}"
         events: list[Event] = []
         for block in blocks:
@@ -391,6 +399,8 @@ class ClaudeTranscriptParser(Parser):
                 self._calls.start(started.item_id, Call(state.turn, item_type, name, started.critical,
                                                         started.external))
                 events.append(started)
+        if usage is not None:
+            events.append(usage)
         if record.get("isApiErrorMessage"):
             # The CLI's whole account of a failed model call: the turn is over.
             events.append(Error(message_digest=digest(content if isinstance(content, str) else repr(content)), **ids))
@@ -483,6 +493,48 @@ ClaudeTranscriptParser._HANDLERS = {
     "system": ClaudeTranscriptParser._system,
     "attachment": ClaudeTranscriptParser._attachment,
 }
+
+
+SYNTHETIC_MODEL = "<synthetic>"  # the CLI's own entries (an API error's): no model ran
+
+
+def transcript_usage(entry: dict, *, thread_id: str | None, turn_id: str | None) -> Usage | None:
+    """The ``usage`` event of one transcript entry, or None when it reports no usage (not
+    an assistant entry, or no ``message.usage``). Raises ``UsageRefused`` for a figure
+    ``claude_tokens`` refuses, or for an id, model or ``isSidechain`` of the wrong type
+    (reason ``wrong_type``, as the parser gives a wrong-typed field anywhere).
+
+    One API response written as several entries (one per content block) gives several
+    events with the same (``message_id``, ``request_id``): the account keeps one, as
+    ccusage does; they are not dropped here. ``input_tokens`` is counted as written,
+    even where the CLI wrote the streaming placeholder (docs/design.md, "The usage
+    account"). Pure: the folder reader and the parser both call it."""
+    if entry.get("type") != "assistant":
+        return None
+    message = entry.get("message")
+    if not isinstance(message, (dict, _Message)):
+        return None
+    usage = message.get("usage")
+    if usage is None:
+        return None
+    tokens = claude_tokens(usage)
+    model = _usage_text(message, "model")
+    sidechain = entry.get("isSidechain")
+    if not isinstance(sidechain, (bool, type(None))):
+        raise UsageRefused(WRONG_TYPE, "isSidechain", sidechain)
+    return Usage(source_kind="claude_transcript", tokens=tokens,
+                 model=None if model == SYNTHETIC_MODEL else model,
+                 speed="fast" if usage.get("speed") == "fast" else None,
+                 message_id=_usage_text(message, "id"), request_id=_usage_text(entry, "requestId"),
+                 sidechain=bool(sidechain), thread_id=thread_id, turn_id=turn_id)
+
+
+def _usage_text(record: Any, key: str) -> str | None:
+    """An id or model name of a usage entry: a string, absent or null (None)."""
+    value = record.get(key)
+    if value is None or isinstance(value, str):
+        return value or None
+    raise UsageRefused(WRONG_TYPE, key, value)
 
 
 def _tool_status(record: dict, block: dict) -> str:

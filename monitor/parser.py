@@ -27,6 +27,7 @@ import msgspec
 
 from tillerman.ledger.events import AgentMessage, AnyEvent, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
+from tillerman.ledger.usage import UsageRefused
 from tillerman.monitor.digest import digest, measure, payload
 from tillerman.monitor.lines import (
     MAX_LINE,
@@ -156,6 +157,10 @@ class Parser:
                     when = source_time(seconds(when))
             except TooDeep:
                 out.append(self._quarantine(at, length, TOO_DEEP))
+                continue
+            except UsageRefused as refused:
+                # A usage figure no response can have: the record is evidence, not a count.
+                out.append(self._quarantine(at, length, refused.reason))
                 continue
             except (WrongType, TypeError, AttributeError, KeyError, ValueError):
                 # Wrong types deep inside a record: refuse the record, keep going.
