@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 # busy). A whole file goes to one process (--dist loadfile), so that a module's
 # app-server and scripted model start once; each process starts its own PostgreSQL
 # server and builds its own wheel. PYTEST_JOBS=0 runs the suite in one process.
+# The usage parity tests (marked ccusage) fetch the pinned ccusage from npm on first use
+# into $(COMPAT_CACHE)/npm/ccusage-VERSION (`python -m fixtures.ccusage_npm`).
 PYTEST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: $(STAMP)
 	$(PY) -m pytest -m 'not slow' -rs -n $(PYTEST_JOBS) --dist loadfile $(PYTEST_ARGS)
