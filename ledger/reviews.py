@@ -9,7 +9,11 @@ A checkpoint is asked at most once. ``review_pending`` is appended before the ca
 - recorded under another checkpoint kind: refused, since returning another checkpoint's
   result would skip the one the caller believes it ran;
 - a cap already spent (per intent, or per thread in the last hour): the owner is asked
-  instead of the reviewer; reaching a cap escalates, it never loops.
+  instead of the reviewer; reaching a cap escalates, it never loops;
+- the reviewer's budget for the UTC day spent, or its spend not known: no call, the
+  checkpoint fails closed (``review_failed:budget``). A call that ran and reported no cost
+  (or a figure that is no cost: negative, not finite) leaves the day's spend unknown, and
+  an unknown spend is never read as 0: it cannot be shown to be within the budget.
 
 It also keeps the calibration count: how many ``ready_for_existing_gate`` answers a
 reviewer gave in a row at ``before_dispatch`` (``probe_due``), and which known-bad
@@ -20,6 +24,7 @@ Pure: ``Reviews.apply`` folds one entry at a time, like ``tillerman.ledger.proje
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -28,7 +33,11 @@ import msgspec
 from tillerman.ledger.events import Entry, ReviewCommitted, ReviewPending
 
 HOUR = 3600.0
+DAY = 86400.0
 INTERRUPTED = "review_interrupted"
+OVER_BUDGET = "review_failed:budget"
+#: Outcomes of a call whose command never ran: it cost nothing.
+NEVER_RAN = frozenset({"review_failed:packet_refused", "review_failed:not_started"})
 
 
 #: The evidence reason on an intent a review held (failed, capped, hold, escalated).
@@ -75,6 +84,23 @@ class Reviews(msgspec.Struct, kw_only=True):
                          if thread == thread_id and at is not None and now - HOUR < at <= now)
         return per_intent, per_thread
 
+    def spent_today(self, reviewer: str, now: float) -> DaySpend:
+        """What ``reviewer``'s calls made in the UTC day of ``now`` cost, probes included,
+        counted by the day each call started. A call still running has no figure yet; it
+        counts once committed."""
+        start = now - now % DAY
+        usd, unknown = 0.0, 0
+        for checkpoint in self.checkpoints.values():
+            committed = checkpoint.committed
+            if checkpoint.reviewer != reviewer or checkpoint.pending_at is None or committed is None \
+                    or not start <= checkpoint.pending_at < start + DAY:
+                continue
+            if _is_cost(committed.cost_usd):
+                usd += committed.cost_usd
+            elif committed.outcome not in NEVER_RAN:
+                unknown += 1
+        return DaySpend(usd=usd, unknown=unknown)
+
     def returns(self, intent_id: str) -> int:
         """``return_to_executor`` answers recorded for the intent."""
         return sum(1 for c in self.checkpoints.values()
@@ -105,6 +131,15 @@ class Reviews(msgspec.Struct, kw_only=True):
         """Reviewers that let a known-bad calibration probe through -> those probes' checkpoint ids."""
         names = sorted({c.reviewer for c in self.checkpoints.values() if c.probe})
         return {name: probes for name in names if (probes := self.probes_let_through(name))}
+
+
+class DaySpend(msgspec.Struct, frozen=True, kw_only=True):
+    usd: float  # the costs reported, summed
+    unknown: int  # calls that ran and reported no cost (or a figure that is none)
+
+
+def _is_cost(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value >= 0
 
 
 def probe_due(reviews: Reviews, reviewer: str, probe_every: int | None) -> bool:
@@ -143,11 +178,20 @@ class Escalate(msgspec.Struct, frozen=True, kw_only=True):
     detail: str
 
 
-Plan = Call | Recorded | Refused | Escalate
+class OverBudget(msgspec.Struct, frozen=True, kw_only=True):
+    """The reviewer's budget for the day is spent, or its spend is unknown: no call, and
+    the checkpoint fails closed (``reason`` is recorded as its outcome)."""
+
+    reason: Literal["review_failed:budget"] = OVER_BUDGET
+    detail: str
+
+
+Plan = Call | Recorded | Refused | Escalate | OverBudget
 
 
 def plan_checkpoint(reviews: Reviews, *, checkpoint_id: str, checkpoint: str, intent_id: str | None,
-                    thread_id: str | None, now: float, max_per_intent: int, max_per_thread_per_hour: int) -> Plan:
+                    thread_id: str | None, now: float, max_per_intent: int, max_per_thread_per_hour: int,
+                    reviewer: str = "", budget_usd_per_day: float | None = None) -> Plan:
     known = reviews.checkpoints.get(checkpoint_id)
     if known is not None and known.checkpoint != checkpoint:
         return Refused(reason="review_failed:checkpoint_id_reused",
@@ -164,4 +208,16 @@ def plan_checkpoint(reviews: Reviews, *, checkpoint_id: str, checkpoint: str, in
     if per_thread >= max_per_thread_per_hour:
         return Escalate(detail=f"{per_thread} review calls on thread {thread_id} in the last hour"
                                f" (max_per_thread_per_hour {max_per_thread_per_hour})")
+    if budget_usd_per_day is not None:
+        return _within_budget(reviews.spent_today(reviewer, now), reviewer, budget_usd_per_day)
+    return Call()
+
+
+def _within_budget(spent: DaySpend, reviewer: str, budget: float) -> Call | OverBudget:
+    if spent.unknown:
+        return OverBudget(detail=f"{spent.unknown} call(s) of reviewer {reviewer} today (UTC) reported no cost, so"
+                                 f" its spend cannot be shown within budget_usd_per_day {budget:g}")
+    if spent.usd >= budget:
+        return OverBudget(detail=f"reviewer {reviewer} spent {spent.usd:.4f} USD today (UTC), budget_usd_per_day"
+                                 f" {budget:g}")
     return Call()

@@ -84,6 +84,8 @@ class Reviewer(msgspec.Struct, frozen=True, kw_only=True):
     adapter: ReviewerAdapter | None = None
     probe_every: int | None = None
     home: str | None = None
+    # USD the reviewer may spend in a UTC day; spent or unknown, its reviews fail closed
+    budget_usd_per_day: float | None = None
 
     @property
     def producer(self) -> str:

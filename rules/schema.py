@@ -184,6 +184,16 @@ class ReviewerSpec(_Spec):
     probe_every: int | None = Field(default=None, ge=1, strict=True)
     # the HOME (and CODEX_HOME below it) the command runs with; None: a fresh scratch directory
     home: str | None = Field(default=None, min_length=1)
+    # USD per UTC day; a cost the reviewer leaves unreported holds its reviews (tillerman.ledger.reviews)
+    budget_usd_per_day: float | None = Field(default=None, gt=0, le=1_000_000, strict=True, allow_inf_nan=False)
+
+    @field_validator("budget_usd_per_day")
+    @classmethod
+    def _a_budget_needs_a_cost(cls, budget: float | None, info: ValidationInfo) -> float | None:
+        if budget is not None and info.data.get("adapter") == "codex-exec-json":
+            raise ValueError("codex exec reports tokens, never a cost, so this reviewer's spend is never known and"
+                             " every review would be held; remove the key, or limit it with max_per_thread_per_hour")
+        return budget
 
     def to_reviewer(self) -> Reviewer:
         return Reviewer(**self.model_dump(exclude={"command"}), command=tuple(self.command))

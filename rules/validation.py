@@ -75,6 +75,7 @@ EXAMPLES = {
     "adapter": 'adapter = "codex-exec-json"',
     "probe_every": "probe_every = 20",
     "home": 'home = "/var/lib/tillerman/reviewer-home"',
+    "budget_usd_per_day": "budget_usd_per_day = 2.0",
     "webhook": 'webhook = "http://127.0.0.1:9000/tillerman"',
     "group_window": 'group_window = "10s"',
     "repeat": 'repeat = "1h"',

@@ -27,7 +27,7 @@ from tillerman.controller.cli.shared import CONFIG_HELP, ledger_option, load_rul
 from tillerman.controller.core.intent_requests import intent_view
 from tillerman.controller.review.packet import packet_for_intent
 from tillerman.controller.review.reviewer import ask
-from tillerman.ledger.reviews import Call, Escalate, Plan, Recorded, Refused, fold_reviews, plan_checkpoint
+from tillerman.ledger.reviews import Call, Escalate, OverBudget, Plan, Recorded, Refused, fold_reviews, plan_checkpoint
 from tillerman.rules.review import CHECKPOINTS, Accepted, consequence
 
 
@@ -67,7 +67,8 @@ def review_try(name, checkpoint, intent_id, rules_path, config_path, as_json, le
     recorded = ledger_says(plan_checkpoint(
         reviews, checkpoint_id=packet.checkpoint_id, checkpoint=checkpoint, intent_id=intent_id,
         thread_id=packet.thread_id, now=time.time(), max_per_intent=reviewer.max_per_intent,
-        max_per_thread_per_hour=reviewer.max_per_thread_per_hour))
+        max_per_thread_per_hour=reviewer.max_per_thread_per_hour, reviewer=reviewer.name,
+        budget_usd_per_day=reviewer.budget_usd_per_day))
     asked = ask(reviewer, checkpoint, packet)
     then = consequence(checkpoint, asked.outcome, reviewer=name, earlier_returns=earlier_returns)
     accepted = isinstance(asked.outcome, Accepted)
@@ -106,6 +107,7 @@ def ledger_says(plan: Plan) -> str:
         case Recorded(committed):
             return (f"already committed ({committed.disposition or committed.outcome}): a daemon would use that"
                     " and call nothing")
-        case Refused(reason=reason, detail=detail) | Escalate(reason=reason, detail=detail):
+        case Refused(reason=reason, detail=detail) | Escalate(reason=reason, detail=detail) \
+                | OverBudget(reason=reason, detail=detail):
             return f"{reason}: {detail}"
     raise AssertionError(plan)

@@ -147,7 +147,8 @@ def rules_show(rules_path, config_path, now_text, as_json):
                      "critical": list(patterns.critical), "external": list(patterns.external)},
         "reviewers": [{"name": r.name, "command": list(r.command), "timeout": format_duration(r.timeout),
                        "adapter": r.adapter, "max_per_intent": r.max_per_intent,
-                       "max_per_thread_per_hour": r.max_per_thread_per_hour} for r in effective.reviewers],
+                       "max_per_thread_per_hour": r.max_per_thread_per_hour,
+                       "budget_usd_per_day": r.budget_usd_per_day} for r in effective.reviewers],
     }
     if as_json:
         print_json(data)
@@ -171,7 +172,8 @@ def rules_show(rules_path, config_path, now_text, as_json):
             print_line(f"  {kind:<8}  {pattern}")
     for r in data["reviewers"]:
         print_line(f"reviewer {r['name']}: {' '.join(r['command'])} (timeout {r['timeout']},"
-                   f" {r['max_per_intent']} per intent, {r['max_per_thread_per_hour']} per thread per hour)")
+                   f" {r['max_per_intent']} per intent, {r['max_per_thread_per_hour']} per thread per hour"
+                   + (f", {r['budget_usd_per_day']:g} USD a day)" if r["budget_usd_per_day"] is not None else ")"))
 
 
 def _config_text(data: dict) -> str:

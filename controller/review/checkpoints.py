@@ -61,7 +61,17 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.reviews import REVIEW_HELD, Call, Escalate, Plan, Refused, Reviews, plan_checkpoint, probe_due
+from tillerman.ledger.reviews import (
+    REVIEW_HELD,
+    Call,
+    Escalate,
+    OverBudget,
+    Plan,
+    Refused,
+    Reviews,
+    plan_checkpoint,
+    probe_due,
+)
 from tillerman.rules.review import (
     Accepted,
     Correction,
@@ -216,10 +226,13 @@ class Checkpoints:
         plan = plan_checkpoint(self.reviews, checkpoint_id=packet.checkpoint_id, checkpoint=kind,
                                intent_id=view.intent.id, thread_id=view.intent.thread_id, now=now,
                                max_per_intent=reviewer.max_per_intent,
-                               max_per_thread_per_hour=reviewer.max_per_thread_per_hour)
+                               max_per_thread_per_hour=reviewer.max_per_thread_per_hour,
+                               reviewer=reviewer.name, budget_usd_per_day=reviewer.budget_usd_per_day)
         if isinstance(plan, Refused) and plan.reason != "review_interrupted":
             log.warning("review of intent %s held: %s", view.intent.id, plan.detail)
             return []
+        if isinstance(plan, OverBudget):
+            log.warning("review of intent %s by %s held: %s", view.intent.id, reviewer.name, plan.detail)
         self.in_flight.add(packet.checkpoint_id)
         jobs = [Job(reviewer=reviewer, packet=packet, plan=plan)]
         if probe_allowed and kind == "before_dispatch" and isinstance(plan, Call) \
@@ -359,8 +372,9 @@ def review_counts(checkpoints: Checkpoints, held: Iterable[str] = ()) -> dict[st
 
 
 def without_call(job: Job, at: float) -> Envelope:
-    """The record of a checkpoint settled with no call: an interrupted call, a spent cap."""
-    assert isinstance(job.plan, Refused | Escalate)
+    """The record of a checkpoint settled with no call: an interrupted call, a spent cap
+    or budget."""
+    assert isinstance(job.plan, Refused | Escalate | OverBudget)
     return review_envelope(ReviewCommitted(**checkpoint_where(job.reviewer, job.packet), outcome=job.plan.reason), at)
 
 
@@ -377,9 +391,9 @@ async def ask_at(recorder: Recorder, job: Job, *, clock: Callable[[], float] = t
                  retain_payloads: bool = False, asker: Callable[..., Asked] = ask) -> None:
     """Settle one checkpoint: ``review_pending`` durably, the call in a worker thread (a
     slow reviewer never blocks the loop), ``review_committed``; or, without a call, the
-    reason there was none (an interrupted call, a spent cap)."""
+    reason there was none (an interrupted call, a spent cap or budget)."""
     where = checkpoint_where(job.reviewer, job.packet)
-    if isinstance(job.plan, Refused | Escalate):
+    if isinstance(job.plan, Refused | Escalate | OverBudget):
         recorder.append([without_call(job, clock())])
         return
     append_review(recorder, pending_event(job.reviewer, job.packet), clock(), durable=True)

@@ -38,7 +38,7 @@ import msgspec
 
 from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending
 from tillerman.ledger.recorder import Recorder
-from tillerman.ledger.reviews import Call, Plan, Refused, fold_reviews, plan_checkpoint
+from tillerman.ledger.reviews import Call, OverBudget, Plan, Refused, fold_reviews, plan_checkpoint
 from tillerman.rules.review import (
     INSTRUCTIONS,
     MAX_ANSWER_BYTES,
@@ -241,14 +241,16 @@ def run_checkpoint(ledger: Recorder, reviewer: Reviewer, packet: ReviewPacket, *
                    retain_payloads: bool = False) -> Plan | Asked:
     """Ask ``reviewer`` at ``packet``'s checkpoint unless the ledger says not to: a
     recorded answer (``Recorded``), an interrupted or reused id (``Refused``, recorded
-    as the checkpoint's outcome), or a spent cap (``Escalate``)."""
+    as the checkpoint's outcome), a spent cap (``Escalate``), or a spent budget
+    (``OverBudget``, recorded as the checkpoint's outcome)."""
     reviews = fold_reviews(ledger.read())
     where = checkpoint_where(reviewer, packet)
     plan = plan_checkpoint(reviews, checkpoint_id=packet.checkpoint_id, checkpoint=packet.checkpoint,
                            intent_id=packet.intent_id, thread_id=packet.thread_id, now=now,
                            max_per_intent=reviewer.max_per_intent,
-                           max_per_thread_per_hour=reviewer.max_per_thread_per_hour)
-    if isinstance(plan, Refused) and plan.reason == "review_interrupted":
+                           max_per_thread_per_hour=reviewer.max_per_thread_per_hour,
+                           reviewer=reviewer.name, budget_usd_per_day=reviewer.budget_usd_per_day)
+    if isinstance(plan, OverBudget) or (isinstance(plan, Refused) and plan.reason == "review_interrupted"):
         append_review(ledger, ReviewCommitted(**where, outcome=plan.reason), now)
     if not isinstance(plan, Call):
         return plan

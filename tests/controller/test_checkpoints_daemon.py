@@ -228,6 +228,32 @@ def test_a_spent_cap_escalates_without_a_call(tmp_path, caplog):
     assert "escalated to its owner" in caplog.text
 
 
+def test_a_spent_daily_budget_holds_the_next_review_without_a_call_after_a_restart(tmp_path, caplog):
+    path = tmp_path / "ledger.sqlite3"
+    first_intent = _ledger(path)
+    counter = tmp_path / "calls"
+    dear = script(tmp_path, f"""
+        open({str(counter)!r}, 'a').write('call'); sys.stdin.read(); print(json.dumps({GOOD!r} | {{'cost_usd': 2.5}}))
+    """, budget_usd_per_day=2.0)
+    first = Run(path, ruleset(), (dear,))
+    first.until(lambda: first.dispatched)
+    with SQLiteRecorder(path) as rec:  # the same rule fires on another thread
+        rec.append([Envelope(event_id="t2", event=ThreadStarted(thread_id="T2", cwd="/work"), source="appserver:x",
+                             at=time.time()),
+                    Envelope(event_id="u2", event=TurnStarted(thread_id="T2", turn_id="u2"), source="appserver:x",
+                             at=time.time())])
+        second_intent = intent_requests.propose(rec, thread_id="T2", mode="queue", text="go on", owner="ann",
+                                                producer="rule:nudge", rule_id="nudge", rule_version=1).id
+    second = Run(path, ruleset(), (dear,))  # a restart: the day's spend is read back from the ledger
+    second.until(lambda: second_intent in second.daemon.projection.intents
+                 and second.state(second_intent) == State.REJECTED)
+    assert counter.read_text() == "call"  # the reviewer was asked once, for the first intent only
+    assert second_intent not in second.dispatched
+    assert [(c.intent_id, c.outcome, c.cost_usd) for c in committed(second)] == [
+        (first_intent, "accepted", 2.5), (second_intent, "review_failed:budget", None)]
+    assert "spent 2.5000 USD today (UTC), budget_usd_per_day 2" in caplog.text
+
+
 def test_a_recorded_checkpoint_is_answered_from_the_ledger_after_a_restart(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     intent_id = _ledger(path)

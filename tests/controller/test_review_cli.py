@@ -99,3 +99,24 @@ def test_try_says_what_the_ledger_recorded_of_the_checkpoint(ledger, tmp_path):
             intent_id=intent, thread_id="T1", outcome="accepted", disposition="hold"))])
     code, out = run(*args, "--json")
     assert code == 0 and "already committed (hold)" in json.loads(out)["ledger"]
+
+
+def test_try_says_a_daemon_would_not_call_a_reviewer_whose_budget_is_spent(ledger, tmp_path):
+    import time
+
+    from tillerman.ledger.events import ReviewCommitted, ReviewPending
+    intent = intent_id()
+    script = tmp_path / "answer.py"
+    script.write_text(f"import sys\nsys.stdin.read()\nsys.stdout.write({json.dumps(GOOD)!r})\n")
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(reviewer("script", [sys.executable, str(script)], budget_usd_per_day=1.0))
+    now, where = time.time(), {"checkpoint": "before_dispatch", "reviewer": "script", "thread_id": "T1"}
+    with SQLiteRecorder(ledger) as rec:  # an earlier call today cost the whole budget
+        rec.append([Envelope(event_id="p", source="test", at=now, event=ReviewPending(checkpoint_id="earlier",
+                                                                                      **where)),
+                    Envelope(event_id="c", source="test", at=now, event=ReviewCommitted(
+                        checkpoint_id="earlier", outcome="accepted", disposition="hold", cost_usd=1.0, **where))])
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--intent", intent,
+                    "--config", str(cfg), "--json")
+    assert code == 0, out  # try itself calls: it is how a person tests the command
+    assert json.loads(out)["ledger"].startswith("review_failed:budget: reviewer script spent 1.0000 USD today")

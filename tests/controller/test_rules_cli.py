@@ -442,6 +442,15 @@ def test_show_lists_the_reviewers_and_a_rules_review(here):
     data = json.loads(out)
     assert code == 0 and data["rules"][0]["review"] == "codex"
     assert data["reviewers"] == [{"name": "codex", "command": ["codex", "exec", "--json", "-"], "timeout": "1m30s",
-                                  "adapter": None, "max_per_intent": 2, "max_per_thread_per_hour": 6}]
+                                  "adapter": None, "max_per_intent": 2, "max_per_thread_per_hour": 6,
+                                  "budget_usd_per_day": None}]
     code, out, _ = run("show", "--rules", "rules.toml", "--config", "config.toml")
     assert "reviewer codex: codex exec --json - (timeout 1m30s, 2 per intent, 6 per thread per hour)" in out
+
+
+def test_show_gives_a_reviewers_daily_budget(here):
+    (here / "config.toml").write_text(reviewer("claude", ["claude", "-p"], budget_usd_per_day=2.5))
+    code, out, _ = run("show", "--config", "config.toml", "--json")
+    assert code == 0 and json.loads(out)["reviewers"][0]["budget_usd_per_day"] == 2.5
+    code, out, _ = run("show", "--config", "config.toml")
+    assert "reviewer claude: claude -p (timeout 1m, 2 per intent, 6 per thread per hour, 2.5 USD a day)" in out

@@ -1,11 +1,24 @@
 """The review fold: a checkpoint is asked at most once, an interrupted one is not asked
-again, an id is not reused for another checkpoint, and caps escalate."""
+again, an id is not reused for another checkpoint, caps escalate, and a reviewer's daily
+budget, spent or unknown, fails the checkpoint closed."""
 
 from __future__ import annotations
 
+import pytest
+
 from tillerman.ledger.events import Envelope, ReviewCommitted, ReviewPending
 from tillerman.ledger.memory import MemoryRecorder
-from tillerman.ledger.reviews import Call, Escalate, Recorded, Refused, fold_reviews, plan_checkpoint
+from tillerman.ledger.reviews import (
+    DAY,
+    Call,
+    DaySpend,
+    Escalate,
+    OverBudget,
+    Recorded,
+    Refused,
+    fold_reviews,
+    plan_checkpoint,
+)
 
 CAPS = {"max_per_intent": 2, "max_per_thread_per_hour": 6}
 
@@ -112,3 +125,72 @@ def test_a_probe_is_due_after_probe_every_gate_answers_in_a_row():
 def test_a_probe_let_through_is_remembered():
     events = answered("p1", "hold", probe=True) + answered("p2", "ready_for_existing_gate", probe=True)
     assert fold_reviews(ledger_with(*events).read()).probes_let_through("r") == ["p2"]
+
+
+# -- the daily budget ----------------------------------------------------------------------------------
+
+NOON = 20 * DAY + DAY / 2  # a moment in the middle of a UTC day
+
+
+def call(cid: str, at: float, *, cost: float | None, outcome: str = "accepted", reviewer: str = "r"):
+    return [(ReviewPending(checkpoint_id=cid, checkpoint="before_dispatch", reviewer=reviewer, intent_id=cid,
+                           thread_id=cid), at),
+            (ReviewCommitted(checkpoint_id=cid, checkpoint="before_dispatch", reviewer=reviewer, intent_id=cid,
+                             thread_id=cid, outcome=outcome, disposition="hold", cost_usd=cost), at + 5)]
+
+
+def budget_plan(*calls, budget: float = 2.0, now: float = NOON):
+    return plan(ledger_with(*calls), "next", intent="in-next", now=now, reviewer="r", budget_usd_per_day=budget)
+
+
+def test_the_days_spend_sums_the_costs_of_the_reviewers_calls_in_the_utc_day():
+    events = call("a", NOON - 60, cost=0.5) + call("b", NOON, cost=0.25) + call("other", NOON, cost=9.0,
+                                                                               reviewer="s") \
+        + call("yesterday", NOON - DAY, cost=9.0) + call("tomorrow", NOON + DAY, cost=9.0)
+    reviews = fold_reviews(ledger_with(*events).read())
+    assert reviews.spent_today("r", NOON) == DaySpend(usd=0.75, unknown=0)
+    assert reviews.spent_today("r", NOON - NOON % DAY) == DaySpend(usd=0.75, unknown=0)  # the day's first second
+
+
+def test_under_the_budget_the_reviewer_is_called():
+    assert budget_plan(*call("a", NOON - 60, cost=1.99)) == Call()
+
+
+def test_a_spent_budget_fails_the_checkpoint_closed():
+    found = budget_plan(*call("a", NOON - 60, cost=1.5), *call("b", NOON - 30, cost=0.5))
+    assert isinstance(found, OverBudget) and found.reason == "review_failed:budget"
+    assert "spent 2.0000 USD today (UTC), budget_usd_per_day 2" in found.detail
+
+
+def test_yesterdays_spend_does_not_hold_todays_reviews():
+    assert budget_plan(*call("a", NOON - DAY, cost=5.0), now=NOON) == Call()
+
+
+def test_without_a_budget_nothing_is_counted():
+    assert plan(ledger_with(*call("a", NOON, cost=50.0)), "next", intent="in-next", now=NOON, reviewer="r") == Call()
+
+
+@pytest.mark.parametrize("cost", [None, -1.0, float("nan"), float("inf")])
+def test_a_call_that_ran_without_a_cost_holds_the_days_reviews(cost):
+    found = budget_plan(*call("a", NOON - 60, cost=cost, outcome="review_failed:timeout"))
+    assert isinstance(found, OverBudget)
+    assert "1 call(s) of reviewer r today (UTC) reported no cost" in found.detail
+
+
+@pytest.mark.parametrize("outcome", ["review_failed:not_started", "review_failed:packet_refused"])
+def test_a_call_whose_command_never_ran_cost_nothing(outcome):
+    assert budget_plan(*call("a", NOON - 60, cost=None, outcome=outcome)) == Call()
+
+
+def test_an_interrupted_call_counts_as_unknown_once_committed_and_a_running_one_not_yet():
+    running = ledger_with((pending("a"), NOON - 60))
+    assert fold_reviews(running.read()).spent_today("r", NOON) == DaySpend(usd=0.0, unknown=0)
+    running.append([Envelope(event_id="x", source="test", at=NOON, event=ReviewCommitted(
+        checkpoint_id="a", checkpoint="before_dispatch", reviewer="r", outcome="review_interrupted"))])
+    assert fold_reviews(running.read()).spent_today("r", NOON) == DaySpend(usd=0.0, unknown=1)
+
+
+def test_a_record_without_a_call_spends_nothing():
+    capped = (ReviewCommitted(checkpoint_id="a", checkpoint="before_dispatch", reviewer="r",
+                              outcome="review_failed:budget"), NOON)
+    assert budget_plan(capped) == Call()

@@ -47,6 +47,29 @@ def test_a_wrong_key_is_named_with_its_line(keys, message):
     assert config_error(reviewer("r", ["x"], **keys)).startswith(message)
 
 
+def test_a_daily_budget_in_usd():
+    (found,) = load_config(reviewer("r", ["x"], budget_usd_per_day=2), "config.toml").reviewers()
+    assert found.budget_usd_per_day == 2.0
+    assert load_config(reviewer("r", ["x"]), "config.toml").reviewers()[0].budget_usd_per_day is None
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("2.0", 'input should be a valid number (got "2.0"); write it like budget_usd_per_day = 2.0'),
+    (0, "input should be greater than 0 (got 0)"),
+    (-1.5, "input should be greater than 0 (got -1.5)"),
+    (True, "input should be a valid number (got True)"),
+    (1e7, "input should be less than or equal to 1000000"),
+])
+def test_a_budget_that_is_no_amount_is_refused_on_its_line(value, problem):
+    assert config_error(reviewer("r", ["x"], budget_usd_per_day=value)).startswith(
+        f'config.toml:4: reviewer "r" field budget_usd_per_day: {problem}')
+
+
+def test_a_budget_on_a_reviewer_that_reports_no_cost_is_refused():
+    assert config_error(reviewer("r", ["codex"], adapter="codex-exec-json", budget_usd_per_day=1.0)).startswith(
+        'config.toml:5: reviewer "r" field budget_usd_per_day: codex exec reports tokens, never a cost')
+
+
 def test_an_empty_command_is_refused_on_its_line():
     assert config_error("\n" + reviewer("r", [])).startswith('config.toml:4: reviewer "r" field command:')
 
