@@ -359,17 +359,17 @@ def read_json(path: str | os.PathLike) -> tuple[bytes, Any]:
     try:
         data, _ = read_regular(path, limit=MAX_FILE_BYTES + 1)
     except NotARegularFile as exc:
-        raise PriceFileError(f"{path}: {exc}; give a JSON file") from None
+        raise PriceFileError(f"{exc}; give a JSON file") from None
     except OSError as exc:
-        raise PriceFileError(f"{path}: {exc.strerror or exc}") from None
+        raise PriceFileError(f"{exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise PriceFileError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MB; not a price file")
+        raise PriceFileError(f"larger than {MAX_FILE_BYTES // 2**20} MB; not a price file")
     try:
         return data, json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise PriceFileError(f"{path}: not UTF-8 text; give LiteLLM's model_prices_and_context_window.json") from None
+        raise PriceFileError(f"not UTF-8 text; give LiteLLM's model_prices_and_context_window.json") from None
     except (ValueError, RecursionError) as exc:
-        raise PriceFileError(f"{path}: not JSON ({str(exc)[:120]})") from None
+        raise PriceFileError(f"not JSON ({str(exc)[:120]})") from None
 
 
 def _shown(value: Any) -> str:
@@ -397,5 +397,12 @@ def load_prices(overrides: Mapping[str, PriceOverride] | None = None) -> PriceTa
     one, else the bundled one; then the config's ``[prices."MODEL"]`` overrides.
     Raises ``PriceFileError`` (one line) for an imported table someone spoiled."""
     path = imported_table_path()
-    table = table_from_document(read_json(path)[1], str(path)) if path.exists() else bundled_table()
+    if not path.exists():
+        table = bundled_table()
+    else:
+        try:
+            document = read_json(path)[1]
+        except PriceFileError as exc:
+            raise PriceFileError(f"{path}: {exc}") from None
+        table = table_from_document(document, str(path))
     return table.with_overrides(overrides) if overrides else table

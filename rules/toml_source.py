@@ -61,6 +61,8 @@ def _deepest_line(text: str) -> int:
 # -- finding the line of a table or key in TOML source --------------------------------------
 
 _HEADER = re.compile(r"\s*\[(\[)?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+#: One key of a table header: a quoted one may hold dots (``[prices."gpt-5.5"]``).
+_HEADER_KEY = re.compile(r"\"[^\"]*\"|'[^']*'|[^.\"']+")
 
 
 def locate(text: str, loc: tuple[Any, ...]) -> int:
@@ -108,7 +110,7 @@ def sections(lines: list[str]) -> list[tuple[int, tuple[str, ...], bool]]:
     for number, line in enumerate(lines):
         header = _HEADER.match(line)
         if header and not line.lstrip().startswith("#"):
-            path = tuple(part.strip().strip("\"'") for part in header[2].split("."))
+            path = tuple(part.strip().strip("\"'") for part in _HEADER_KEY.findall(header[2]))
             sections.append((number, path, bool(header[1])))
     return sections
 

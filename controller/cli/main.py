@@ -100,6 +100,7 @@ class LazyGroup(click.Group):
     "timeline": "tillerman.controller.cli.report:timeline_cmd",
     "hooks": "tillerman.controller.cli.hooks:hooks",  # Claude Code's hooks: hooks install|uninstall --claude
     "hook": "tillerman.controller.cli.hooks:hook",  # and what they run: hook claude
+    "prices": "tillerman.controller.cli.prices:prices",
 })
 @click.version_option(package_name="tillerman")
 def main() -> None:
