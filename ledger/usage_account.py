@@ -1,0 +1,364 @@
+"""The usage account: every response's tokens counted once, per thread, turn, model and day,
+and the second calculation beside the sum (docs/design.md "The usage account").
+
+``UsageAccount.add`` folds one ``Usage`` envelope at a time, in ledger order, in O(1):
+
+- **Counted once.** Claude Code entries are deduplicated by (``message_id``,
+  ``request_id``) across every thread, as ccusage 20 does (``push_deduped_entry``): an
+  entry without ``message_id`` is never deduplicated, and a sidechain entry also matches
+  an entry of the same ``message_id`` alone (``/btw`` replays a parent message under a new
+  request id). Of two duplicates the non-sidechain one wins, then the larger token
+  total, then the one naming a speed (``should_replace_deduped_entry``); on a tie the
+  first stays. A winner that replaces an earlier entry changes the totals by the
+  difference, taken back where the earlier one was counted. Codex responses are
+  deduplicated by ``response_key``: the live notification and the rollout record of one
+  response count once.
+- **Two calculations.** A Codex response carries the thread's cumulative counter after it
+  (``total``), so the counter before it is ``total - tokens``. Each response is linked to
+  the one whose counter that is (or to the thread's start); a response nothing links to is
+  a ``Mismatch``, with its place, field by field, and a cause where one can be named. The
+  link is by counter, not by arrival, so a live stream and a rollout of the same thread,
+  interleaved in any order, check the same; a predecessor arriving late resolves the
+  finding. Claude Code's own cumulative figures (``UsageReported``: stream-json
+  ``result`` or the transcript's ``cost-state``, per model) are compared with the
+  transcript's sum per model. Totals are always the sum of responses; findings sit
+  beside them, never folded in.
+
+Pure: no I/O. The usage command and the budget rules read it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tillerman.ledger.events import Envelope, Usage, UsageReported
+from tillerman.ledger.usage import FIELDS, MAX_TOTAL_TOKENS, ZERO, Tokens
+
+#: Causes a mismatch can name (docs/design.md "Two calculations").
+BASELINE = "baseline"  # the first counter already above its response: a resumed or forked thread
+GAP = "gap"  # the counter rose by more than the response: a line was lost
+COUNTER_RESET = "counter_reset"  # the counter went down (or started again from zero)
+PLACEHOLDER = "placeholder"  # Claude: the transcript's input below the CLI's own, the streaming placeholder
+UNTRANSCRIBED = "untranscribed"  # Claude: a model the CLI reports that no transcript entry names
+
+#: The vendor reports a Claude Code thread is compared against; others (Codex's
+#: ``account/usage/read``) carry an estimate in dollars, not tokens to compare.
+CLAUDE_REPORTS = ("claude_stream", "claude_cost_state")
+
+
+class Place(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a response counts: its thread, turn, model (``-fast`` added for a fast
+    response, as ccusage names it) and day (``YYYY-MM-DD`` in the account's time zone;
+    None when the source gave no time)."""
+
+    thread_id: str | None
+    turn_id: str | None
+    model: str | None
+    day: str | None
+
+
+class Counted(msgspec.Struct, frozen=True, kw_only=True):
+    """What one ``add`` changed. ``delta`` is added at ``place``: the response's figures,
+    or, when it replaces a duplicate counted at the same place, new minus old (fields may
+    be negative). A duplicate counted elsewhere is taken back there instead:
+    ``withdrawn`` names that place and ``withdrawn_tokens`` the figures subtracted."""
+
+    place: Place
+    delta: Tokens
+    withdrawn: Place | None = None
+    withdrawn_tokens: Tokens = ZERO
+
+
+class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
+    """The two calculations disagree on one field.
+
+    Codex: ``expected`` is what the counter should read after this response (the counter
+    before it, as last seen on the thread, plus the response) and ``counter`` what it
+    reads; ``difference = counter - expected``. ``source``/``offset`` locate the response,
+    ``after``/``at_response`` are the event ids of the response before it on the thread
+    (None for the first) and of this one. Claude: ``expected`` is the transcript's sum for
+    ``model``, ``counter`` the CLI's own figure, located at the report."""
+
+    thread_id: str | None
+    field: str
+    expected: int
+    counter: int
+    difference: int
+    cause: str | None
+    source: str
+    offset: int | None = None
+    after: str | None = None
+    at_response: str | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """A counted response: enough to withdraw it if a better duplicate arrives."""
+
+    place: Place
+    tokens: Tokens
+    message_id: str | None
+    request_id: str | None
+    sidechain: bool
+    speed: str | None
+
+
+@dataclass(slots=True)
+class _Unlinked:
+    """A Codex response whose counter-before no earlier response reached."""
+
+    envelope: Envelope
+    tokens: Tokens
+    total: Tokens
+    previous_counter: Tokens  # the thread's counter as last seen before it (ZERO: none)
+    after: str | None
+    first: bool
+
+
+@dataclass(slots=True)
+class _CounterChain:
+    """One thread's cumulative counters, linked by ``counter before = total - response``."""
+
+    seen: set[Tokens] = field(default_factory=set)
+    unlinked: dict[Tokens, list[_Unlinked]] = field(default_factory=dict)
+    started: bool = False  # a response already linked to the thread's start (counter 0)
+    last_counter: Tokens = ZERO
+    last_event: str | None = None
+
+    def link(self, envelope: Envelope, tokens: Tokens, total: Tokens) -> None:
+        before = total - tokens
+        first = self.last_event is None
+        linked = before in self.seen or (before.is_zero() and not self.started)
+        if before.is_zero():
+            self.started = True
+        if not linked:
+            self.unlinked.setdefault(before, []).append(_Unlinked(
+                envelope, tokens, total, self.last_counter, self.last_event, first))
+        self.seen.add(total)
+        self.unlinked.pop(total, None)  # a late predecessor: those waiting for it are linked now
+        self.last_counter, self.last_event = total, envelope.event_id
+
+    def mismatches(self, thread_id: str | None) -> Iterator[Mismatch]:
+        for waiting in self.unlinked.values():
+            for unlinked in waiting:
+                yield from _counter_mismatches(thread_id, unlinked)
+
+
+def _counter_mismatches(thread_id: str | None, unlinked: _Unlinked) -> Iterator[Mismatch]:
+    expected = unlinked.previous_counter + unlinked.tokens
+    cause = _counter_cause(unlinked)
+    for name in FIELDS:
+        want, got = getattr(expected, name), getattr(unlinked.total, name)
+        if want != got:
+            yield Mismatch(thread_id=thread_id, field=name, expected=want, counter=got, difference=got - want,
+                           cause=cause, source=unlinked.envelope.source, offset=unlinked.envelope.offset,
+                           after=unlinked.after, at_response=unlinked.envelope.event_id)
+
+
+def _counter_cause(unlinked: _Unlinked) -> str | None:
+    expected = unlinked.previous_counter + unlinked.tokens
+    if unlinked.total.total < unlinked.previous_counter.total or (
+            (unlinked.total - unlinked.tokens).is_zero() and not unlinked.first):
+        return COUNTER_RESET
+    if unlinked.total.total > expected.total:
+        return BASELINE if unlinked.first else GAP
+    return None  # rose by less than the response, without going down: nothing to name
+
+
+@dataclass(slots=True)
+class ThreadUsage:
+    """One thread's account. ``tokens`` is the sum of its responses; ``by_turn``,
+    ``by_model`` and ``by_day`` split it; ``last_input`` is the latest response's input
+    and ``context_window`` the latest window a source named, so ``context_use`` is how
+    full the context was at the last response."""
+
+    thread_id: str | None
+    tokens: Tokens = ZERO
+    responses: int = 0
+    by_turn: dict[str | None, Tokens] = field(default_factory=dict)
+    by_model: dict[str | None, Tokens] = field(default_factory=dict)
+    by_day: dict[str | None, Tokens] = field(default_factory=dict)
+    last_input: int | None = None
+    context_window: int | None = None
+    first_at: float | None = None
+    last_at: float | None = None
+    reported: dict[str, Envelope] = field(default_factory=dict)  # the latest UsageReported per source kind
+    counters: _CounterChain = field(default_factory=_CounterChain)
+
+    @property
+    def context_use(self) -> float | None:
+        if self.last_input is None or not self.context_window:
+            return None
+        return self.last_input / self.context_window
+
+    @property
+    def out_of_range(self) -> tuple[str, ...]:
+        return out_of_range(self.tokens)
+
+    def _change(self, place: Place, delta: Tokens, responses: int) -> None:
+        self.tokens += delta
+        self.responses += responses
+        for split, key in ((self.by_turn, place.turn_id), (self.by_model, place.model), (self.by_day, place.day)):
+            split[key] = split.get(key, ZERO) + delta
+
+    def _seen_at(self, at: float | None) -> None:
+        if at is None:
+            return
+        self.first_at = at if self.first_at is None else min(self.first_at, at)
+        self.last_at = at if self.last_at is None else max(self.last_at, at)
+
+
+def out_of_range(tokens: Tokens) -> tuple[str, ...]:
+    """The figures (and ``total``) of a sum past ``MAX_TOTAL_TOKENS``: forged or corrupt
+    input added up, to be reported as out of range, never printed as a number."""
+    names = tuple(name for name in FIELDS if getattr(tokens, name) > MAX_TOTAL_TOKENS)
+    return names + ("total",) if tokens.total > MAX_TOTAL_TOKENS else names
+
+
+class UsageAccount:
+    """The account of every ``Usage`` and ``UsageReported`` envelope given to ``add``."""
+
+    def __init__(self, tz: dt.tzinfo = dt.timezone.utc) -> None:
+        self.tz = tz
+        self.threads: dict[str | None, ThreadUsage] = {}
+        self.tokens: Tokens = ZERO
+        self._by_response_key: set[str] = set()
+        self._by_request: dict[tuple[str, str | None], _Entry] = {}
+        self._by_message: dict[str, list[_Entry]] = {}
+
+    def add(self, envelope: Envelope) -> Counted | None:
+        """Fold one envelope. Returns what it changed, or None: a duplicate that lost, or
+        an event that is not a response's usage (a ``UsageReported`` is kept beside the
+        account, never added to it)."""
+        event = envelope.event
+        if isinstance(event, UsageReported):
+            self.thread(event.thread_id).reported[event.source_kind] = envelope
+            return None
+        if not isinstance(event, Usage):
+            return None
+        if event.response_key is not None:
+            if event.response_key in self._by_response_key:
+                return None
+            self._by_response_key.add(event.response_key)
+        thread = self.thread(event.thread_id)
+        if event.total is not None:
+            thread.counters.link(envelope, event.tokens, event.total)
+        entry = _Entry(self._place(envelope, event), event.tokens, event.message_id, event.request_id,
+                       event.sidechain, event.speed)
+        if event.message_id is None:
+            return self._count(thread, entry, event, envelope.at)
+        existing = self._duplicate_of(entry)
+        if existing is None:
+            self._index(entry)
+            return self._count(thread, entry, event, envelope.at)
+        if not _replaces(entry, existing):
+            return None
+        return self._replace(thread, existing, entry, event, envelope.at)
+
+    def thread(self, thread_id: str | None) -> ThreadUsage:
+        found = self.threads.get(thread_id)
+        if found is None:
+            found = self.threads[thread_id] = ThreadUsage(thread_id)
+        return found
+
+    def mismatches(self) -> Iterator[Mismatch]:
+        """Where the two calculations disagree, thread by thread."""
+        for thread_id, thread in self.threads.items():
+            yield from thread.counters.mismatches(thread_id)
+            yield from _reported_mismatches(thread)
+
+    def add_all(self, envelopes: Iterable[Envelope]) -> UsageAccount:
+        for envelope in envelopes:
+            self.add(envelope)
+        return self
+
+    def _place(self, envelope: Envelope, event: Usage) -> Place:
+        model = event.model
+        if model is not None and event.speed == "fast":
+            model = f"{model}-fast"
+        day = None if envelope.at is None else dt.datetime.fromtimestamp(envelope.at, self.tz).date().isoformat()
+        return Place(thread_id=event.thread_id, turn_id=event.turn_id, model=model, day=day)
+
+    def _count(self, thread: ThreadUsage, entry: _Entry, event: Usage, at: float | None) -> Counted:
+        thread._change(entry.place, entry.tokens, 1)
+        self.tokens += entry.tokens
+        self._latest(thread, event, at)
+        return Counted(place=entry.place, delta=entry.tokens)
+
+    def _replace(self, thread: ThreadUsage, existing: _Entry, entry: _Entry, event: Usage,
+                 at: float | None) -> Counted:
+        old_place, old_tokens = existing.place, existing.tokens
+        # The winner takes the loser's slot: its place among the entries of its message
+        # id stays (as in ccusage), only the exact key moves to the winner's request id.
+        assert existing.message_id is not None
+        self._by_request.pop((existing.message_id, existing.request_id), None)
+        existing.place, existing.tokens = entry.place, entry.tokens
+        existing.request_id, existing.sidechain, existing.speed = entry.request_id, entry.sidechain, entry.speed
+        self._by_request[(existing.message_id, existing.request_id)] = existing
+        self.tokens += entry.tokens - old_tokens
+        self._latest(thread, event, at)
+        if old_place == entry.place:
+            thread._change(entry.place, entry.tokens - old_tokens, 0)
+            return Counted(place=entry.place, delta=entry.tokens - old_tokens)
+        self.thread(old_place.thread_id)._change(old_place, ZERO - old_tokens, -1)
+        thread._change(entry.place, entry.tokens, 1)
+        return Counted(place=entry.place, delta=entry.tokens, withdrawn=old_place, withdrawn_tokens=old_tokens)
+
+    @staticmethod
+    def _latest(thread: ThreadUsage, event: Usage, at: float | None) -> None:
+        thread._seen_at(at)
+        thread.last_input = event.tokens.input
+        if event.context_window is not None:
+            thread.context_window = event.context_window
+
+    def _duplicate_of(self, entry: _Entry) -> _Entry | None:
+        """ccusage's lookup: the exact (message id, request id) first, then, where either
+        side is a sidechain entry, the first kept entry with the same message id."""
+        assert entry.message_id is not None
+        exact = self._by_request.get((entry.message_id, entry.request_id))
+        if exact is not None:
+            return exact
+        for kept in self._by_message.get(entry.message_id, ()):
+            if entry.sidechain or kept.sidechain:
+                return kept
+        return None
+
+    def _index(self, entry: _Entry) -> None:
+        assert entry.message_id is not None
+        self._by_request[(entry.message_id, entry.request_id)] = entry
+        self._by_message.setdefault(entry.message_id, []).append(entry)
+
+
+def _replaces(candidate: _Entry, existing: _Entry) -> bool:
+    """ccusage's ``should_replace_deduped_entry``: non-sidechain, then the larger total
+    (input, cache included, plus output), then the one naming a speed; else the first stays."""
+    if candidate.sidechain != existing.sidechain:
+        return existing.sidechain
+    if candidate.tokens.total != existing.tokens.total:
+        return candidate.tokens.total > existing.tokens.total
+    return candidate.speed is not None and existing.speed is None
+
+
+def _reported_mismatches(thread: ThreadUsage) -> Iterator[Mismatch]:
+    """A Claude Code thread's transcript sum against the CLI's own figures, per model."""
+    for kind in CLAUDE_REPORTS:
+        envelope = thread.reported.get(kind)
+        if envelope is None:
+            continue
+        assert isinstance(envelope.event, UsageReported)
+        for reported in envelope.event.models:
+            ours = thread.by_model.get(reported.model)
+            for name in FIELDS:
+                want = 0 if ours is None else getattr(ours, name)
+                got = getattr(reported.tokens, name)
+                if want == got:
+                    continue
+                cause = UNTRANSCRIBED if ours is None else PLACEHOLDER if name == "input" and want < got else None
+                yield Mismatch(thread_id=thread.thread_id, field=name, expected=want, counter=got,
+                               difference=got - want, cause=cause, source=envelope.source, offset=envelope.offset,
+                               at_response=envelope.event_id, model=reported.model)
