@@ -158,15 +158,15 @@ def codex_response_key(thread_id: str | None, total: Tokens) -> str | None:
     return f"{thread_id}:" + ":".join(str(getattr(total, name)) for name in FIELDS)
 
 
-def claude_tokens(usage: Any) -> Tokens:
+def claude_tokens(usage: Any, *, limit: int = MAX_RESPONSE_TOKENS) -> Tokens:
     """An Anthropic ``usage`` object (a transcript's ``message.usage``, stream-json's
     ``usage``). ``input_tokens`` there is the uncached part: input here adds the cache
     reads and writes to it. Cache writes are the 5-minute and 1-hour breakdown when
     ``cache_creation`` has one (as ccusage reads them), else ``cache_creation_input_tokens``;
-    a breakdown that disagrees with that total is inconsistent."""
+    a breakdown that disagrees with that total is inconsistent. Give
+    ``limit=MAX_TOTAL_TOKENS`` for a sum of responses (a stream-json ``result``'s)."""
     if not isinstance(usage, Mapping):
         raise UsageRefused("usage_missing_field", "usage", usage)
-    limit = MAX_RESPONSE_TOKENS
     uncached = _required(usage, "input_tokens", limit=limit)
     read = _optional(usage, "cache_read_input_tokens", limit=limit)
     created = _optional(usage, "cache_creation_input_tokens", limit=limit)

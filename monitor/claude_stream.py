@@ -46,8 +46,10 @@ from tillerman.ledger.events import (
     TurnCompleted,
     TurnStarted,
     TurnStatus,
+    UsageReported,
 )
-from tillerman.monitor.claude_transcript import INTERRUPT_MARKER, content_blocks, tool_status
+from tillerman.ledger.usage import MAX_TOTAL_TOKENS, claude_tokens
+from tillerman.monitor.claude_transcript import INTERRUPT_MARKER, content_blocks, cost_usd, model_usage, tool_status
 from tillerman.monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, items, obj
 from tillerman.monitor.parser import text as field
 from tillerman.monitor.parser import workdir
@@ -105,13 +107,25 @@ class ClaudeStreamParser(Parser):
         return [TurnStarted(**self._ids)]
 
     def _result(self, record: dict) -> list[Event]:
+        reported = self._reported(record)  # refused: the line is quarantined, the turn left open
         reason = field(record, "terminal_reason") or ""
         status: TurnStatus
         if reason.startswith("aborted") or (not reason and self._marked_interrupted):
             status = "interrupted"
         else:
             status = "failed" if record.get("is_error") is True else "completed"
-        return self._end(status, integer(record, "duration_ms"))
+        return reported + self._end(status, integer(record, "duration_ms"))
+
+    def _reported(self, record: dict) -> list[Event]:
+        """The CLI's account on a ``result`` line: ``usage``, the query's own tokens (the
+        sum of its responses); ``total_cost_usd`` and ``modelUsage``, cumulative since the
+        process started (the latest counts, never a sum of results)."""
+        usage, cost, models = record.get("usage"), record.get("total_cost_usd"), record.get("modelUsage")
+        if usage is None and cost is None and models is None:
+            return []
+        return [UsageReported(source_kind="claude_stream", cost_usd=cost_usd(cost, "total_cost_usd"),
+                              tokens=None if usage is None else claude_tokens(usage, limit=MAX_TOTAL_TOKENS),
+                              models=model_usage(models), **self._ids)]
 
     def _end(self, status: TurnStatus, duration_ms: int | None = None) -> list[Event]:
         if self._turn is None:

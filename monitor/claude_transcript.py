@@ -56,6 +56,7 @@ from tillerman.ledger.events import (
     Error,
     Event,
     ItemCompleted,
+    ModelUsage,
     QueueChanged,
     QueueEntry,
     QueueEntryRemoved,
@@ -64,8 +65,9 @@ from tillerman.ledger.events import (
     TurnCompleted,
     TurnStarted,
     Usage,
+    UsageReported,
 )
-from tillerman.ledger.usage import UsageRefused, claude_tokens
+from tillerman.ledger.usage import MAX_TOTAL_TOKENS, Tokens, UsageRefused, claude_tokens
 from tillerman.monitor.digest import digest
 from tillerman.monitor.lines import WRONG_TYPE, TypedLines, nested
 from tillerman.monitor.parser import (
@@ -198,7 +200,8 @@ class _QueueOperation(_Line, tag="queue-operation"):
 
 
 class _CostState(_Line, tag="cost-state"):
-    pass
+    totalCostUSD: Any = UNSET
+    modelUsage: Any = UNSET
 
 
 def _object(record: _Line | dict, key: str) -> _Fields | dict:
@@ -269,7 +272,8 @@ class ClaudeTranscriptParser(Parser):
             changed = self._queue_operation(record, session)
             return settled + self._thread_opening(session, None, _Thread(), record) + changed
         if kind == "cost-state":
-            return settled + self._shutdown()
+            reported = cost_state_usage(record, thread_id=session)  # refused: the line is quarantined as it was
+            return settled + self._shutdown() + [reported]
         handler = self._HANDLERS.get(kind)
         if handler is None:
             if kind not in _QUIET_TYPES:
@@ -527,6 +531,60 @@ def transcript_usage(entry: dict, *, thread_id: str | None, turn_id: str | None)
                  speed="fast" if usage.get("speed") == "fast" else None,
                  message_id=_usage_text(message, "id"), request_id=_usage_text(entry, "requestId"),
                  sidechain=bool(sidechain), thread_id=thread_id, turn_id=turn_id)
+
+
+def cost_state_usage(entry: Any, *, thread_id: str | None) -> UsageReported:
+    """The CLI's own account of the session on its ``cost-state`` line (written when it
+    exits): ``totalCostUSD`` and ``modelUsage``, cumulative for the session, kept beside
+    the transcript's responses, never added to them."""
+    return UsageReported(source_kind="claude_cost_state", cost_usd=cost_usd(entry.get("totalCostUSD"), "totalCostUSD"),
+                         models=model_usage(entry.get("modelUsage")), thread_id=thread_id)
+
+
+def model_usage(by_model: Any) -> tuple[ModelUsage, ...]:
+    """Claude Code's ``modelUsage`` (cost-state, stream-json ``result``): per model,
+    ``inputTokens`` (uncached, as the API's ``input_tokens``), ``cacheReadInputTokens``,
+    ``cacheCreationInputTokens`` (of which ``cacheCreationEphemeral1hInputTokens`` for an
+    hour), ``outputTokens`` (``thinkingTokens`` inside), ``costUSD``; figures the checks of
+    ``claude_tokens`` refuse are refused here too. Absent or null: no models."""
+    if by_model is None:
+        return ()
+    if not isinstance(by_model, dict):
+        raise UsageRefused(WRONG_TYPE, "modelUsage", by_model)
+    return tuple(ModelUsage(model=model, tokens=_model_tokens(figures), cost_usd=cost_usd(
+        figures.get("costUSD"), "costUSD")) for model, figures in by_model.items())
+
+
+def _model_tokens(figures: Any) -> Tokens:
+    if not isinstance(figures, dict):
+        raise UsageRefused(WRONG_TYPE, "modelUsage", figures)
+    # The API's names, so one reader checks both shapes the same way.
+    usage = {"input_tokens": figures.get("inputTokens"), "output_tokens": figures.get("outputTokens"),
+             "cache_read_input_tokens": figures.get("cacheReadInputTokens"),
+             "cache_creation_input_tokens": figures.get("cacheCreationInputTokens"),
+             "output_tokens_details": {"thinking_tokens": figures.get("thinkingTokens")}}
+    if "cacheCreationEphemeral5mInputTokens" in figures or "cacheCreationEphemeral1hInputTokens" in figures:
+        usage["cache_creation"] = {"ephemeral_5m_input_tokens": figures.get("cacheCreationEphemeral5mInputTokens"),
+                                   "ephemeral_1h_input_tokens": figures.get("cacheCreationEphemeral1hInputTokens")}
+    return claude_tokens(usage, limit=MAX_TOTAL_TOKENS)
+
+
+#: No session costs this much: a larger figure is forged or corrupt.
+MAX_COST_USD = 1e9
+
+
+def cost_usd(value: Any, field: str) -> float | None:
+    """A vendor's cost in USD: a non-negative number up to ``MAX_COST_USD``, or None
+    when absent; anything else is refused (never read as 0)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageRefused(WRONG_TYPE, field, value)
+    if value < 0:
+        raise UsageRefused("usage_negative", field, value)
+    if not value <= MAX_COST_USD:  # also NaN
+        raise UsageRefused("usage_out_of_range", field, value)
+    return float(value)
 
 
 def _usage_text(record: Any, key: str) -> str | None:
