@@ -125,7 +125,8 @@ def test_builtin_approval_rule_only_reports() -> None:
 
 def test_builtin_defaults_ship_as_package_data() -> None:
     assert (ROOT / "rules" / "defaults.toml").is_file() and (ROOT / "rules" / "defaults.compiled.json").is_file()
-    assert '"tillerman.rules" = ["*.toml", "defaults.compiled.json"]' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"tillerman.rules" = ["*.toml", "defaults.compiled.json", "prices.json"]' in (ROOT / "pyproject.toml").read_text(
+        encoding="utf-8")
 
 
 def test_an_empty_rules_file_without_the_owner_grant_is_an_empty_rule_set(tmp_path: Path) -> None:
