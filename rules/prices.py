@@ -292,13 +292,12 @@ def check_rate(model: str, field: str, value: Any) -> float:
 
 def check_window(model: str, value: Any) -> int:
     where = f'model "{model}" field {CONTEXT_FIELD}'
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # LiteLLM writes a few windows as 128000.0
-    if isinstance(value, bool) or not isinstance(value, int):
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # LiteLLM writes 128000.0
+    if isinstance(value, bool) or not whole:
         raise PriceFileError(f"{where}: {_shown(value)} is not a whole number of tokens")
     if not 0 < value <= MAX_RESPONSE_TOKENS:
         raise PriceFileError(f"{where}: {_shown(value)} is out of range (1 to {MAX_RESPONSE_TOKENS})")
-    return value
+    return int(value)
 
 
 def check_fast(model: str, value: Any) -> float:
