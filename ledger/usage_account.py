@@ -38,7 +38,7 @@ import msgspec
 from tillerman.ledger.events import Envelope, Usage, UsageReported
 from tillerman.ledger.usage import FIELDS, MAX_TOTAL_TOKENS, ZERO, Tokens
 
-#: Causes a mismatch can name (docs/design.md "Two calculations").
+#: Causes a mismatch can name (docs/design.md "Counting rules", the two calculations).
 BASELINE = "baseline"  # the first counter already above its response: a resumed or forked thread
 GAP = "gap"  # the counter rose by more than the response: a line was lost
 COUNTER_RESET = "counter_reset"  # the counter went down (or started again from zero)
