@@ -223,8 +223,8 @@ def out_of_range(tokens: Tokens) -> tuple[str, ...]:
 class UsageAccount:
     """The account of every ``Usage`` and ``UsageReported`` envelope given to ``add``."""
 
-    def __init__(self, tz: dt.tzinfo = dt.timezone.utc) -> None:
-        self.tz = tz
+    def __init__(self, tz: dt.tzinfo | None = dt.timezone.utc) -> None:
+        self.tz = tz  # the days' time zone; None: the system's, as ccusage defaults
         self.threads: dict[str | None, ThreadUsage] = {}
         self.tokens: Tokens = ZERO
         self._by_response_key: set[str] = set()
