@@ -511,8 +511,9 @@ def transcript_usage(entry: dict, *, thread_id: str | None, turn_id: str | None)
     One API response written as several entries (one per content block) gives several
     events with the same (``message_id``, ``request_id``): the account keeps one, as
     ccusage does; they are not dropped here. ``input_tokens`` is counted as written,
-    even where the CLI wrote the streaming placeholder (docs/design.md, "The usage
-    account"). Pure: the folder reader and the parser both call it."""
+    even where the CLI wrote the streaming placeholder
+    (docs/design.md "The usage account"). Pure: the folder reader and the parser both
+    call it."""
     if entry.get("type") != "assistant":
         return None
     message = entry.get("message")
