@@ -366,7 +366,7 @@ def read_json(path: str | os.PathLike) -> tuple[bytes, Any]:
     try:
         return data, json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise PriceFileError(f"not UTF-8 text; give LiteLLM's model_prices_and_context_window.json") from None
+        raise PriceFileError("not UTF-8 text; give LiteLLM's model_prices_and_context_window.json") from None
     except (ValueError, RecursionError) as exc:
         raise PriceFileError(f"not JSON ({str(exc)[:120]})") from None
 
