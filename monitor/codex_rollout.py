@@ -59,10 +59,10 @@ _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
 
 SHELL_TOOLS = frozenset({"shell", "exec_command", "container.exec", "shell_command", "local_shell"})
 
-_QUIET_TYPES = frozenset({"turn_context", "compacted", "world_state", "token_usage_record",
+_QUIET_TYPES = frozenset({"compacted", "world_state", "token_usage_record",
                           "inter_agent_communication_metadata"})
 _QUIET_EVENTS = frozenset({
-    "token_count", "agent_reasoning", "agent_reasoning_raw_content", "agent_reasoning_section_break",
+    "agent_reasoning", "agent_reasoning_raw_content", "agent_reasoning_section_break",
     "context_compacted", "thread_settings_applied", "entered_review_mode", "exited_review_mode",
     "thread_name_updated", "plan_update", "turn_diff", "background_event", "undo_started",
     "undo_completed", "view_image_tool_call", "web_search_begin", "web_search_end",
@@ -99,6 +99,10 @@ class _TaskStarted(_Tagged, tag="task_started"):
 
 class _GoalUpdated(_Tagged, tag="thread_goal_updated"):
     goal: Any = None
+
+
+class _TokenCount(_Tagged, tag="token_count"):
+    info: Any = None  # null: only the rate limits changed
 
 
 class _TaskComplete(_Tagged, tag="task_complete"):
@@ -220,8 +224,17 @@ class _Line(_Tagged):
     timestamp: Any = None
 
 
+class _TurnContextBody(msgspec.Struct):
+    turn_id: Any = None  # 0.163 and later
+    model: Any = None
+
+
 class _SessionMeta(_Line, tag="session_meta"):
     payload: _SessionMetaBody | None = None
+
+
+class _TurnContext(_Line, tag="turn_context"):
+    payload: _TurnContextBody | None = None
 
 
 class _EventMsg(_Line, tag="event_msg", kw_only=True):
@@ -238,10 +251,10 @@ class _QuietLine(_Line):
 
 _EVENT_BODIES = (_TaskStarted, _TaskComplete, _TurnAborted, _UserMessage, _AgentMessage, _ErrorMsg, _StreamError,
                  _ItemCompleted, _ExecBegin, _PatchBegin, _McpBegin, _ExecEnd, _PatchEnd, _McpEnd, _GoalUpdated,
-                 *_quiet(_QUIET_EVENTS))
+                 _TokenCount, *_quiet(_QUIET_EVENTS))
 _ITEM_BODIES = (_FunctionCall, _LocalShellCall, _CustomToolCall, _FunctionCallOutput, _CustomToolCallOutput,
                 _WebSearchCall, *_quiet(_QUIET_ITEMS))
-_LINES = TypedLines(Union[(_SessionMeta, _EventMsg, _ResponseItem, *_quiet(_QUIET_TYPES, _QuietLine))])  # noqa: UP007
+_LINES = TypedLines(Union[(_SessionMeta, _TurnContext, _EventMsg, _ResponseItem, *_quiet(_QUIET_TYPES, _QuietLine))])  # noqa: UP007
 
 
 class CodexRolloutParser(Parser):
@@ -257,6 +270,10 @@ class CodexRolloutParser(Parser):
         self._calls = OpenCalls()
         # Messages reported in the open turn, to recognise a second copy (``_first_report``).
         self._said: Counter[tuple[tuple[str, str], bool]] = Counter()
+        # Usage: the latest turn_context's model and turn, and the file's running total.
+        self._model: str | None = None
+        self._context_turn: str | None = None
+        self._total: Tokens | None = None
 
     def _time(self, record: _Line | dict) -> float | None:
         return iso_time(self._stamp(record))
@@ -319,6 +336,14 @@ class CodexRolloutParser(Parser):
             self._turn = None
         return [TurnCompleted(thread_id=self._thread, turn_id=turn_id, status=status, duration_ms=duration_ms)]
 
+    def _turn_context(self, record: _TurnContext) -> list[Event]:
+        """The settings a turn runs with: its model, which the usage records after it
+        were produced by (a ``token_count`` names none)."""
+        body = record.payload or _TurnContextBody()
+        self._model = as_text(body.model, "model")
+        self._context_turn = as_text(body.turn_id, "turn_id")
+        return []
+
     # -- event_msg -------------------------------------------------------------------
 
     def _task_started(self, body: _TaskStarted) -> list[Event]:
@@ -339,6 +364,17 @@ class CodexRolloutParser(Parser):
                             objective_digest=p.digest if p else None, objective=p.text if p else None,
                             token_budget=integer(goal, "tokenBudget"), tokens_used=integer(goal, "tokensUsed"),
                             time_used_seconds=_seconds_used(goal.get("timeUsedSeconds")))]
+
+    def _token_count(self, body: _TokenCount) -> list[Event]:
+        """One response's usage on the turn of the ``turn_context`` before it (the open
+        turn where that names none), refused with its reason when a figure is bad."""
+        used = token_count_usage({"info": nested(body.info, 3)}, thread_id=self._thread,
+                                 turn_id=self._context_turn or self._turn, model=self._model,
+                                 previous_total=self._total)
+        if used is None:
+            return []
+        self._total = used.total
+        return [used]
 
     def _task_complete(self, body: _TaskComplete) -> list[Event]:
         status = "interrupted" if isinstance(body, _TurnAborted) else "completed"
@@ -502,10 +538,10 @@ _EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = 
     _UserMessage: _P._user_message_msg, _AgentMessage: _P._agent_message_msg, _ErrorMsg: _P._error_msg,
     _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_msg, _ExecBegin: _P._exec_begin,
     _PatchBegin: _P._patch_begin, _McpBegin: _P._mcp_begin, _ExecEnd: _P._exec_end, _PatchEnd: _P._patch_end,
-    _McpEnd: _P._mcp_end, _GoalUpdated: _P._goal_updated,
+    _McpEnd: _P._mcp_end, _GoalUpdated: _P._goal_updated, _TokenCount: _P._token_count,
 }
 _RECORD_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
-    _SessionMeta: _P._session_meta_record, dict: _P._untyped,
+    _SessionMeta: _P._session_meta_record, _TurnContext: _P._turn_context, dict: _P._untyped,
 }
 _ITEM_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _FunctionCall: _P._function_call, _LocalShellCall: _P._local_shell_call, _CustomToolCall: _P._custom_tool_call,

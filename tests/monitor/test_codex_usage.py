@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tests.monitor.support import events, parse, reasons
 from tillerman.ledger.events import Usage
 from tillerman.ledger.usage import Tokens, UsageRefused
 from tillerman.monitor.codex_rollout import token_count_usage
@@ -119,3 +122,57 @@ def test_a_broken_info_is_refused(info, reason):
 def test_a_thread_total_may_pass_one_responses_limit():
     big = rollout_usage(5 * 10**9, 0, 10**6, 0)
     assert usage_of(token_count(total=big, last=rollout_usage(10, 0, 1, 0))).total.input == 5 * 10**9
+
+
+# -- the rollout parser ----------------------------------------------------------------
+
+
+def rollout_lines(*records: tuple[str, dict]) -> bytes:
+    return "".join(json.dumps({"timestamp": "2026-11-30T00:00:00.000Z", "type": kind, "payload": body}) + "\n"
+                   for kind, body in records).encode()
+
+
+def test_a_rollouts_token_count_is_usage_on_the_turn_and_model_of_the_turn_context_before_it():
+    data = rollout_lines(
+        ("session_meta", {"id": THREAD}),
+        ("event_msg", {"type": "task_started", "turn_id": "T1"}),
+        ("turn_context", {"turn_id": "T1", "model": "gpt-5.5"}),
+        ("event_msg", token_count(total=rollout_usage(1200, 1000, 100, 40), last=rollout_usage(1200, 1000, 100, 40))),
+        ("event_msg", {"type": "token_count", "info": None, "rate_limits": {}}),
+        ("event_msg", {"type": "task_complete", "turn_id": "T1"}),
+        ("event_msg", {"type": "task_started", "turn_id": "T2"}),
+        ("turn_context", {"turn_id": "T2", "model": "gpt-5.4-mini"}),
+        ("event_msg", token_count(total=rollout_usage(3000, 2000, 300, 40), last=rollout_usage(1800, 1000, 200, 0))),
+    )
+    parsed, _ = parse("codex-rollout", data)
+    used = [(p.event, p.offset) for p in parsed if isinstance(p.event, Usage)]
+    assert [(u.turn_id, u.model, u.tokens.total, u.total.total) for u, _ in used] == [
+        ("T1", "gpt-5.5", 1300, 1300), ("T2", "gpt-5.4-mini", 2000, 3300)]
+    assert used[0][1] == data.index(b'{"timestamp"', data.index(b"turn_context"))  # the record's own offset
+    assert all(u.thread_id == THREAD and u.source_kind == "codex_rollout" for u, _ in used)
+
+
+def test_an_old_rollout_without_last_token_usage_counts_the_rise_of_its_total():
+    data = rollout_lines(
+        ("session_meta", {"id": THREAD}),
+        ("turn_context", {"model": "gpt-5-codex"}),  # old CLIs: no turn id, the open turn is used
+        ("event_msg", {"type": "user_message", "message": "go"}),
+        ("event_msg", token_count(total=rollout_usage(5200, 0, 310, 0), window=None)),
+        ("event_msg", token_count(total=rollout_usage(5200, 0, 310, 0), window=None)),  # repeated: nothing new
+        ("event_msg", token_count(total=rollout_usage(8000, 2000, 400, 0), window=None)),
+    )
+    used = [e for e in events("codex-rollout", data) if isinstance(e, Usage)]
+    assert [u.tokens for u in used] == [Tokens(input=5200, output=310), Tokens(input=2800, cached_input=2000, output=90)]
+    assert all(u.turn_id and u.turn_id.startswith("turn@") and u.model == "gpt-5-codex" for u in used)
+
+
+@pytest.mark.parametrize(("last", "reason", "field"), HOSTILE_ROLLOUT)
+def test_a_hostile_token_count_is_quarantined_with_its_reason_and_reading_goes_on(last, reason, field):
+    data = rollout_lines(
+        ("session_meta", {"id": THREAD}),
+        ("event_msg", token_count(total=rollout_usage(3000, 0, 300, 0), last=last)),
+        ("event_msg", token_count(total=rollout_usage(3100, 0, 310, 0), last=rollout_usage(100, 0, 10, 0))),
+    )
+    evs = events("codex-rollout", data)
+    assert reasons(evs) == [reason]
+    assert [u.tokens.total for u in evs if isinstance(u, Usage)] == [110]
