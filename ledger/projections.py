@@ -20,6 +20,8 @@ transcript already shows finished, so another source's end is held
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from tillerman.ledger import events as ev
@@ -32,11 +34,12 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import (
     ENDED_TURN_STATES, GOAL_BUDGET_LIMITED, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
 )
+from tillerman.ledger.spent import Spent, UsageFigures, add_to
 from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
 from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v11"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v12"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -104,6 +107,10 @@ class ThreadState(msgspec.Struct):
     # person resumed it; our queued messages a stop withdrew (queue intent -> stop).
     stopped_by: str | None = None
     withdrawn: dict[str, str] = {}
+    # What it spent per budget scope after its last counted response (``tillerman.ledger.spent``),
+    # and the keys of the responses counted, so a response reported twice counts once.
+    usage: UsageFigures | None = None
+    usage_keys: set[str] = set()
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
@@ -161,6 +168,8 @@ class Projection(msgspec.Struct):
     open_ids: dict[str, None] = {}
     # rows this version cannot decode, skipped by the fold: seq -> "kind: why"
     undecodable: dict[int, str] = {}
+    # what every supervised thread spent together on the UTC day of the last counted response
+    owner_day: Spent | None = None
 
     # -- the fold ---------------------------------------------------------------
 
@@ -226,6 +235,7 @@ class Projection(msgspec.Struct):
             other_writer_input=t.other_input is not None,
             stopped_by=t.stopped_by,
             withdrawn=t.withdrawn,
+            usage=t.usage,
         )
 
     def watched(self, thread_id: str) -> Watched | None:
@@ -237,14 +247,14 @@ class Projection(msgspec.Struct):
         if not (t.approvals or t.running or t.failures):  # the common case: nothing pending
             return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
                            active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at,
-                           goal_budget_limited_at=_budget_limited_at(t))
+                           goal_budget_limited_at=_budget_limited_at(t), usage=t.usage)
         approval_since, critical, critical_since = _lasting(t)
         return Watched(thread_id=thread_id, supervised=t.supervised, active_turn_id=t.active_turn_id,
                        active_turn_started_at=t.active_turn_started_at, last_progress_at=t.last_progress_at,
                        approval_pending=bool(t.approvals), approval_pending_since=approval_since,
                        critical_tool=critical, critical_tool_since=critical_since,
                        most_failures=max([c for c, _, _ in t.failures.values()], default=0),
-                       goal_budget_limited_at=_budget_limited_at(t))
+                       goal_budget_limited_at=_budget_limited_at(t), usage=t.usage)
 
     def moved_at_most_progress(self, thread_id: str, old: Watched) -> bool:
         """Whether the thread's ``watched`` would read as ``old`` but for its
@@ -255,7 +265,7 @@ class Projection(msgspec.Struct):
                 and not (old.approval_pending or old.critical_tool or old.most_failures)
                 and old.supervised == t.supervised and old.active_turn_id == t.active_turn_id
                 and old.active_turn_started_at == t.active_turn_started_at
-                and old.goal_budget_limited_at == _budget_limited_at(t))
+                and old.goal_budget_limited_at == _budget_limited_at(t) and old.usage is t.usage)
 
     def open_intents(self) -> list[IntentView]:
         intents = self.intents
@@ -530,6 +540,43 @@ def _goal_cleared(p, e: ev.GoalCleared, at, seq, source) -> None:
         _set_goal(t, GOAL_CLEARED, at, e.by, e.turn_id)
 
 
+def _usage(p, e: ev.Usage, at, seq, source) -> None:
+    """A response's usage, counted once into each budget scope it falls in."""
+    t = _touch(p, e, at, source)
+    if t is None:
+        return
+    key = _response_key(e)
+    if key is not None:
+        if key in t.usage_keys:
+            return
+        t.usage_keys.add(key)
+    tokens, model, speed = e.tokens, e.model, e.speed
+    day = time.strftime("%Y-%m-%d", time.gmtime(at)) if at is not None else None
+    turn = t.canonical_turn(e.turn_id) or t.active_turn_id
+    goal = t.goal if t.goal is not None and t.goal.status != GOAL_CLEARED else None
+    old = t.usage
+    if t.supervised:
+        p.owner_day = add_to(p.owner_day, day, tokens, model, speed)
+    t.usage = UsageFigures(
+        thread=add_to(old.thread if old else None, "thread", tokens, model, speed),
+        turn=add_to(old.turn if old else None, turn, tokens, model, speed),
+        day=add_to(old.day if old else None, day, tokens, model, speed),
+        goal=add_to(old.goal if old else None, goal and (goal.objective_digest or "goal"), tokens, model, speed),
+        owner=p.owner_day if t.supervised else None,
+        last_input=tokens.input, context_window=e.context_window or (old.context_window if old else None),
+        model=model, source_kind=e.source_kind, seq=seq)
+
+
+def _response_key(e: ev.Usage) -> str | None:
+    """What makes two reports of one response the same (``Usage``): the source's
+    response key, else Claude's message and request ids; None: never deduplicated."""
+    if e.response_key is not None:
+        return e.response_key
+    if e.message_id is not None:
+        return f"{e.message_id}:{e.request_id or ''}"
+    return None
+
+
 def _set_goal(t: ThreadState, status: str, at: float | None, by: str | None, turn_id: str | None, **fields) -> None:
     """The goal as reported now. ``changed_at``/``changed_by`` move only when the status
     does: every turn's end reports the goal again, mostly with more tokens used."""
@@ -647,6 +694,7 @@ _APPLY = {
     ev.DenyNotHonoured: _deny_not_honoured,
     ev.GoalUpdated: _goal_updated,
     ev.GoalCleared: _goal_cleared,
+    ev.Usage: _usage,
     ev.ApprovalRequested: _approval_requested,
     ev.ApprovalResolved: _approval_resolved,
     ev.QueueChanged: _queue_changed,

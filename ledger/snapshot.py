@@ -7,6 +7,7 @@ import msgspec
 
 from tillerman.ledger.events import QueueEntry
 from tillerman.ledger.id_table import IdTable
+from tillerman.ledger.spent import UsageFigures
 
 #: Turn states in a snapshot: "active", or how it ended ("completed", "interrupted",
 #: "failed"), or "unclosed" (the next turn started, or the source ended, first), or
@@ -93,6 +94,8 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     # tillerman's queued messages a stop deleted from the server's queue: queue intent id
     # -> the stop's intent id, until that queue intent settles (``withdrawn``).
     withdrawn: dict[str, str] = {}
+    # What it spent per budget scope after its last counted response; None: nothing yet.
+    usage: UsageFigures | None = None
 
     @property
     def goal_status(self) -> str | None:
@@ -148,6 +151,8 @@ class Watched(msgspec.Struct, frozen=True, kw_only=True):
     most_failures: int = 0  # the count of the command that failed most often in the active turn
     # When the thread's goal reached "budgetLimited" (None: its goal is in another status)
     goal_budget_limited_at: float | None = None
+    # Its budget figures (``ThreadSnapshot.usage``): the same object until a response is counted
+    usage: UsageFigures | None = None
 
 
 def turn_state(recent: dict[str, str], earlier: IdTable | None, turn_id: str | None) -> str | None:

@@ -43,7 +43,7 @@ from tillerman.rules.notify import NotifySink
 from tillerman.rules.owner import owner_grant
 from tillerman.rules.review import Reviewer
 from tillerman.rules.toml_source import locate, parse_toml
-from tillerman.rules.ruleset import Rule, RuleSet, build_ruleset
+from tillerman.rules.ruleset import Rule, RuleSet, build_ruleset, prices_for
 
 PATTERN_KEYS = ("critical", "external")
 
@@ -152,7 +152,7 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
         grants, reviewers, sinks, patterns = (owner_grant(),), (), (), DEFAULT_PATTERNS
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
                        {r.name for r in reviewers}, config_path)
-    return Effective(ruleset=build_ruleset(rules, grants), patterns=patterns,
+    return Effective(ruleset=build_ruleset(rules, grants, prices_for(rules)), patterns=patterns,
                      patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks)
 
 

@@ -16,6 +16,11 @@ by ``decide()`` (``report_overdue``), and the rule names who owns that report.
 ``goal_budget_limited`` is found once per change of the thread's Codex goal to
 ``budgetLimited`` (its key names the change, not the turn running then).
 
+``budget`` is found once per crossing: its key names the scope instance (the turn, the
+UTC day, the goal, the thread) and the limit, not the usage line that crossed it
+(``tillerman.rules.budget``); an owner budget's key names no thread, so the owner's day
+is reported once whichever thread crossed it.
+
 ``next_due`` tells replay's virtual clock when the next time-based finding falls due.
 """
 
@@ -28,12 +33,14 @@ from typing import Any
 import msgspec
 
 from tillerman.ledger.snapshot import GOAL_BUDGET_LIMITED, ThreadSnapshot, Watched
+from tillerman.rules.budget import Crossing, crossing
 from tillerman.rules.decision import Action
 from tillerman.rules.durations import format_duration
 from tillerman.rules.ruleset import (
     ANY,
     AnyCondition,
     ApprovalWaiting,
+    Budget,
     CriticalToolRunning,
     GoalBudgetLimited,
     RepeatedFailure,
@@ -56,6 +63,7 @@ TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "intent_overdue": _COMMON_FIELDS,
     "turn_long": (*_COMMON_FIELDS, "running_for"),
     "goal_budget_limited": (*_COMMON_FIELDS, "token_budget", "tokens_used"),
+    "budget": (*_COMMON_FIELDS, "measure", "figure", "limit", "per"),
 }
 
 EVALUATED_STATUSES = frozenset({"active", "shadow"})
@@ -82,6 +90,7 @@ class _Observation(msgspec.Struct, frozen=True, kw_only=True):
     fields: dict[str, str]  # template placeholders
     detail: dict[str, Any]
     per_turn: bool = True  # the condition instance lives in one turn (its key names the turn)
+    per_thread: bool = True  # the condition instance is the thread's (an owner budget's is not)
 
 
 class _Timer(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,7 +108,7 @@ def detect(snapshot: ThreadSnapshot, now: float, ruleset: RuleSet) -> list[Findi
     findings = [
         _finding(rule, snapshot, observation)
         for rule in _evaluated(ruleset, snapshot, now)
-        for observation in _observe(rule.condition, snapshot, now)
+        for observation in _observe(rule.condition, snapshot, now, ruleset.prices)
     ]
     return sorted(findings, key=lambda f: (f.rule_id, f.key))
 
@@ -123,6 +132,7 @@ class Triggers(msgspec.Struct, frozen=True):
     failures: tuple[tuple[int, Rule], ...]
     most_failures: int = 0
     goals: tuple[Rule, ...] = ()  # goal_budget_limited rules, while the goal is budget-limited
+    budgets: tuple[Rule, ...] = ()  # budget rules whose figure is at or over its limit
 
 
 def triggers(watched: Watched, ruleset: RuleSet) -> Triggers:
@@ -142,9 +152,19 @@ def triggers(watched: Watched, ruleset: RuleSet) -> Triggers:
         plan = plans.shapes[key] = _plan(ruleset, watched.thread_id, shape)
     timers = tuple([(sinces[index], limit, rule) for index, limit, rule in plan.timers])
     goals = plan.goals if watched.goal_budget_limited_at is not None else ()
+    budgets = _crossed(plan.budgets, watched, ruleset)
     if watched.most_failures and plan.failures:
-        return Triggers(timers, plan.failures, watched.most_failures, goals)
-    return Triggers(timers, (), 0, goals)
+        return Triggers(timers, plan.failures, watched.most_failures, goals, budgets)
+    return Triggers(timers, (), 0, goals, budgets)
+
+
+def _crossed(rules: tuple[Rule, ...], watched: Watched, ruleset: RuleSet) -> tuple[Rule, ...]:
+    """The budget rules whose figure the thread's last counted response put at or over
+    the limit: computed when its ``Watched`` changes (a response counted), not per round."""
+    usage = watched.usage
+    if usage is None or not rules:
+        return ()
+    return tuple(r for r in rules if crossing(r.condition, usage, ruleset.prices) is not None)
 
 
 def triggers_next_due(w: Triggers, now: float) -> float | None:
@@ -161,13 +181,15 @@ def triggers_may_find(w: Triggers, now: float) -> bool:
     for since, limit, rule in w.timers:
         if now - since >= limit and rule.in_force(now):
             return True
-    return any(w.most_failures >= limit for limit, _ in w.failures) or any(r.in_force(now) for r in w.goals)
+    return (any(w.most_failures >= limit for limit, _ in w.failures) or any(r.in_force(now) for r in w.goals)
+            or any(r.in_force(now) for r in w.budgets))
 
 
 class _Plan(msgspec.Struct, frozen=True):
     timers: tuple[tuple[int, float, Rule], ...]  # (index of the moment in ``_SINCES``, limit, rule)
     failures: tuple[tuple[int, Rule], ...]
     goals: tuple[Rule, ...]
+    budgets: tuple[Rule, ...]
 
 
 class _Plans(msgspec.Struct):
@@ -198,7 +220,7 @@ def _plan(ruleset: RuleSet, thread_id: str, shape: tuple) -> _Plan:
     moments = {name: None if missing else -1.0 - index for index, (name, missing) in enumerate(zip(_SINCES, unset, strict=True))}
     probe = ThreadSnapshot(thread_id=thread_id, supervised=supervised, active_turn_id=None if no_turn else "",
                            approval_pending=approval, critical_tool=critical, **moments)
-    timers, failures, goals = [], [], []
+    timers, failures, goals, budgets = [], [], [], []
     for rule in ruleset.rules:
         if _applies(rule, probe):
             if isinstance(rule.condition, RepeatedFailure):
@@ -207,10 +229,13 @@ def _plan(ruleset: RuleSet, thread_id: str, shape: tuple) -> _Plan:
             if isinstance(rule.condition, GoalBudgetLimited):
                 goals.append(rule)
                 continue
+            if isinstance(rule.condition, Budget):
+                budgets.append(rule)
+                continue
             timer = _timer(rule.condition, probe)
             if timer is not None:
                 timers.append((int(-timer.since) - 1, timer.limit, rule))
-    return _Plan(tuple(timers), tuple(failures), tuple(goals))
+    return _Plan(tuple(timers), tuple(failures), tuple(goals), tuple(budgets))
 
 
 def _evaluated(ruleset: RuleSet, snapshot: ThreadSnapshot, now: float) -> list[Rule]:
@@ -235,7 +260,7 @@ def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) ->
         action=rule.action,
         thread_id=snapshot.thread_id,
         turn_id=turn_id,
-        key=f"{rule.id}:{snapshot.thread_id}:{key_turn or '-'}:{observation.instance}",
+        key=f"{rule.id}:{snapshot.thread_id if observation.per_thread else '*'}:{key_turn or '-'}:{observation.instance}",
         finding=observation.finding,
         text=render(rule.text, fields) if rule.text is not None else None,
         ack_deadline=rule.ack_deadline,
@@ -244,7 +269,10 @@ def _finding(rule: Rule, snapshot: ThreadSnapshot, observation: _Observation) ->
     )
 
 
-def _observe(condition: AnyCondition, snapshot: ThreadSnapshot, now: float) -> Iterator[_Observation]:
+def _observe(condition: AnyCondition, snapshot: ThreadSnapshot, now: float, prices) -> Iterator[_Observation]:
+    if isinstance(condition, Budget):
+        yield from _budget(condition, snapshot, prices)
+        return
     if isinstance(condition, RepeatedFailure):
         yield from _repeated_failures(condition.count, snapshot)
         return
@@ -320,6 +348,53 @@ def _goal_budget_limited(snapshot: ThreadSnapshot) -> Iterator[_Observation]:
                 "time_used_seconds": goal.time_used_seconds, "goal_turn": goal.turn_id, "since": goal.changed_at},
         per_turn=False,
     )
+
+
+def _budget(condition: Budget, snapshot: ThreadSnapshot, prices) -> Iterator[_Observation]:
+    """The budget's crossing by the thread's figures, keyed on its scope instance and limit."""
+    usage = snapshot.usage
+    crossed = crossing(condition, usage, prices) if usage is not None else None
+    if crossed is None:
+        return
+    measure, per = condition.measure, condition.per
+    figure, limit = _shown(measure, crossed.figure), _shown(measure, condition.over)
+    yield _Observation(
+        instance=f"budget:{measure}:{per}:{crossed.instance}:{condition.over!r}",
+        finding=f"{_MEASURE_NAMES[measure]} per {per} ({crossed.instance}) reached {figure}, over its limit {limit}",
+        fields={"measure": measure, "figure": figure, "limit": limit, "per": per},
+        detail=_budget_detail(condition, crossed, usage, snapshot),
+        per_turn=False, per_thread=per != "owner",
+    )
+
+
+_MEASURE_NAMES = {"tokens": "tokens", "cost_usd": "cost", "context": "context used"}
+
+
+def _shown(measure: str, value: float) -> str:
+    if measure == "cost_usd":
+        return f"${value:,.2f}"
+    if measure == "context":
+        return f"{value:.0%}"
+    return f"{int(value):,}"
+
+
+def _budget_detail(condition: Budget, crossed: Crossing, usage, snapshot: ThreadSnapshot) -> dict[str, Any]:
+    """The figure that crossed, its limit and scope, and where it came from: the source
+    and the ledger row of the response that crossed it; cost: the price table's date and
+    the models it had no price for; a goal: Codex's own budget and count beside ours."""
+    detail: dict[str, Any] = {"measure": condition.measure, "figure": crossed.figure, "limit": condition.over,
+                              "per": condition.per, "instance": crossed.instance,
+                              "source_kind": usage.source_kind, "usage_seq": usage.seq}
+    if crossed.spent is not None:
+        detail |= {"tokens": crossed.spent.tokens.total, "responses": crossed.spent.responses}
+    if condition.measure == "context":
+        detail |= {"last_input": usage.last_input, "context_window": usage.context_window}
+    if condition.measure == "cost_usd":
+        detail |= {"price_date": crossed.price_date, "unpriced_models": list(crossed.unpriced)}
+    goal = snapshot.goal
+    if condition.per == "goal" and goal is not None:
+        detail |= {"goal_token_budget": goal.token_budget, "goal_tokens_used": goal.tokens_used}
+    return detail
 
 
 def render(template: str, fields: dict[str, str]) -> str:

@@ -15,7 +15,7 @@ import calendar
 import datetime
 import hashlib
 from collections.abc import Iterable
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -108,8 +108,25 @@ class GoalBudgetLimited(Condition, tag="goal_budget_limited"):
     Codex starts no more turns for it. Once per such change of the goal."""
 
 
+BudgetMeasure = Literal["tokens", "cost_usd", "context"]
+BudgetScope = Literal["turn", "thread", "goal", "day", "owner"]
+
+
+class Budget(Condition, tag="budget"):
+    """What a scope spent reached ``over``: its tokens (input + output), its cost in USD
+    (the rule set's price table), or the context its last response used (last input
+    over the context window, 0..1). ``per``: the running turn, the thread, the thread's
+    goal while it has one, the thread's UTC day, or the owner's UTC day (every
+    supervised thread together). Once per crossing: per scope instance and limit
+    (``tillerman.rules.budget``)."""
+
+    measure: BudgetMeasure
+    over: float
+    per: BudgetScope = "thread"
+
+
 AnyCondition = (TurnQuiet | RepeatedFailure | ApprovalWaiting | CriticalToolRunning | IntentOverdue | TurnLong
-                | GoalBudgetLimited)
+                | GoalBudgetLimited | Budget)
 CONDITION_KINDS: tuple[str, ...] = tuple(c.__struct_config__.tag for c in get_args(AnyCondition))
 
 
@@ -145,6 +162,10 @@ class RuleSet(msgspec.Struct, frozen=True, kw_only=True):
     rules: tuple[Rule, ...]
     grants: tuple[Grant, ...]
     digest: str  # sha256 of the canonical encoding of rules and grants
+    # The price table cost budgets read (``tillerman.rules.budget.Prices``); None: no
+    # cost is known, and a cost budget never fires. Not in the digest: its date is
+    # recorded with every finding that read it.
+    prices: Any = None
 
     def allows(self, subject: str, action: str, thread_id: str) -> bool:
         return any(g.allows(subject, action, thread_id) for g in self.grants)
@@ -185,9 +206,9 @@ def _canonical_grant(grant: Grant) -> dict:
     return data
 
 
-def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant]) -> RuleSet:
+def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant], prices: Any = None) -> RuleSet:
     rules, grants = tuple(rules), tuple(grants)
-    return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants))
+    return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants), prices=prices)
 
 
 class _Recorded(msgspec.Struct, frozen=True, kw_only=True):
@@ -207,7 +228,17 @@ def ruleset_from_text(text: str) -> RuleSet:
     """The rule set ``ruleset_text`` wrote, its digest computed again. Raises
     ``msgspec.DecodeError`` (``ValidationError`` included) for text this version cannot read."""
     recorded = msgspec.json.decode(text, type=_Recorded)
-    return build_ruleset(recorded.rules, recorded.grants)
+    return build_ruleset(recorded.rules, recorded.grants, prices_for(recorded.rules))
+
+
+def prices_for(rules: Iterable[Rule]) -> Any:
+    """The price table a rule set's budgets read (``tillerman.rules.prices.load_prices``),
+    loaded only when a budget measures cost or context (a model's window); None otherwise."""
+    if not any(isinstance(r.condition, Budget) and r.condition.measure != "tokens" for r in rules):
+        return None
+    from tillerman.rules.prices import load_prices  # only budgets need it: most rule sets never load it
+
+    return load_prices()
 
 
 #: No rules, no grants: nothing is detected and nothing may be dispatched.

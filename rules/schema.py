@@ -25,6 +25,9 @@ from tillerman.rules.review import Reviewer, ReviewerAdapter
 from tillerman.rules.ruleset import (
     ANY,
     ApprovalWaiting,
+    Budget,
+    BudgetMeasure,
+    BudgetScope,
     Condition,
     CriticalToolRunning,
     GoalBudgetLimited,
@@ -107,14 +110,43 @@ class GoalBudgetLimitedSpec(_ConditionSpec):
     kind: Literal["goal_budget_limited"]
 
 
+class BudgetSpec(_ConditionSpec):
+    struct = Budget
+    kind: Literal["budget"]
+    measure: BudgetMeasure
+    # strict: a limit written as a string is a typo, not a number to guess
+    over: float = Field(gt=0, allow_inf_nan=False, strict=True)
+    per: BudgetScope = "thread"
+
+    @field_validator("over", mode="before")
+    @classmethod
+    def _whole_numbers_too(cls, over: object) -> object:
+        """TOML writes 5 and 5.0 apart; either is a limit (a bool is not)."""
+        return float(over) if isinstance(over, int) and not isinstance(over, bool) else over
+
+    @field_validator("over")
+    @classmethod
+    def _context_is_a_share(cls, over: float, info: ValidationInfo) -> float:
+        if info.data.get("measure") == "context" and over > 1:
+            raise ValueError(f"context is a share of the window (0..1); write over = 0.9 for 90%, not {over}")
+        return over
+
+    @field_validator("per")
+    @classmethod
+    def _scope_fits_measure(cls, per: str, info: ValidationInfo) -> str:
+        if info.data.get("measure") == "context" and per == "owner":
+            raise ValueError('context is one thread\'s; write per = "turn", "thread", "goal" or "day"')
+        return per
+
+
 CONDITION_SPECS: dict[str, type[_ConditionSpec]] = {
     spec.struct.__struct_config__.tag: spec
     for spec in (TurnQuietSpec, RepeatedFailureSpec, ApprovalWaitingSpec, CriticalToolRunningSpec, IntentOverdueSpec,
-                 TurnLongSpec, GoalBudgetLimitedSpec)
+                 TurnLongSpec, GoalBudgetLimitedSpec, BudgetSpec)
 }
 ConditionSpec = Annotated[
     TurnQuietSpec | RepeatedFailureSpec | ApprovalWaitingSpec | CriticalToolRunningSpec | IntentOverdueSpec | TurnLongSpec
-    | GoalBudgetLimitedSpec,
+    | GoalBudgetLimitedSpec | BudgetSpec,
     Field(discriminator="kind"),
 ]
 

@@ -171,7 +171,7 @@ RULE_HEAD = rule("stall", owner="me", review_by="2027-03-01")
         pytest.param(
             'condition = { kind = "turn_slow", for = "10m" }\naction = "report_overdue"\n',
             'rules.toml:7: rule "stall" field condition.kind: unknown kind "turn_slow"; expected one of turn_quiet, '
-            "repeated_failure, approval_waiting, critical_tool_running, intent_overdue, turn_long, goal_budget_limited",
+            "repeated_failure, approval_waiting, critical_tool_running, intent_overdue, turn_long, goal_budget_limited, budget",
             id="unknown condition kind",
         ),
         pytest.param(
@@ -201,7 +201,7 @@ RULE_HEAD = rule("stall", owner="me", review_by="2027-03-01")
         pytest.param(
             'condition = { for = "10m" }\naction = "observe"\n',
             'rules.toml:7: rule "stall" field condition.kind: missing; add kind = "turn_quiet" (one of turn_quiet, '
-            "repeated_failure, approval_waiting, critical_tool_running, intent_overdue, turn_long, goal_budget_limited)",
+            "repeated_failure, approval_waiting, critical_tool_running, intent_overdue, turn_long, goal_budget_limited, budget)",
             id="missing kind",
         ),
         pytest.param(

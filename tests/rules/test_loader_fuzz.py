@@ -27,9 +27,9 @@ VALID_RULE = {
 }
 VALID_GRANT = {"subject": "owner:ann", "actions": ["steer"], "threads": "*"}
 KEYS = [*VALID_RULE, *VALID_GRANT, "kind", "for", "count", "within", "expires", "critical", "external",
-        "owner_grant", "rule", "grant", "patterns", "defaults", "x"]
+        "owner_grant", "rule", "grant", "patterns", "defaults", "x", "measure", "over", "per"]
 WORDS = ["turn_quiet", "repeated_failure", "approval_waiting", "critical_tool_running", "intent_overdue",
-         "goal_budget_limited",
+         "goal_budget_limited", "budget", "tokens", "cost_usd", "context", "owner", "day",
          "turn_long", "active", "shadow", "proposed", "steer", "queue", "interrupt", "report_overdue", "*",
          "owner:ann", "rule:stall", "10m", "0s", "365d", "366d", "{turn_id}", "{", "}", "\\bdeploy\\b", "(", "a{99999999999}"]
 
