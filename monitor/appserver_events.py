@@ -33,10 +33,12 @@ from tillerman.ledger.events import (
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
+    Usage,
     UserMessage,
     kind_of,
 )
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
+from tillerman.ledger.usage import MAX_TOTAL_TOKENS, codex_response_key, codex_tokens, count
 from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8
@@ -51,7 +53,7 @@ APPROVAL_METHODS = {
 }
 # Notifications that carry nothing the ledger records.
 QUIET_METHODS = frozenset({
-    "thread/tokenUsage/updated", "account/rateLimits/updated", "thread/readState/changed",
+    "account/rateLimits/updated", "thread/readState/changed",
     "item/agentMessage/delta", "item/reasoning/summaryTextDelta", "item/reasoning/summaryPartAdded",
     "item/reasoning/textDelta", "item/commandExecution/outputDelta", "item/fileChange/outputDelta",
     "item/mcpToolCall/progress", "turn/diff/updated", "turn/plan/updated", "thread/name/updated",
@@ -66,10 +68,15 @@ class _Readers(NamedTuple):
     obj: Callable[[Any, str], Any]
     items: Callable[[Any, str], Any]
     integer: Callable[[Any, str], Any]
+    value: Callable[[Any, str], Any]  # any JSON value, checked by whoever reads it
 
 
-_CHECKED = _Readers(text, obj, items, integer)  # a dict: each field's type checked as it is read (WrongType)
-_DECLARED = _Readers(getattr, getattr, getattr, getattr)  # a typed Struct: checked by its decode
+def _value(record: dict, key: str) -> Any:
+    return record.get(key)
+
+
+_CHECKED = _Readers(text, obj, items, integer, _value)  # a dict: each field's type checked as it is read (WrongType)
+_DECLARED = _Readers(getattr, getattr, getattr, getattr, getattr)  # a typed Struct: checked by its decode
 
 
 class AppServerEvents:
@@ -80,6 +87,9 @@ class AppServerEvents:
         self.retain_payloads = retain_payloads
         # JSON-RPC request id (with its type: 1 and "1" differ) → the approval it asked.
         self._requests: dict[tuple[type, Any], ApprovalRequested] = {}
+        # thread id → the model its responses come from: a token usage notification names
+        # none, so it is learned from what does (a resume's reply, a settings change, a reroute).
+        self._models: dict[str, str] = {}
 
     def knows(self, method: str) -> bool:
         return method in _HANDLERS or method in APPROVAL_METHODS or method in QUIET_METHODS
@@ -117,6 +127,8 @@ class AppServerEvents:
         """
         if method == "thread/read":
             return self._thread_started(result)
+        if method in ("thread/start", "thread/resume"):
+            self._learn_model(text(obj(result, "thread"), "id"), text(result, "model"))
         if method in ("thread/goal/get", "thread/goal/set"):
             return self._goal(parse_goal(result), None, by="tillerman" if method == "thread/goal/set" else None)
         if method != "thread/resume":
@@ -232,6 +244,35 @@ class AppServerEvents:
         # The server says only "changed"; the contents need a thread/queue/list.
         return [QueueChanged(thread_id=text(params, "threadId"), known=False)]
 
+    def _token_usage(self, params, r: _Readers = _CHECKED) -> list[Event]:
+        """One response's usage (``last``) with the thread's running total after it
+        (``total``); a figure ``codex_tokens`` refuses raises ``UsageRefused``, which the
+        tap quarantines with its reason. A breakdown without ``inputTokens`` and
+        ``outputTokens`` is refused as missing: a bare ``totalTokens`` cannot be split."""
+        usage = r.obj(params, "tokenUsage")
+        thread_id = r.text(params, "threadId")
+        total = codex_tokens(r.value(usage, "total"), limit=MAX_TOTAL_TOKENS)
+        tokens = codex_tokens(r.value(usage, "last"))
+        if tokens.is_zero():
+            return []
+        window = r.value(usage, "modelContextWindow")
+        return [Usage(source_kind="codex_live", thread_id=thread_id, turn_id=r.text(params, "turnId"), tokens=tokens,
+                      total=total, model=self._models.get(thread_id) if thread_id else None,
+                      context_window=None if window is None else count(window, "modelContextWindow"),
+                      response_key=codex_response_key(thread_id, total))]
+
+    def _settings_updated(self, params: dict) -> list[Event]:
+        self._learn_model(text(params, "threadId"), text(obj(params, "threadSettings"), "model"))
+        return []
+
+    def _model_rerouted(self, params: dict) -> list[Event]:
+        self._learn_model(text(params, "threadId"), text(params, "toModel"))
+        return []
+
+    def _learn_model(self, thread_id: str | None, model: str | None) -> None:
+        if thread_id and model:
+            self._models[thread_id] = model
+
     def _error(self, params: dict) -> list[Event]:
         error = obj(params, "error")
         info = error.get("codexErrorInfo")
@@ -251,6 +292,9 @@ _HANDLERS = {
     "thread/queue/changed": AppServerEvents._queue_changed,
     "thread/goal/updated": AppServerEvents._goal_updated,
     "thread/goal/cleared": AppServerEvents._goal_cleared,
+    "thread/tokenUsage/updated": AppServerEvents._token_usage,
+    "thread/settings/updated": AppServerEvents._settings_updated,
+    "model/rerouted": AppServerEvents._model_rerouted,
     "error": AppServerEvents._error,
 }
 
@@ -308,6 +352,18 @@ class _ItemParams(_Params):
     item: _Item = msgspec.field(default_factory=_Item)
 
 
+class _TokenUsage(msgspec.Struct):
+    total: Any = None  # the breakdowns and the window are checked by codex_tokens and count
+    last: Any = None
+    modelContextWindow: Any = None
+
+
+class _TokenUsageParams(_Params):
+    threadId: str | None = None
+    turnId: str | None = None
+    tokenUsage: _TokenUsage = msgspec.field(default_factory=_TokenUsage)
+
+
 class HotNotification(msgspec.Struct, tag_field="method"):
     """A notification ``decode_hot`` took; ``method`` is its tag."""
 
@@ -325,7 +381,8 @@ def _notification(method: str, params: type) -> type:
 
 
 _HOT_PARAMS = {"thread/status/changed": _StatusParams, "turn/started": _TurnParams, "turn/completed": _TurnParams,
-               "item/started": _ItemParams, "item/completed": _ItemParams}
+               "item/started": _ItemParams, "item/completed": _ItemParams,
+               "thread/tokenUsage/updated": _TokenUsageParams}
 # Quiet ones: their params are only checked to be an object, as ``RpcSession`` does.
 _HOT = msgspec.json.Decoder(Union[tuple(_notification(method, params) for method, params in  # noqa: UP007
                                         [*_HOT_PARAMS.items(), *((m, _Params) for m in sorted(QUIET_METHODS))])])
@@ -358,6 +415,9 @@ def decode_hot(frame: str | bytes) -> HotNotification | None:
             nested(params.item.content, 4)
         elif params.__class__ is _StatusParams:
             nested(params.status.activeFlags, 4)
+        elif params.__class__ is _TokenUsageParams:
+            nested(params.tokenUsage.total, 4)
+            nested(params.tokenUsage.last, 4)
     except TooDeep:
         return None
     return message
@@ -374,7 +434,7 @@ def _input_text(content: list) -> str:
 # Kinds whose fields identify one fact; the others (a status change, a queue hint,
 # an error) can repeat with identical fields, so the caller adds a discriminator.
 _IDENTIFIED = frozenset({"thread_started", "turn_started", "turn_completed", "item_started", "item_completed",
-                         "approval_requested", "approval_resolved"})
+                         "approval_requested", "approval_resolved", "usage"})
 _encode = msgspec.json.Encoder().encode
 
 
@@ -392,6 +452,9 @@ def natural_key(event: Event, discriminator: str | int | float | None = None) ->
     status: str | None = getattr(event, "status", None)
     if kind == "status_changed":
         status = ",".join((event.status, *event.flags))  # type: ignore[attr-defined]
+    elif kind == "usage":  # one response: the thread's running total after it tells it apart
+        total = event.total  # type: ignore[attr-defined]
+        status = None if total is None else str(total.total)
     parts: list = [kind, event.thread_id, event.turn_id, item_id, status]
     if kind not in _IDENTIFIED and not (item_id and kind in ("user_message", "agent_message")):
         parts.append(discriminator)

@@ -31,6 +31,7 @@ from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged,
 from tillerman.monitor.appserver_events import AppServerEvents, HotNotification, natural_key
 from tillerman.monitor.codex_wire import RUNNING
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
+from tillerman.ledger.usage import UsageRefused
 from tillerman.monitor.jsonrpc import BadMessage, Notification, ServerRequest
 from tillerman.monitor.parser import EARLIEST, LATEST, WrongType
 
@@ -77,7 +78,10 @@ class AppServerTap:
         position = self._position
         self._position += 1
         if isinstance(message, HotNotification):
-            events = self._mapping.typed(message)
+            try:
+                events = self._mapping.typed(message)
+            except UsageRefused as refused:  # a typed decode checks types, not figures
+                return TapOutput([self._quarantine(position, 0, refused.reason, now)], [])
             if not events:
                 return TapOutput([], [])
             emitted = message.params.startedAtMs if message.emittedAtMs is msgspec.UNSET else message.emittedAtMs
@@ -88,6 +92,8 @@ class AppServerTap:
         raw = message.raw
         try:
             events = self._mapping.normalize(raw)
+        except UsageRefused as refused:
+            return TapOutput([self._quarantine(position, 0, refused.reason, now)], [])
         except _MALFORMED as exc:
             return TapOutput([self._quarantine(position, 0, f"wrong_type: {exc}", now)], [])
         # The server's own time keeps a re-sent fact identical (an approval request is

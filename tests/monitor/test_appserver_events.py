@@ -46,7 +46,6 @@ def note(method: str, params: dict) -> dict:
     (note("item/started", {"threadId": T, "turnId": U, "item": {"type": "userMessage", "id": "m", "clientId": "c"}}), []),
     (note("item/started", {"threadId": T, "turnId": U, "item": {"type": "agentMessage", "id": "a", "text": ""}}), []),
     (note("item/completed", {"threadId": T, "turnId": U, "item": {"type": "reasoning", "id": "r"}}), []),
-    (note("thread/tokenUsage/updated", {"threadId": T}), []),
     ({"id": "tl-1", "result": {"turnId": U}}, []),
 ])
 def test_notifications(msg, expected):

@@ -18,7 +18,8 @@ from tillerman.monitor.appserver_tap import AppServerTap
 from tillerman.monitor.jsonrpc import RpcSession
 
 TRACES = sorted((Path(__file__).parents[2] / "fixtures" / "sessions" / "appserver-trace").glob("*.jsonl"))
-HOT = ["thread/status/changed", "turn/started", "turn/completed", "item/started", "item/completed"]
+HOT = ["thread/status/changed", "turn/started", "turn/completed", "item/started", "item/completed",
+       "thread/tokenUsage/updated"]
 
 
 def _both_ways(stream: list[str | bytes]) -> tuple[list, list]:

@@ -8,9 +8,12 @@ import json
 import pytest
 
 from tests.monitor.support import events, parse, reasons
-from tillerman.ledger.events import Usage
+from tillerman.ledger.events import Quarantined, Usage
 from tillerman.ledger.usage import Tokens, UsageRefused
+from tillerman.monitor.appserver_events import AppServerEvents, decode_hot
+from tillerman.monitor.appserver_tap import AppServerTap
 from tillerman.monitor.codex_rollout import token_count_usage
+from tillerman.monitor.jsonrpc import RpcSession
 
 THREAD = "0199a1b2-0000-7000-8000-00000000aa01"
 
@@ -176,3 +179,98 @@ def test_a_hostile_token_count_is_quarantined_with_its_reason_and_reading_goes_o
     evs = events("codex-rollout", data)
     assert reasons(evs) == [reason]
     assert [u.tokens.total for u in evs if isinstance(u, Usage)] == [110]
+
+
+# -- thread/tokenUsage/updated (the app-server) ---------------------------------------
+
+
+def live_usage(input_tokens: int, cached: int, output: int, reasoning: int, **extra) -> dict:
+    return {"totalTokens": input_tokens + output, "inputTokens": input_tokens, "cachedInputTokens": cached,
+            "cacheWriteInputTokens": 0, "outputTokens": output, "reasoningOutputTokens": reasoning, **extra}
+
+
+def token_usage_note(total: dict | None, last: dict | None, window: int | None = 258400, turn: str = "T1") -> dict:
+    return {"method": "thread/tokenUsage/updated", "emittedAtMs": 1796000000000,
+            "params": {"threadId": THREAD, "turnId": turn,
+                       "tokenUsage": {"total": total, "last": last, "modelContextWindow": window}}}
+
+
+def tap_receive(tap: AppServerTap, message: dict, *, typed: bool) -> list:
+    frame = json.dumps(message)
+    decoded = decode_hot(frame) if typed else None
+    if typed:
+        assert decoded is not None  # the notification is on the hot path
+    return tap.receive(decoded if typed else RpcSession().receive(frame), now=1000.0).envelopes
+
+
+def test_a_token_usage_notification_is_the_last_response_with_the_threads_total():
+    mapping = AppServerEvents()
+    [used] = mapping.normalize(token_usage_note(live_usage(3000, 1000, 300, 40), live_usage(1200, 1000, 100, 40)))
+    assert used == Usage(
+        source_kind="codex_live", thread_id=THREAD, turn_id="T1", context_window=258400,
+        tokens=Tokens(input=1200, cached_input=1000, output=100, reasoning=40),
+        total=Tokens(input=3000, cached_input=1000, output=300, reasoning=40),
+        response_key=f"{THREAD}:3000:1000:0:0:300:40",
+    )
+    # the rollout's record of the same response joins it
+    rollout = usage_of(token_count(total=rollout_usage(3000, 1000, 300, 40), last=rollout_usage(1200, 1000, 100, 40)))
+    assert rollout.response_key == used.response_key and rollout.tokens == used.tokens
+
+
+def test_the_model_is_the_one_the_thread_was_resumed_changed_or_rerouted_to():
+    mapping = AppServerEvents()
+    first = token_usage_note(live_usage(10, 0, 1, 0), live_usage(10, 0, 1, 0))
+    assert mapping.normalize(first)[0].model is None  # nothing has named it yet
+    mapping.response("thread/resume", {"thread": {"id": THREAD}, "model": "gpt-5.5"})
+    assert mapping.normalize(first)[0].model == "gpt-5.5"
+    mapping.normalize({"method": "thread/settings/updated",
+                       "params": {"threadId": THREAD, "threadSettings": {"model": "gpt-5.4-mini"}}})
+    assert mapping.normalize(first)[0].model == "gpt-5.4-mini"
+    mapping.normalize({"method": "model/rerouted", "params": {"threadId": THREAD, "turnId": "T1",
+                                                              "fromModel": "gpt-5.4-mini", "toModel": "gpt-5.5-pro"}})
+    assert mapping.normalize(first)[0].model == "gpt-5.5-pro"
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["dict", "typed"])
+def test_a_token_usage_notification_is_recorded_once_per_response(typed):
+    tap = AppServerTap("unix:///x")
+    message = token_usage_note(live_usage(3000, 1000, 300, 40), live_usage(1200, 1000, 100, 40))
+    [first] = tap_receive(tap, message, typed=typed)
+    [again] = tap_receive(tap, message | {"emittedAtMs": 1796000000999}, typed=typed)  # seen again: same fact
+    later = token_usage_note(live_usage(4300, 2000, 400, 40), live_usage(1300, 1000, 100, 0))
+    [other] = tap_receive(tap, later, typed=typed)
+    assert first.event_id == again.event_id != other.event_id
+    assert isinstance(first.event, Usage) and first.event.tokens.total == 1300
+
+
+HOSTILE_LIVE = [
+    ({"inputTokens": -5, "outputTokens": 1}, "usage_negative"),
+    ({"inputTokens": 5.5, "outputTokens": 1}, "usage_not_integer"),
+    ({"inputTokens": "123", "outputTokens": 1}, "usage_not_integer"),
+    ({"inputTokens": 10**9 + 1, "outputTokens": 1}, "usage_out_of_range"),
+    ({"totalTokens": 1000}, "usage_missing_field"),  # a bare total cannot be split into input and output
+    ({}, "usage_missing_field"),
+    (None, "usage_missing_field"),
+    ({"inputTokens": 5, "cachedInputTokens": 6, "outputTokens": 1}, "usage_inconsistent"),
+    ({"inputTokens": 5, "outputTokens": 1, "reasoningOutputTokens": 2}, "usage_inconsistent"),
+    ({"inputTokens": 5, "outputTokens": 1, "totalTokens": 7}, "usage_inconsistent"),
+]
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["dict", "typed"])
+@pytest.mark.parametrize(("last", "reason"), HOSTILE_LIVE)
+def test_a_hostile_token_usage_notification_is_quarantined_with_its_reason(last, reason, typed):
+    tap = AppServerTap("unix:///x")
+    [envelope] = tap_receive(tap, token_usage_note(live_usage(3000, 0, 300, 0), last), typed=typed)
+    assert isinstance(envelope.event, Quarantined) and envelope.event.reason == reason
+    # the tap goes on: the next good notification is recorded
+    [good] = tap_receive(tap, token_usage_note(live_usage(3100, 0, 310, 0), live_usage(100, 0, 10, 0)), typed=typed)
+    assert isinstance(good.event, Usage)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["dict", "typed"])
+def test_a_figure_beyond_a_double_is_out_of_range_either_way(typed):
+    tap = AppServerTap("unix:///x")
+    message = token_usage_note({"inputTokens": 10**400, "outputTokens": 1}, live_usage(1, 0, 1, 0))
+    [envelope] = tap_receive(tap, message, typed=typed)
+    assert isinstance(envelope.event, Quarantined) and envelope.event.reason == "usage_out_of_range"
