@@ -58,11 +58,19 @@ class Tokens(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         """Input neither read from nor written to a cache (Anthropic's ``input_tokens``)."""
         return self.input - self.cached_input - self.cache_write
 
+    # Written out field by field: an account adds Tokens several times per response, and
+    # this is about five times faster than a loop over the fields (``tillerman usage``).
     def __add__(self, other: Tokens) -> Tokens:
-        return Tokens(**{name: getattr(self, name) + getattr(other, name) for name in FIELDS})
+        return Tokens(input=self.input + other.input, cached_input=self.cached_input + other.cached_input,
+                      cache_write=self.cache_write + other.cache_write,
+                      cache_write_1h=self.cache_write_1h + other.cache_write_1h,
+                      output=self.output + other.output, reasoning=self.reasoning + other.reasoning)
 
     def __sub__(self, other: Tokens) -> Tokens:
-        return Tokens(**{name: getattr(self, name) - getattr(other, name) for name in FIELDS})
+        return Tokens(input=self.input - other.input, cached_input=self.cached_input - other.cached_input,
+                      cache_write=self.cache_write - other.cache_write,
+                      cache_write_1h=self.cache_write_1h - other.cache_write_1h,
+                      output=self.output - other.output, reasoning=self.reasoning - other.reasoning)
 
     def is_zero(self) -> bool:
         return not any(getattr(self, name) for name in FIELDS)

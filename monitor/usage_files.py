@@ -1,0 +1,435 @@
+"""Usage straight from the agents' folders, fast: ``tillerman usage ~/.claude/projects
+~/.codex/sessions`` without a ledger, the job ccusage does.
+
+The full parsers (``codex_rollout``, ``claude_transcript``) read every record of a file;
+a usage report needs a few. Each file is read whole and searched for the bytes of the
+lines that can matter (``_CODEX_NEEDLES``, ``_CLAUDE_NEEDLES``: a ``bytes.find`` over the
+file, before any line is decoded); only those are decoded, into Structs that declare the
+few fields read. What comes out is what the full parsers give for the same lines: the
+``Usage`` events under the same event ids (file identity, offset, index), thread ids and
+turn ids, made by the same functions (``token_count_usage``, ``transcript_usage``), and a
+``Quarantined`` record for a line that cannot be counted. Both are checked against the
+full parsers on every recorded session (tests/monitor/test_usage_files.py).
+
+Files are found as ccusage finds them: every ``*.jsonl`` under a folder, in sorted order,
+each told a Codex rollout or a Claude Code transcript by its opening
+(``formats.detect_format``); files of other formats are counted and left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tillerman.ledger.events import Envelope, Quarantined
+from tillerman.ledger.usage import UsageRefused
+from tillerman.monitor.formats import detect_format
+from tillerman.monitor.identity import FIRST_LINE_LIMIT, event_ids, stat_identity
+from tillerman.monitor.lines import WRONG_TYPE, decode_record
+from tillerman.monitor.parser import WrongType, iso_time, source_time
+from tillerman.monitor.tailer import file_source
+
+HEAD_BYTES = 64 * 1024  # enough of a file's opening to tell its format
+
+#: The bytes of every line a usage report reads. Codex: the usage itself, the thread
+#: (``session_meta``), the model (``turn_context``) and what opens and closes turns.
+_CODEX_NEEDLES = (b'"token_count"', b'"turn_context"', b'"session_meta"', b'"task_started"', b'"task_complete"',
+                  b'"turn_aborted"', b'"user_message"')
+#: Claude Code: the usage, and every line that opens a thread or opens or closes a turn
+#: (a usage event's id counts the events its line gives before it: a thread's opening among them).
+_CLAUDE_NEEDLES = (b'"type":"assistant"', b'"type":"user"', b'"type":"system"', b'"type":"attachment"',
+                   b'"type":"queue-operation"', b'"type":"cost-state"')
+
+
+class UsageFile(msgspec.Struct, kw_only=True):
+    """One file's usage: its ``Usage`` and ``Quarantined`` envelopes in file order."""
+
+    path: str
+    source: str  # the envelopes' source (``file:<path>``), as replay names it
+    kind: str  # "codex" | "claude"
+    envelopes: list[Envelope]
+
+
+class UsageFilesError(ValueError):
+    """A path given that is neither a folder nor a readable file."""
+
+
+def usage_file_paths(paths: Iterable[str]) -> list[Path]:
+    """The ``*.jsonl`` files named or under the folders named, each folder's sorted by path."""
+    found: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*.jsonl") if p.is_file() and not p.is_symlink()))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageFilesError(f"{name}: no such file or folder")
+    return found
+
+
+def read_usage_files(paths: Iterable[Path], progress: Callable[[int, int], None] | None = None, *,
+                     jobs: int = 1) -> Iterator[UsageFile | str]:
+    """Each file's usage in the order given, or its path (a ``str``) when it is no Codex
+    rollout or Claude Code transcript. ``progress(done, total)`` after each file.
+    ``jobs`` > 1: read by that many forked processes, for a folder of ``POOL_FROM`` files
+    or more (fewer are read before the processes would have started)."""
+    paths = list(paths)
+    found = _pooled(paths, jobs) if jobs > 1 and len(paths) >= POOL_FROM else map(read_usage_file, paths)
+    for done, (path, usage) in enumerate(zip(paths, found, strict=True), 1):
+        yield usage or str(path)
+        if progress is not None:
+            progress(done, len(paths))
+
+
+POOL_FROM = 64
+_POOL_CHUNK = 8  # files a process reads per task: fewer round trips, order still kept
+_decode_found = msgspec.msgpack.Decoder(UsageFile | None).decode
+
+
+def _pooled(paths: list[Path], jobs: int) -> Iterator[UsageFile | None]:
+    """``read_usage_file`` of each path, in order, in ``jobs`` forked processes. Reading and
+    decoding are most of the work and need nothing of this process's but the module;
+    each file's envelopes come back msgpack-encoded. The processes ignore SIGINT: a
+    Ctrl-C reaches this one, and leaving the pool ends them."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_sigint) as pool:
+        for encoded in pool.imap(_read_encoded, paths, chunksize=_POOL_CHUNK):
+            yield _decode_found(encoded)
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _read_encoded(path: Path) -> bytes:
+    return msgspec.msgpack.encode(read_usage_file(path))
+
+
+def read_usage_file(path: Path) -> UsageFile | None:
+    """The usage of one file; None when it is no Codex rollout or Claude Code transcript."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        data = fh.read()
+    fmt = detect_format(data[:HEAD_BYTES], str(path))
+    reader = _READERS.get(fmt or "")
+    if reader is None:
+        return None
+    first_line = data[:min(data.find(b"\n") + 1 or len(data), FIRST_LINE_LIMIT)]
+    source = file_source(path)
+    kind, read = reader
+    envelopes = read(_Lines(data, source, stat_identity(st, first_line)), str(path))
+    return UsageFile(path=str(path), source=source, kind=kind, envelopes=envelopes)
+
+
+class _Lines:
+    """The lines of a file that hold any of some needles, and the envelopes made of them."""
+
+    def __init__(self, data: bytes, source: str, identity: str) -> None:
+        self.data, self.source = data, source
+        self.event_id = event_ids(identity)
+        self.out: list[Envelope] = []
+
+    def matching(self, needles: tuple[bytes, ...]) -> list[tuple[int, int]]:
+        """(start, end) of each line holding a needle, in file order; ``end`` excludes the newline."""
+        data = self.data
+        lines: dict[int, int] = {}
+        for needle in needles:
+            found = data.find(needle)
+            while found != -1:
+                start = data.rfind(b"\n", 0, found) + 1
+                end = data.find(b"\n", found)
+                if end == -1:
+                    end = len(data)
+                lines[start] = end
+                found = data.find(needle, end)
+        return sorted(lines.items())
+
+    def length(self, start: int, end: int) -> int:
+        """A record's length as the parsers count it: its newline included."""
+        return end - start + (end < len(self.data))
+
+    def add(self, event, start: int, end: int, at: float | None, index: int = 0) -> None:
+        """``index``: the events the full parser gives for this line before this one."""
+        self.out.append(Envelope(event_id=self.event_id(start, index), event=event, source=self.source, at=at,
+                                 offset=start, length=self.length(start, end)))
+
+    def quarantine(self, start: int, end: int, reason: str) -> None:
+        length = self.length(start, end)
+        self.out.append(Envelope(event_id=self.event_id(start, 0), source=self.source, offset=start, length=length,
+                                 event=Quarantined(source=self.source, offset=start, length=length, reason=reason)))
+
+    def refused_reason(self, start: int, end: int) -> str:
+        """Why a line the Structs did not take is refused, as the full parsers say it."""
+        record = decode_record(self.data[start:end], end < len(self.data))
+        return record if isinstance(record, str) else WRONG_TYPE
+
+
+def _time(stamp: Any) -> float | None:
+    return source_time(iso_time(stamp))
+
+
+# -- Codex rollouts ----------------------------------------------------------------------
+
+
+class _CodexPayload(msgspec.Struct):
+    type: Any = None
+    id: Any = None  # session_meta: the thread
+    turn_id: Any = None  # task_started, task_complete, turn_aborted, turn_context
+    model: Any = None  # turn_context
+    info: Any = None  # token_count
+
+
+class _CodexLine(msgspec.Struct):
+    type: Any = None
+    timestamp: Any = None
+    payload: _CodexPayload | None = None
+
+
+_decode_codex = msgspec.json.Decoder(_CodexLine).decode
+
+
+class _CodexFile:
+    """The little the full parser keeps of a rollout to name a usage's thread, turn and model."""
+
+    def __init__(self, path: str) -> None:
+        from tillerman.monitor.codex_rollout import THREAD_FROM_PATH
+
+        found = THREAD_FROM_PATH.search(path)
+        self.thread: str | None = found.group(1) if found else None
+        self.turn: str | None = None
+        self.explicit_turns = False
+        self.model: str | None = None  # the latest turn_context's
+        self.context_turn: str | None = None  # the latest turn_context's turn (0.163 and later)
+        self.previous_total = None
+
+    def line(self, lines: _Lines, start: int, end: int, token_count_usage) -> None:
+        try:
+            record = _decode_codex(lines.data[start:end])
+        except (msgspec.DecodeError, RecursionError):
+            return lines.quarantine(start, end, lines.refused_reason(start, end))
+        body = record.payload or _CodexPayload()
+        try:
+            _text(record.timestamp)
+            if record.type == "session_meta":
+                self.thread = _text(body.id) or self.thread
+            elif record.type == "turn_context":
+                self.model, self.context_turn = _text(body.model), _text(body.turn_id)
+            elif record.type == "event_msg":
+                self._event(lines, start, end, record, body, token_count_usage)
+        except UsageRefused as refused:
+            lines.quarantine(start, end, refused.reason)
+        except WrongType:
+            lines.quarantine(start, end, WRONG_TYPE)
+
+    def _event(self, lines: _Lines, start: int, end: int, record: _CodexLine, body: _CodexPayload,
+               token_count_usage) -> None:
+        kind = body.type
+        if kind == "token_count":
+            usage = token_count_usage({"type": kind, "info": body.info}, thread_id=self.thread,
+                                      turn_id=self.context_turn or self.turn,
+                                      model=self.model, previous_total=self.previous_total)
+            if usage is not None:
+                self.previous_total = usage.total
+                lines.add(usage, start, end, _time(record.timestamp))
+        elif kind == "task_started":
+            self.explicit_turns = True
+            self.turn = _text(body.turn_id) or f"turn@{start}"
+        elif kind in ("task_complete", "turn_aborted"):
+            if (_text(body.turn_id) or self.turn) == self.turn:
+                self.turn = None
+        elif kind == "user_message" and not self.explicit_turns:
+            self.turn = f"turn@{start}"  # old CLIs: each user message opens the next turn
+
+
+def _read_codex(lines: _Lines, path: str) -> list[Envelope]:
+    from tillerman.monitor.codex_rollout import token_count_usage
+
+    state = _CodexFile(path)
+    for start, end in lines.matching(_CODEX_NEEDLES):
+        state.line(lines, start, end, token_count_usage)
+    return lines.out
+
+
+# -- Claude Code transcripts -----------------------------------------------------------
+
+
+class _Block(msgspec.Struct):
+    type: Any = None
+    text: Any = None
+
+
+class _ClaudeMessage(msgspec.Struct):
+    id: Any = None
+    model: Any = None
+    usage: Any = None
+    stop_reason: Any = None
+    # The blocks' types and texts only: a tool result's or a tool call's body is skipped.
+    content: list[_Block | str | int | float | bool | list | None] | str | None = None
+
+
+class _ClaudeLine(msgspec.Struct):
+    type: Any = None
+    timestamp: Any = None
+    sessionId: Any = None  # noqa: N815 (the transcript's names)
+    agentId: Any = None  # noqa: N815
+    isSidechain: Any = None  # noqa: N815
+    uuid: Any = None
+    parentUuid: Any = None  # noqa: N815
+    requestId: Any = None  # noqa: N815
+    isMeta: Any = None  # noqa: N815
+    isCompactSummary: Any = None  # noqa: N815
+    isApiErrorMessage: Any = None  # noqa: N815
+    subtype: Any = None
+    message: _ClaudeMessage | None = None
+
+
+_decode_claude = msgspec.json.Decoder(_ClaudeLine).decode
+_CONVERSATION = frozenset({"user", "assistant", "system", "attachment"})  # the lines a thread is named from
+
+
+class _ClaudeFile:
+    """The little the full parser keeps of a transcript to name a usage's thread, turn and
+    event id: the threads opened, each one's open turn, and the chains of a 1.0.x file's
+    unnamed sidechains."""
+
+    def __init__(self, path: str) -> None:
+        from tillerman.monitor.claude_transcript import SUBAGENT_FILE
+
+        found = SUBAGENT_FILE.search(path)
+        self.file_session, self.file_agent = (found.group(1), found.group(2)) if found else (None, None)
+        self.turns: dict[str | None, str | None] = {}  # every thread opened, and its open turn
+        self.side_roots: dict[str, str] = {}
+        self.side_root: str | None = None
+
+    def line(self, lines: _Lines, start: int, end: int, transcript_usage) -> None:
+        try:
+            record = _decode_claude(lines.data[start:end])
+        except (msgspec.DecodeError, RecursionError):
+            return lines.quarantine(start, end, lines.refused_reason(start, end))
+        try:
+            _text(record.timestamp)
+            session = _text(record.sessionId) or self.file_session
+            if record.type == "cost-state":
+                self.turns = dict.fromkeys(self.turns)  # the CLI exits: every open turn ends
+            elif record.type == "queue-operation":
+                self._open(session)
+            elif record.type in _CONVERSATION:
+                self._conversation(lines, start, end, record, session, transcript_usage)
+        except UsageRefused as refused:
+            lines.quarantine(start, end, refused.reason)
+        except WrongType:
+            lines.quarantine(start, end, WRONG_TYPE)
+
+    def _open(self, thread: str | None) -> int:
+        """Registers the thread; 1 when this line opens it (the parser's ``ThreadStarted``)."""
+        if thread is None or thread in self.turns:
+            return 0
+        self.turns[thread] = None
+        return 1
+
+    def _conversation(self, lines: _Lines, start: int, end: int, record: _ClaudeLine, session: str | None,
+                      transcript_usage) -> None:
+        thread = self._thread_of(record, session, start)
+        message = record.message or _ClaudeMessage()
+        blocks = _blocks(message.content)
+        turn = self.turns.get(thread)
+        usage, said = None, 0
+        if record.type == "user":
+            turn = self._user(record, blocks, turn, start)
+        elif record.type == "assistant":
+            usage = transcript_usage(_claude_entry(record, message), thread_id=thread, turn_id=turn)
+            said = sum(1 for block in blocks if block.type == "tool_use" or (block.type == "text" and _said(block)))
+            if record.isApiErrorMessage or _text(message.stop_reason) == "end_turn":
+                turn = None
+        elif record.type == "system" and _text(record.subtype) in ("stop_hook_summary", "turn_duration"):
+            turn = None
+        opening = self._open(thread)
+        if thread is not None:
+            self.turns[thread] = turn
+        if usage is not None:  # after the line's thread opening, messages and tool calls
+            lines.add(usage, start, end, _time(record.timestamp), opening + said)
+
+    def _user(self, record: _ClaudeLine, blocks: list[_Block], turn: str | None, start: int) -> str | None:
+        """The thread's open turn after a user line: a prompt opens one, an interrupt ends it."""
+        from tillerman.monitor.claude_transcript import _LOCAL_INPUT, INTERRUPT_MARKER
+
+        said = [_text(b.text) or "" for b in blocks if b.type == "text"]
+        prompt = "\n".join(said)
+        if prompt.startswith(INTERRUPT_MARKER):
+            return None
+        if (not said or record.isMeta or record.isCompactSummary or any(b.type == "tool_result" for b in blocks)
+                or prompt.lstrip().startswith(_LOCAL_INPUT)):
+            return turn
+        return _text(record.uuid) or f"line@{start}"
+
+    def _thread_of(self, record: _ClaudeLine, session: str | None, start: int) -> str | None:
+        """``ClaudeTranscriptParser._thread_of``: the session, or one of its subagents."""
+        agent = _text(record.agentId) or self.file_agent
+        if not isinstance(record.isSidechain, bool | None):
+            raise WrongType("isSidechain")
+        if not (record.isSidechain or self.file_agent) or session is None:
+            return session
+        if agent:
+            return f"{session}/agent-{agent}"
+        return f"{session}/sidechain{self._sidechain_root(record, start)}"
+
+    def _sidechain_root(self, record: _ClaudeLine, start: int) -> str:
+        """``ClaudeTranscriptParser._sidechain_root``: "" for a file's first chain of
+        unnamed sidechain lines, ``-<root uuid>`` for later ones."""
+        uuid, parent = _text(record.uuid), _text(record.parentUuid)
+        if parent is None or self.side_root is None:
+            root = "" if self.side_root is None else f"-{uuid or f'line@{start}'}"
+        else:
+            root = self.side_roots.get(parent, self.side_root)
+        if uuid is not None:
+            self.side_roots[uuid] = root
+        self.side_root = root
+        return root
+
+
+def _blocks(content) -> list[_Block]:
+    """A message's blocks, as ``content_blocks`` reads them: a string is one text block."""
+    if isinstance(content, str):
+        return [_Block("text", content)]
+    return [block for block in content or () if block.__class__ is _Block]
+
+
+def _said(block: _Block) -> bool:
+    """A text block: the parser's agent message (a text that is no string refuses the line)."""
+    _text(block.text)
+    return True
+
+
+def _claude_entry(record: _ClaudeLine, message: _ClaudeMessage) -> dict:
+    """The fields of a transcript line ``transcript_usage`` reads, as the line has them."""
+    return {"type": record.type, "requestId": record.requestId, "isSidechain": record.isSidechain,
+            "message": {"id": message.id, "model": message.model, "usage": message.usage}}
+
+
+def _read_claude(lines: _Lines, path: str) -> list[Envelope]:
+    from tillerman.monitor.claude_transcript import transcript_usage
+
+    state = _ClaudeFile(path)
+    for start, end in lines.matching(_CLAUDE_NEEDLES):
+        state.line(lines, start, end, transcript_usage)
+    return lines.out
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise WrongType("text")
+
+
+_READERS: dict[str, tuple[str, Callable[[_Lines, str], list[Envelope]]]] = {
+    "codex-rollout": ("codex", _read_codex),
+    "claude-transcript": ("claude", _read_claude),
+}

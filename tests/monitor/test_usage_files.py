@@ -1,0 +1,142 @@
+"""The fast folder reader (``tillerman.monitor.usage_files``) gives the usage the full
+parsers give: the same events under the same ids, threads and turns, and the same
+quarantines for usage that cannot be counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tillerman.ledger.events import Quarantined, Usage
+from tillerman.monitor.file_reader import FileReader
+from tillerman.monitor.formats import PARSERS, detect_format
+from tillerman.monitor.identity import file_identity, read_first_line
+from tillerman.monitor.tailer import file_source
+from tillerman.monitor.usage_files import (
+    HEAD_BYTES,
+    UsageFilesError,
+    read_usage_file,
+    read_usage_files,
+    usage_file_paths,
+)
+
+SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
+READ = ("codex-rollout", "claude-transcript")
+
+
+def _format(path: Path) -> str | None:
+    return detect_format(path.read_bytes()[:HEAD_BYTES], str(path))
+
+
+FILES = [p for p in sorted(SESSIONS.rglob("*.jsonl")) if _format(p) in READ]
+
+
+def _full(path: Path) -> list:
+    """What replay's reader makes of the file: (id, event, at, offset, length) of its
+    usage events, and (offset, reason) of its quarantines."""
+    parser = PARSERS[_format(path)](source=file_source(path))
+    reader = FileReader(str(path), parser, file_identity(path, read_first_line(path)), 1 << 20)
+    events = [fe for _, chunk in reader.chunks() for fe in chunk]
+    usage = [(fe.event_id, fe.event, fe.at, fe.offset, fe.length) for fe in events if isinstance(fe.event, Usage)]
+    refused = {(fe.offset, fe.event.reason) for fe in events if isinstance(fe.event, Quarantined)}
+    return [usage, refused]
+
+
+def _fast(path: Path) -> list:
+    found = read_usage_file(path)
+    assert found is not None
+    usage = [(e.event_id, e.event, e.at, e.offset, e.length) for e in found.envelopes if isinstance(e.event, Usage)]
+    refused = {(e.offset, e.event.reason) for e in found.envelopes if isinstance(e.event, Quarantined)}
+    return [usage, refused]
+
+
+def test_the_fixtures_hold_usage_of_both_agents():
+    kinds = {read_usage_file(p).kind for p in FILES if any(isinstance(e.event, Usage)
+                                                            for e in read_usage_file(p).envelopes)}
+    assert kinds == {"codex", "claude"}
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SESSIONS)))
+def test_the_fast_reader_gives_the_full_parsers_usage(path):
+    (full_usage, full_refused), (fast_usage, fast_refused) = _full(path), _fast(path)
+    assert fast_usage == full_usage
+    # Every line it refuses the parser refuses for the same reason; every usage the
+    # parser refuses, it refuses (it reads only some lines, so not all of the parser's).
+    assert fast_refused <= full_refused
+    assert {(o, r) for o, r in full_refused if r.startswith("usage_")} <= fast_refused
+
+
+def _codex_line(info: dict, kind: str = "token_count") -> dict:
+    return {"timestamp": "2026-12-01T10:00:01Z", "type": "event_msg", "payload": {"type": kind, "info": info}}
+
+
+def _figures(**kw) -> dict:
+    figures = {"input_tokens": 100, "cached_input_tokens": 40, "output_tokens": 10, "reasoning_output_tokens": 2,
+               "total_tokens": 110}
+    return {**figures, **kw}
+
+
+HOSTILE_CODEX = [
+    {"timestamp": "2026-12-01T10:00:00Z", "type": "session_meta",
+     "payload": {"id": "0199b000-0000-7000-8000-0000000000c1"}},
+    {"timestamp": "2026-12-01T10:00:00Z", "type": "turn_context", "payload": {"turn_id": "t1", "model": "gpt-5"}},
+    _codex_line({"total_token_usage": _figures(), "last_token_usage": _figures()}),
+    _codex_line({"total_token_usage": _figures(), "last_token_usage": _figures(input_tokens=-5)}),
+    _codex_line({"total_token_usage": _figures(), "last_token_usage": _figures(output_tokens="10")}),
+    _codex_line({"total_token_usage": _figures(), "last_token_usage": _figures(input_tokens=10**12)}),
+    _codex_line({"total_token_usage": _figures(), "last_token_usage": _figures(cached_input_tokens=500)}),
+]
+
+
+def _assistant(usage, *, line_id: str, **kw) -> dict:
+    return {"type": "assistant", "sessionId": "s-1", "uuid": line_id, "timestamp": "2026-12-01T10:00:02Z",
+            "requestId": f"req-{line_id}",
+            "message": {"id": f"msg-{line_id}", "model": "claude-sonnet-4-5", "usage": usage,
+                        "content": [{"type": "text", "text": "ok"}]}, **kw}
+
+
+HOSTILE_CLAUDE = [
+    {"type": "user", "sessionId": "s-1", "uuid": "u1", "timestamp": "2026-12-01T10:00:00Z",
+     "message": {"role": "user", "content": "go"}},
+    _assistant({"input_tokens": 3, "output_tokens": 7, "cache_read_input_tokens": 50}, line_id="a1"),
+    _assistant({"input_tokens": -3, "output_tokens": 7}, line_id="a2"),
+    _assistant({"input_tokens": 3.5, "output_tokens": 7}, line_id="a3"),
+    _assistant({"input_tokens": 3}, line_id="a4"),
+    _assistant({"input_tokens": 3, "output_tokens": 7}, line_id="a5", requestId=5),
+]
+
+
+@pytest.mark.parametrize("name, lines", [
+    ("rollout-2026-12-01T10-00-00-0199b000-0000-7000-8000-0000000000c1.jsonl", HOSTILE_CODEX),
+    ("s-1.jsonl", HOSTILE_CLAUDE),
+])
+def test_hostile_usage_is_quarantined_as_the_parser_does(tmp_path, name, lines):
+    path = tmp_path / name
+    # The last line holds the bytes the reader looks for, and is no JSON.
+    body = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines) + '\n{"type":"assistant" "token_count"\n'
+    path.write_text(body)
+    fast_usage, fast_refused = _fast(path)
+    assert [u[1].tokens.input for u in fast_usage] == ([100] if "rollout" in name else [53])
+    reasons = sorted(reason for _, reason in fast_refused)
+    assert reasons == sorted(["usage_negative", "usage_not_integer", "usage_out_of_range", "usage_inconsistent",
+                              "invalid_json"] if "rollout" in name else
+                             ["usage_negative", "usage_not_integer", "usage_missing_field", "wrong_type",
+                              "invalid_json"])
+    assert [fast_usage, fast_refused] == _full(path)
+
+
+def test_folders_are_searched_for_jsonl_in_sorted_order(tmp_path):
+    (tmp_path / "b").mkdir()
+    for name in ("b/2.jsonl", "a.jsonl", "b/1.jsonl", "notes.txt"):
+        (tmp_path / name).write_text("{}\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in usage_file_paths([str(tmp_path)])] == [
+        "a.jsonl", "b/1.jsonl", "b/2.jsonl"]
+    with pytest.raises(UsageFilesError, match="no such file or folder"):
+        usage_file_paths([str(tmp_path / "missing")])
+
+
+def test_a_file_of_another_format_is_named_not_read(tmp_path):
+    other = SESSIONS / "codex-exec" / "stops-mid-turn.jsonl"
+    assert list(read_usage_files([other])) == [str(other)]
