@@ -30,12 +30,12 @@ from tillerman.controller.core.intent_requests import (
 from tillerman.ledger.events import DecisionRecorded, Envelope, Report
 from tillerman.ledger.intent_states import TRANSITIONS as _MOVES
 from tillerman.ledger.intent_states import State
-from tillerman.ledger.intents import Intent, intent_id_from
+from tillerman.ledger.intents import PRE_TOOL_USE, Intent, intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
 from tillerman.ledger.snapshot import ThreadSnapshot
 from tillerman.rules.decision import DISPATCH_ACTIONS, Action, Decision
 from tillerman.rules.detect import Finding, detect
-from tillerman.rules.policy import decide
+from tillerman.rules.policy import STEER_AT_PRE_TOOL_USE, capabilities, decide
 from tillerman.rules.ruleset import RuleSet
 
 #: Decisions the controller settles itself, with no transport involved: the policy's
@@ -152,6 +152,7 @@ class Step:
         return build_intent(
             projection, thread_id=finding.thread_id, mode=action.value, text=finding.text or finding.finding,
             now=now, expected_turn=None if action is Action.STOP else finding.turn_id,  # a stop targets the thread
+            deliver_at=_delivery_point(action, projection.snapshot(finding.thread_id)),
             ack_deadline=finding.ack_deadline if finding.ack_deadline is not None else 120.0,
             producer=f"rule:{finding.rule_id}", owner=None, intent_id=intent_id, verify=finding.verify,
             rule_id=finding.rule_id, rule_version=finding.rule_version,
@@ -168,3 +169,11 @@ class Step:
         return Envelope(event_id=f"{view.intent.id}:decision:{count}:{decision.action}:{decision.reason}",
                         event=event, source=SOURCE, at=now)
 
+
+def _delivery_point(action: Action, snapshot: ThreadSnapshot) -> str | None:
+    """Where a rule's steer is delivered: a thread reached only through Claude Code's
+    hooks takes a steer only before its next tool call (PreToolUse's deny); anywhere else
+    the steer follows the running turn, as a person's does by default."""
+    if action is Action.STEER and STEER_AT_PRE_TOOL_USE in capabilities(snapshot):
+        return PRE_TOOL_USE
+    return None

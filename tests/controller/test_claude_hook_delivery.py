@@ -2,6 +2,7 @@
 the hook claims the intent in the ledger (``dispatch_unknown``) and answers; the spool's
 next event of the turn acknowledges it; a busy ledger makes the hook fail open."""
 
+import datetime
 import json
 import sqlite3
 import subprocess
@@ -20,25 +21,31 @@ from tillerman.controller.claude.hook_outbox import Outbox, outbox_path, read_ou
 from tillerman.controller.claude.settings import TIMEOUT_SECONDS
 from tillerman.controller.cli.main import _daemon_lines, main
 from tillerman.controller.core import intent_requests as intents
+from tillerman.controller.core.supervisor import Step
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger import projections
 from tillerman.ledger.errors import IllegalTransition
 from tillerman.ledger.events import (
     DenyNotHonoured,
     Envelope,
+    IntentProposed,
     ItemCompleted,
     ThreadStarted,
     TurnCompleted,
+    Usage,
     UserMessage,
 )
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.snapshot import ThreadSnapshot
+from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.usage import Tokens
 from tillerman.rules.config import load_effective
 from tillerman.rules.decision import Action
 from tillerman.rules.owner import local_login
 from tillerman.rules.policy import capabilities, decide, takes
+from tillerman.rules.ruleset import Budget, Grant, Rule, build_ruleset
 
 SESSION = "5e551011-0000-4000-8000-000000000001"
 PROMPT = "p-1"
@@ -186,6 +193,26 @@ def test_a_hook_session_takes_a_queue_and_a_steer_for_the_next_tool_only() -> No
     assert decided("steer", deliver_at="pre_tool_use") == (Action.STEER, "authorized")
     assert decided("steer") == (Action.ESCALATE, "not_steerable")  # no hook reaches a running model call
     assert decided("interrupt") == (Action.ESCALATE, "not_steerable")
+
+
+def test_a_rules_steer_to_a_hook_session_is_for_its_next_tool_call() -> None:
+    """A rule's steer (a budget's "wrap up") to a session reached only through its hooks
+    asks for the next tool call, the one point a hook can steer at; else it is refused
+    ``not_steerable`` and never reaches the agent."""
+    ruleset = build_ruleset([Rule(id="spend", version=1, status="active", owner="me",
+                                  review_by=datetime.date(2099, 1, 1), action="steer", text="Wrap up.",
+                                  condition=Budget(measure="tokens", over=1000))],
+                            (Grant(subject="rule:spend", actions=frozenset({"steer"})),), None)
+    projection, step = Projection(), Step(ruleset, replay=False)
+    spooled = parse([payload("SessionStart", turn=None), payload("UserPromptSubmit", prompt="hi")])
+    usage = Usage(thread_id=SESSION, turn_id=PROMPT, source_kind="claude_transcript", model="m",
+                  tokens=Tokens(input=1500, output=10), message_id="msg_1", request_id="req_1")
+    for seq, event in enumerate([*spooled, usage], 1):
+        projection.apply_envelope(Envelope(event_id=f"e{seq}", event=event, source="claude-hooks:s", at=1.0), seq)
+    [proposed] = [e.event for e in step.step(projection, [SESSION], 1.0) if isinstance(e.event, IntentProposed)]
+    assert (proposed.intent.expected_turn_id, proposed.intent.delivery_point) == (PROMPT, "pre_tool_use")
+    decision = decide(proposed.intent, State.PROPOSED, projection.snapshot(SESSION), 1.0, ruleset)
+    assert (decision.action, decision.reason) == (Action.STEER, "authorized")
 
 
 def test_the_daemon_fills_the_outbox_and_settles_the_claim_from_the_spool(tmp_path: Path) -> None:
