@@ -101,6 +101,7 @@ class LazyGroup(click.Group):
     "hooks": "tillerman.controller.cli.hooks:hooks",  # Claude Code's hooks: hooks install|uninstall --claude
     "hook": "tillerman.controller.cli.hooks:hook",  # and what they run: hook claude
     "prices": "tillerman.controller.cli.prices:prices",
+    "usage": "tillerman.controller.cli.usage:usage",  # the usage account: by day, session, model, turn
 })
 @click.version_option(package_name="tillerman")
 def main() -> None:
