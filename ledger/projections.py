@@ -34,12 +34,14 @@ from tillerman.ledger.id_table import IdTable
 from tillerman.ledger.snapshot import (
     ENDED_TURN_STATES, GOAL_BUDGET_LIMITED, GOAL_CLEARED, TURN_STATES, ThreadGoal, ThreadSnapshot, Watched, turn_state,
 )
-from tillerman.ledger.spent import Spent, UsageFigures, add_to
+from tillerman.ledger.spent import Spent, UsageFigures, Where, add_to, take_from
 from tillerman.ledger.turn_triggers import TurnOpening, infer_trigger
+from tillerman.ledger.usage import Tokens
+from tillerman.ledger.usage_account import Dedup
 from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v12"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v13"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -110,7 +112,6 @@ class ThreadState(msgspec.Struct):
     # What it spent per budget scope after its last counted response (``tillerman.ledger.spent``),
     # and the keys of the responses counted, so a response reported twice counts once.
     usage: UsageFigures | None = None
-    usage_keys: set[str] = set()
 
     def turn_state(self, turn_id: str | None) -> str | None:
         """The state of ``turn_id`` (``ThreadSnapshot.turn_state``)."""
@@ -170,6 +171,9 @@ class Projection(msgspec.Struct):
     undecodable: dict[int, str] = {}
     # what every supervised thread spent together on the UTC day of the last counted response
     owner_day: Spent | None = None
+    # which reports of a response count, and where each counted one was added (the usage
+    # account's rule, across threads as ccusage dedups)
+    usage_dedup: Dedup[Where] = msgspec.field(default_factory=Dedup)
 
     # -- the fold ---------------------------------------------------------------
 
@@ -541,19 +545,22 @@ def _goal_cleared(p, e: ev.GoalCleared, at, seq, source) -> None:
 
 
 def _usage(p, e: ev.Usage, at, seq, source) -> None:
-    """A response's usage, counted once into each budget scope it falls in."""
+    """A response's usage, counted once into each budget scope it falls in; a better
+    duplicate of a counted one replaces it (``Dedup``, the usage account's rule)."""
     t = _touch(p, e, at, source)
-    if t is None:
+    if t is None or not p.usage_dedup.first_report(e):
         return
-    key = _response_key(e)
-    if key is not None:
-        if key in t.usage_keys:
-            return
-        t.usage_keys.add(key)
     tokens, model, speed = e.tokens, e.model, e.speed
     day = time.strftime("%Y-%m-%d", time.gmtime(at)) if at is not None else None
     turn = t.canonical_turn(e.turn_id) or t.active_turn_id
     goal = t.goal if t.goal is not None and t.goal.status != GOAL_CLEARED else None
+    where = Where(thread_id=t.thread_id, turn=turn, day=day, goal=goal and (goal.objective_digest or "goal"),
+                  owner=t.supervised, model=model, speed=speed)
+    counts, replaced = p.usage_dedup.admit(e, where)
+    if not counts:
+        return
+    if replaced is not None:
+        _take_back(p, replaced.place, replaced.tokens)
     old = t.usage
     if t.supervised:
         p.owner_day = add_to(p.owner_day, day, tokens, model, speed)
@@ -561,20 +568,20 @@ def _usage(p, e: ev.Usage, at, seq, source) -> None:
         thread=add_to(old.thread if old else None, "thread", tokens, model, speed),
         turn=add_to(old.turn if old else None, turn, tokens, model, speed),
         day=add_to(old.day if old else None, day, tokens, model, speed),
-        goal=add_to(old.goal if old else None, goal and (goal.objective_digest or "goal"), tokens, model, speed),
+        goal=add_to(old.goal if old else None, where.goal, tokens, model, speed),
         owner=p.owner_day if t.supervised else None,
         last_input=tokens.input, context_window=e.context_window or (old.context_window if old else None),
         model=model, source_kind=e.source_kind, seq=seq)
 
 
-def _response_key(e: ev.Usage) -> str | None:
-    """What makes two reports of one response the same (``Usage``): the source's
-    response key, else Claude's message and request ids; None: never deduplicated."""
-    if e.response_key is not None:
-        return e.response_key
-    if e.message_id is not None:
-        return f"{e.message_id}:{e.request_id or ''}"
-    return None
+def _take_back(p: Projection, where: Where, tokens: Tokens) -> None:
+    """An earlier copy of a response, replaced by a better one, leaves the scopes it was
+    counted in (those still current: a finished turn or day keeps what it held)."""
+    if where.owner:
+        p.owner_day = take_from(p.owner_day, where.day, tokens, where.model, where.speed)
+    earlier = p.threads.get(where.thread_id)
+    if earlier is not None and earlier.usage is not None:
+        earlier.usage = earlier.usage.without(where, tokens, p.owner_day)
 
 
 def _set_goal(t: ThreadState, status: str, at: float | None, by: str | None, turn_id: str | None, **fields) -> None:

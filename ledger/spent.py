@@ -6,7 +6,10 @@ the thread's goal, of the thread's UTC day, of the owner's UTC day (every superv
 thread of the ledger together), or the context used by the thread's last response. The
 fold adds each counted response to the scopes it falls in (``Spent.plus``), once per
 response, so nothing is summed again when a rule asks; a scope whose instance changed
-(a new turn, a new day, another goal) starts again from nothing.
+(a new turn, a new day, another goal) starts again from nothing. Which report of a
+response counts is the usage account's rule (``tillerman.ledger.usage_account.Dedup``):
+a better duplicate replaces the earlier copy, which is taken back from the scopes it was
+counted in (``Where``) where those are still the thread's current instances.
 
 Cost is not kept here: prices are the rule set's (``tillerman.rules.budget`` prices a
 scope's ``parts``), and the fold must read the same for every reader of the ledger
@@ -66,6 +69,17 @@ class Spent(msgspec.Struct, frozen=True, kw_only=True):
         return Spent(instance=self.instance, tokens=self.tokens + tokens, responses=self.responses + 1,
                      parts=tuple(parts))
 
+    def minus(self, tokens: Tokens, model: str | None, speed: str | None) -> Spent:
+        """One counted response taken back (a better duplicate replaced it); its part
+        goes when nothing is left in it, so the price of nothing is never asked."""
+        key = (model, speed, tier_floor(tokens))
+        parts = tuple(
+            Part(part.model, part.speed, part.floor, part.tokens - tokens)
+            if (part.model, part.speed, part.floor) == key else part
+            for part in self.parts)
+        return Spent(instance=self.instance, tokens=self.tokens - tokens, responses=self.responses - 1,
+                     parts=tuple(part for part in parts if not part.tokens.is_zero()))
+
 
 def add_to(spent: Spent | None, instance: str | None, tokens: Tokens, model: str | None,
            speed: str | None) -> Spent | None:
@@ -77,6 +91,28 @@ def add_to(spent: Spent | None, instance: str | None, tokens: Tokens, model: str
     if spent is None or spent.instance != instance:
         spent = Spent(instance=instance)
     return spent.plus(tokens, model, speed)
+
+
+def take_from(spent: Spent | None, instance: str | None, tokens: Tokens, model: str | None,
+              speed: str | None) -> Spent | None:
+    """``spent`` with a response counted in ``instance`` taken back; unchanged when the
+    scope has moved on to another instance since (that one never held the response)."""
+    if spent is None or instance is None or spent.instance != instance:
+        return spent
+    return spent.minus(tokens, model, speed)
+
+
+class Where(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Where the fold counted a response: the scope instances it was added to, and the
+    model and speed of its part, so a better duplicate can take it back."""
+
+    thread_id: str
+    turn: str | None = None
+    day: str | None = None
+    goal: str | None = None
+    owner: bool = False  # added to the owner's day (the thread was supervised)
+    model: str | None = None
+    speed: str | None = None
 
 
 class UsageFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +131,17 @@ class UsageFigures(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None  # the last response's model (its window, when the source names none)
     source_kind: str = ""
     seq: int = 0  # the ledger row of the last counted response
+
+    def without(self, where: Where, tokens: Tokens, owner: Spent | None) -> UsageFigures:
+        """These figures with one response counted at ``where`` taken back; ``owner`` is
+        the owner's day as it stands after that."""
+        model, speed = where.model, where.speed
+        return msgspec.structs.replace(
+            self, thread=self.thread.minus(tokens, model, speed),
+            turn=take_from(self.turn, where.turn, tokens, model, speed),
+            day=take_from(self.day, where.day, tokens, model, speed),
+            goal=take_from(self.goal, where.goal, tokens, model, speed),
+            owner=owner if self.owner is not None else None)
 
     def scope(self, per: str) -> Spent | None:
         return self.thread if per == "thread" else getattr(self, per)

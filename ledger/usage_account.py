@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -96,16 +97,95 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
 
 
-@dataclass(slots=True, eq=False)
-class _Entry:
-    """A counted response: enough to withdraw it if a better duplicate arrives."""
+P = TypeVar("P")
 
-    place: Place
+
+class Kept(msgspec.Struct, Generic[P], kw_only=True):
+    """A counted Claude response: enough to withdraw it if a better duplicate arrives.
+    ``place`` is wherever its reader counted it (the account's ``Place``, the budget
+    fold's scopes)."""
+
+    place: P
     tokens: Tokens
-    message_id: str | None
     request_id: str | None
     sidechain: bool
     speed: str | None
+
+
+class Withdrawal(msgspec.Struct, Generic[P], frozen=True):
+    """What a winning duplicate takes back: the earlier copy's place and figures."""
+
+    place: P
+    tokens: Tokens
+
+
+class Dedup(msgspec.Struct, Generic[P], kw_only=True):
+    """Which reports of a response count, by ccusage 20's rules: the one rule the usage
+    account and the budget fold (``tillerman.ledger.projections``) both follow. A
+    msgspec Struct so the projection's snapshot keeps it; O(1) per response.
+
+    ``by_request`` holds each kept Claude entry by (message id, request id);
+    ``by_message`` the request ids of a message id's kept entries, in the order they were
+    kept (the slot a winner takes over), for the sidechain lookup by message id alone."""
+
+    response_keys: set[str] = set()
+    by_request: dict[str, Kept[P]] = {}
+    by_message: dict[str, list[str | None]] = {}
+
+    def first_report(self, event: Usage) -> bool:
+        """False for a second report of a response the source keyed (``response_key``:
+        Codex's live notification and rollout record of one response); True otherwise."""
+        if event.response_key is None:
+            return True
+        if event.response_key in self.response_keys:
+            return False
+        self.response_keys.add(event.response_key)
+        return True
+
+    def admit(self, event: Usage, place: P) -> tuple[bool, Withdrawal[P] | None]:
+        """Claude's (message id, request id) dedup for a response to be counted at
+        ``place``: whether it counts, and the earlier duplicate it replaces, to be taken
+        back where that was counted (None: counted for the first time, or not at all)."""
+        if event.message_id is None:
+            return True, None
+        entry = Kept(place=place, tokens=event.tokens, request_id=event.request_id, sidechain=event.sidechain,
+                     speed=event.speed)
+        existing = self._duplicate_of(event.message_id, entry)
+        if existing is None:
+            self.by_request[_request_key(event.message_id, entry.request_id)] = entry
+            self.by_message.setdefault(event.message_id, []).append(entry.request_id)
+            return True, None
+        if not _replaces(entry, existing):
+            return False, None
+        return True, self._replace(event.message_id, existing, entry)
+
+    def _duplicate_of(self, message_id: str, entry: Kept[P]) -> Kept[P] | None:
+        """ccusage's lookup: the exact (message id, request id) first, then, where either
+        side is a sidechain entry, the first kept entry with the same message id."""
+        exact = self.by_request.get(_request_key(message_id, entry.request_id))
+        if exact is not None:
+            return exact
+        for request_id in self.by_message.get(message_id, ()):
+            kept = self.by_request[_request_key(message_id, request_id)]
+            if entry.sidechain or kept.sidechain:
+                return kept
+        return None
+
+    def _replace(self, message_id: str, existing: Kept[P], entry: Kept[P]) -> Withdrawal[P]:
+        # The winner takes the loser's slot: its place among the entries of its message
+        # id stays (as in ccusage), only the exact key moves to the winner's request id.
+        withdrawn = Withdrawal(existing.place, existing.tokens)
+        del self.by_request[_request_key(message_id, existing.request_id)]
+        slots = self.by_message[message_id]
+        slots[slots.index(existing.request_id)] = entry.request_id
+        self.by_request[_request_key(message_id, entry.request_id)] = entry
+        return withdrawn
+
+
+def _request_key(message_id: str, request_id: str | None) -> str:
+    # NUL cannot occur in either id as JSON text carries them, so the pair is unambiguous;
+    # None (no request id) and "" stay apart.
+    return f"{message_id}\x00{request_id}" if request_id is not None else message_id
 
 
 @dataclass(slots=True)
@@ -227,9 +307,7 @@ class UsageAccount:
         self.tz = tz  # the days' time zone; None: the system's, as ccusage defaults
         self.threads: dict[str | None, ThreadUsage] = {}
         self.tokens: Tokens = ZERO
-        self._by_response_key: set[str] = set()
-        self._by_request: dict[tuple[str, str | None], _Entry] = {}
-        self._by_message: dict[str, list[_Entry]] = {}
+        self._dedup: Dedup[Place] = Dedup()
 
     def add(self, envelope: Envelope) -> Counted | None:
         """Fold one envelope. Returns what it changed, or None: a duplicate that lost, or
@@ -241,24 +319,26 @@ class UsageAccount:
             return None
         if not isinstance(event, Usage):
             return None
-        if event.response_key is not None:
-            if event.response_key in self._by_response_key:
-                return None
-            self._by_response_key.add(event.response_key)
+        if not self._dedup.first_report(event):
+            return None
         thread = self.thread(event.thread_id)
         if event.total is not None:
             thread.counters.link(envelope, event.tokens, event.total)
-        entry = _Entry(self._place(envelope, event), event.tokens, event.message_id, event.request_id,
-                       event.sidechain, event.speed)
-        if event.message_id is None:
-            return self._count(thread, entry, event, envelope.at)
-        existing = self._duplicate_of(entry)
-        if existing is None:
-            self._index(entry)
-            return self._count(thread, entry, event, envelope.at)
-        if not _replaces(entry, existing):
+        place = self._place(envelope, event)
+        counts, replaced = self._dedup.admit(event, place)
+        if not counts:
             return None
-        return self._replace(thread, existing, entry, event, envelope.at)
+        self.tokens += event.tokens - (ZERO if replaced is None else replaced.tokens)
+        self._latest(thread, event, envelope.at)
+        if replaced is None:
+            thread._change(place, event.tokens, 1)
+            return Counted(place=place, delta=event.tokens)
+        if replaced.place == place:
+            thread._change(place, event.tokens - replaced.tokens, 0)
+            return Counted(place=place, delta=event.tokens - replaced.tokens)
+        self.thread(replaced.place.thread_id)._change(replaced.place, ZERO - replaced.tokens, -1)
+        thread._change(place, event.tokens, 1)
+        return Counted(place=place, delta=event.tokens, withdrawn=replaced.place, withdrawn_tokens=replaced.tokens)
 
     def thread(self, thread_id: str | None) -> ThreadUsage:
         found = self.threads.get(thread_id)
@@ -284,31 +364,6 @@ class UsageAccount:
         day = None if envelope.at is None else dt.datetime.fromtimestamp(envelope.at, self.tz).date().isoformat()
         return Place(thread_id=event.thread_id, turn_id=event.turn_id, model=model, day=day)
 
-    def _count(self, thread: ThreadUsage, entry: _Entry, event: Usage, at: float | None) -> Counted:
-        thread._change(entry.place, entry.tokens, 1)
-        self.tokens += entry.tokens
-        self._latest(thread, event, at)
-        return Counted(place=entry.place, delta=entry.tokens)
-
-    def _replace(self, thread: ThreadUsage, existing: _Entry, entry: _Entry, event: Usage,
-                 at: float | None) -> Counted:
-        old_place, old_tokens = existing.place, existing.tokens
-        # The winner takes the loser's slot: its place among the entries of its message
-        # id stays (as in ccusage), only the exact key moves to the winner's request id.
-        assert existing.message_id is not None
-        self._by_request.pop((existing.message_id, existing.request_id), None)
-        existing.place, existing.tokens = entry.place, entry.tokens
-        existing.request_id, existing.sidechain, existing.speed = entry.request_id, entry.sidechain, entry.speed
-        self._by_request[(existing.message_id, existing.request_id)] = existing
-        self.tokens += entry.tokens - old_tokens
-        self._latest(thread, event, at)
-        if old_place == entry.place:
-            thread._change(entry.place, entry.tokens - old_tokens, 0)
-            return Counted(place=entry.place, delta=entry.tokens - old_tokens)
-        self.thread(old_place.thread_id)._change(old_place, ZERO - old_tokens, -1)
-        thread._change(entry.place, entry.tokens, 1)
-        return Counted(place=entry.place, delta=entry.tokens, withdrawn=old_place, withdrawn_tokens=old_tokens)
-
     @staticmethod
     def _latest(thread: ThreadUsage, event: Usage, at: float | None) -> None:
         thread._seen_at(at)
@@ -316,25 +371,8 @@ class UsageAccount:
         if event.context_window is not None:
             thread.context_window = event.context_window
 
-    def _duplicate_of(self, entry: _Entry) -> _Entry | None:
-        """ccusage's lookup: the exact (message id, request id) first, then, where either
-        side is a sidechain entry, the first kept entry with the same message id."""
-        assert entry.message_id is not None
-        exact = self._by_request.get((entry.message_id, entry.request_id))
-        if exact is not None:
-            return exact
-        for kept in self._by_message.get(entry.message_id, ()):
-            if entry.sidechain or kept.sidechain:
-                return kept
-        return None
 
-    def _index(self, entry: _Entry) -> None:
-        assert entry.message_id is not None
-        self._by_request[(entry.message_id, entry.request_id)] = entry
-        self._by_message.setdefault(entry.message_id, []).append(entry)
-
-
-def _replaces(candidate: _Entry, existing: _Entry) -> bool:
+def _replaces(candidate: Kept, existing: Kept) -> bool:
     """ccusage's ``should_replace_deduped_entry``: non-sidechain, then the larger total
     (input, cache included, plus output), then the one naming a speed; else the first stays."""
     if candidate.sidechain != existing.sidechain:

@@ -177,3 +177,43 @@ def test_however_the_usage_is_split_each_crossing_fires_once(lines):
             envelopes.append(envelopes[-1])
     found = run(envelopes, Budget(measure="tokens", over=500, per="turn"))
     assert [i for i, _ in reports(found)] == [t for t, total in sums.items() if total >= 500]
+
+
+def claude_usage(input: int, output: int, *, request: str, thread: str = "t", sidechain: bool = False,
+                 at: float = DAY) -> ev.Envelope:
+    event = ev.Usage(thread_id=thread, turn_id="u1", source_kind="claude_transcript", model="m", message_id="msg_1",
+                     request_id=request, sidechain=sidechain, tokens=Tokens(input=input, output=output))
+    return ev.Envelope(event_id=f"claude:{thread}:{request}:{output}", event=event, source="claude:x", at=at)
+
+
+def test_a_better_duplicate_replaces_the_earlier_copy_and_the_figure_follows():
+    # ccusage keeps the larger of two copies of one response (the usage account's rule):
+    # the budget counts 100 + 900, not the first copy's 100 + 10, nor both.
+    copies = [claude_usage(100, 10, request="r1"), claude_usage(100, 900, request="r1")]
+    found = run(copies, Budget(measure="tokens", over=1000))
+    assert reports(found) == [("thread", "tokens per thread (thread) reached 1,000, over its limit 1,000")]
+    projection = Projection()
+    for seq, env in enumerate(copies, 1):
+        projection.apply_envelope(env, seq)
+    figures = projection.threads["t"].usage
+    assert (figures.thread.tokens.total, figures.thread.responses, figures.turn.tokens.total) == (1000, 1, 1000)
+    assert [part.tokens.output for part in figures.thread.parts] == [900]
+
+
+def test_a_sidechain_copy_counted_in_another_thread_is_taken_back_there():
+    # /btw replays a parent message in a sidechain; the non-sidechain copy wins, across threads.
+    projection = Projection()
+    for seq, env in enumerate([claude_usage(50, 50, request="r2", thread="side", sidechain=True),
+                               claude_usage(50, 50, request="r1", thread="main")], 1):
+        projection.apply_envelope(env, seq)
+    assert projection.threads["side"].usage.thread.tokens.total == 0
+    assert projection.threads["main"].usage.thread.tokens.total == 100
+
+
+def test_the_dedup_survives_the_snapshot():
+    projection = Projection()
+    projection.apply_envelope(claude_usage(100, 10, request="r1"), 1)
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(projection), type=Projection)
+    restored.apply_envelope(claude_usage(100, 10, request="r1"), 2)
+    restored.apply_envelope(claude_usage(100, 900, request="r1"), 3)
+    assert restored.threads["t"].usage.thread.tokens.total == 1000
