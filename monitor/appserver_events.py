@@ -28,17 +28,20 @@ from tillerman.ledger.events import (
     GoalUpdated,
     ItemCompleted,
     ItemStarted,
+    ModelUsage,
     QueueChanged,
     StatusChanged,
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
     Usage,
+    UsageReported,
     UserMessage,
     kind_of,
 )
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.ledger.usage import MAX_TOTAL_TOKENS, codex_response_key, codex_tokens, count
+from tillerman.monitor.claude_transcript import MAX_COST_USD, cost_usd
 from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8
@@ -138,6 +141,26 @@ class AppServerEvents:
         # A running turn whose id is missing or garbled names nothing to follow.
         return [TurnStarted(thread_id=thread_id, turn_id=turn.id) for turn in page.turns
                 if turn.running and turn.id is not None]
+
+    def account_usage(self, result: dict, turn_id: str | None) -> list[Event]:
+        """``account/usage/read`` for one thread, asked at the end of ``turn_id``: the
+        server's own estimate of what the thread cost so far (``estimatedUsageUsdMicros``,
+        as dollars; null: unknown, never 0) and its per-model groups, kept beside our
+        figures and never added to them. No ``threadUsage`` (no billing route): nothing.
+        A group naming no model, or without input and output figures, is not listed: its
+        tokens are unknown, not 0. A bad figure raises ``UsageRefused``."""
+        usage = obj(result, "threadUsage")
+        if not usage:
+            return []
+        micros = usage.get("estimatedUsageUsdMicros")
+        dollars = None if micros is None else count(micros, "estimatedUsageUsdMicros",
+                                                     limit=int(MAX_COST_USD * 1_000_000)) / 1_000_000
+        models = tuple(ModelUsage(model=group["model"], tokens=codex_tokens(group, limit=MAX_TOTAL_TOKENS))
+                       for group in items(usage, "groups") if isinstance(group, dict)
+                       and isinstance(group.get("model"), str)
+                       and group.get("inputTokens") is not None and group.get("outputTokens") is not None)
+        return [UsageReported(source_kind="codex_account", thread_id=text(usage, "threadId"), turn_id=turn_id,
+                              cost_usd=cost_usd(dollars, "estimatedUsageUsdMicros"), models=models)]
 
     # -- handlers ------------------------------------------------------------------
 

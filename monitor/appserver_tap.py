@@ -27,7 +27,7 @@ import hashlib
 
 import msgspec
 
-from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted
+from tillerman.ledger.events import Envelope, Event, Quarantined, StatusChanged, ThreadStarted, TurnCompleted
 from tillerman.monitor.appserver_events import AppServerEvents, HotNotification, natural_key
 from tillerman.monitor.codex_wire import RUNNING
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
@@ -61,6 +61,9 @@ class AppServerTap:
         # never subscribed to); kept across connections, since a thread never changes kind
         self._users_work: dict[str, bool] = {}
         self._position = 0  # messages received on this connection: quarantine evidence
+        # Why this connection's server does not answer ``account/usage/read`` (no such
+        # method, or no account signed in): asked no more until the next connection.
+        self.account_usage_refused: str | None = None
 
     def use_patterns(self, patterns: CommandPatterns) -> None:
         """Classify commands with these patterns from now on (a reloaded configuration)."""
@@ -71,6 +74,7 @@ class AppServerTap:
         self._asked.clear()
         self._idle.clear()
         self._position = 0
+        self.account_usage_refused = None
 
     def receive(self, message: Notification | ServerRequest | BadMessage | HotNotification, now: float) -> TapOutput:
         """What to record for one message, as ``RpcSession`` decoded it, or as
@@ -141,6 +145,27 @@ class AppServerTap:
             events = self._mapping.response("thread/goal/get", result)
         except _MALFORMED:
             return []
+        return [self._envelope(e, now, None) for e in events]
+
+    def account_usage_wanted(self, events: list[Envelope]) -> list[tuple[str, str]]:
+        """The (thread, turn) of each of the user's turns these envelopes end, whose
+        ``account/usage/read`` to ask for: none once the server refused it."""
+        if self.account_usage_refused is not None:
+            return []
+        return [(e.event.thread_id, e.event.turn_id) for e in events if isinstance(e.event, TurnCompleted)
+                and e.event.thread_id is not None and e.event.turn_id is not None
+                and self._users_work.get(e.event.thread_id) is not False]
+
+    def account_usage(self, result: dict, turn_id: str, now: float) -> list[Envelope]:
+        """The server's estimate of a thread's cost, read at the end of ``turn_id``; one
+        per turn (a second read of the same turn records nothing). A figure that cannot
+        be counted is quarantined with its reason."""
+        try:
+            events = self._mapping.account_usage(result, turn_id)
+        except UsageRefused as refused:
+            return [self._quarantine(self._position, 0, refused.reason, now)]
+        except _MALFORMED as exc:
+            return [self._quarantine(self._position, 0, f"wrong_type: {exc}", now)]
         return [self._envelope(e, now, None) for e in events]
 
     def resumed(self, result: dict, now: float) -> list[Envelope]:

@@ -105,6 +105,12 @@ def goal_get(thread_id: str) -> Request:
     return "thread/goal/get", {"threadId": thread_id}
 
 
+def account_usage_read(thread_id: str) -> Request:
+    """The server's estimate of what a thread cost so far (``threadUsage``); needs a
+    signed-in account (0.153.4 to 0.171.0 refuse it with -32600 without one)."""
+    return "account/usage/read", {"threadId": thread_id}
+
+
 def goal_pause(thread_id: str, origin: str) -> Request:
     """Pause the thread's goal: Codex starts no continuation turn after the running one.
     Pausing a paused goal changes nothing; a thread with no goal refuses ("no goal exists")."""

@@ -376,7 +376,30 @@ class Daemon:
         out = self.tap.receive(message, self.clock())
         for thread_id in out.resume:
             tg.start_soon(self._resume, client, thread_id, True)  # its `active` status just came
+        for thread_id, turn_id in self.tap.account_usage_wanted(out.envelopes):
+            if self.projection.snapshot(thread_id).supervised:
+                tg.start_soon(self._read_account_usage, client, thread_id, turn_id)
         return list(out.envelopes)
+
+    async def _read_account_usage(self, client: AppServerClient, thread_id: str, turn_id: str) -> None:
+        """The server's own estimate of a thread's cost at the end of a turn
+        (``account/usage/read``), recorded beside ours. A server that refuses it (an older
+        one without the method, or one with no account signed in, as offline) is asked no
+        more on this connection: one refusal, not one per turn."""
+        if self.tap.account_usage_refused is not None:
+            return  # refused while this read waited to start
+        try:
+            result = await client.request(*wire.account_usage_read(thread_id), timeout=self.options.request_timeout)
+        except RpcError as exc:
+            if self.tap.account_usage_refused is None:
+                log.info("the server does not report account usage (%s); not asked again on this connection", exc)
+            self.tap.account_usage_refused = str(exc)
+            return
+        except (TimeoutError, AppServerDisconnected) as exc:
+            log.info("cannot read the account usage of thread %s (%s)", thread_id, exc)
+            return
+        if isinstance(result, dict):
+            await self._send_envelopes(self.tap.account_usage(result, turn_id, self.clock()))
 
     async def _attach(self, tg, client: AppServerClient) -> None:
         """A fresh connection: subscribe, read back, then let deliveries through."""

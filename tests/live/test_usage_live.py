@@ -25,7 +25,7 @@ from tillerman.ledger.events import Usage
 from tillerman.ledger.usage import ZERO, Tokens, codex_tokens
 from tillerman.monitor.appserver_events import AppServerEvents
 from tillerman.monitor.formats import PARSERS
-from tillerman.monitor.jsonrpc import Notification
+from tillerman.monitor.jsonrpc import Notification, RpcError
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
 
@@ -110,3 +110,18 @@ async def test_each_turns_usage_equals_what_the_model_reported_for_it(
     # The thread's: what every response reported is the server's own running total.
     server_total = codex_tokens(notes[-1].raw["params"]["tokenUsage"]["total"])
     assert sum(reported_by_turn.values(), ZERO) == server_total == live[-1].total
+
+
+async def test_account_usage_read_needs_a_signed_in_account(app_server: AppServer, workspace: Path):
+    """What ``account/usage/read`` answers offline, with no account signed in (the live
+    tests' Codex home has none): a -32600 refusal, for a thread and for the account alike.
+    The daemon takes that as "not reported" and asks no more on the connection."""
+    async with watched_connection(app_server.url) as (client, log):
+        thread_id = (await client.request("thread/start", {"cwd": str(workspace)}))["thread"]["id"]
+        await start_turn(client, thread_id, "say hello")
+        await log.wait_for(is_notification("turn/completed", threadId=thread_id), timeout=60)
+        for params in ({"threadId": thread_id}, {}):
+            with pytest.raises(RpcError) as refused:
+                await client.request("account/usage/read", params)
+            assert (refused.value.code, str(refused.value)) == (
+                -32600, "-32600: codex account authentication required to read token usage"), codex_version()

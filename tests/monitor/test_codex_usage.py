@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.monitor.support import events, parse, reasons
-from tillerman.ledger.events import Quarantined, Usage
+from tillerman.ledger.events import ModelUsage, Quarantined, Usage, UsageReported
 from tillerman.ledger.usage import Tokens, UsageRefused
 from tillerman.monitor.appserver_events import AppServerEvents, decode_hot
 from tillerman.monitor.appserver_tap import AppServerTap
@@ -274,3 +274,64 @@ def test_a_figure_beyond_a_double_is_out_of_range_either_way(typed):
     message = token_usage_note({"inputTokens": 10**400, "outputTokens": 1}, live_usage(1, 0, 1, 0))
     [envelope] = tap_receive(tap, message, typed=typed)
     assert isinstance(envelope.event, Quarantined) and envelope.event.reason == "usage_out_of_range"
+
+
+# -- account/usage/read (the server's own estimate) -----------------------------------
+
+def account_usage(micros: int | None = 1_234_567, groups: list | None = None) -> dict:
+    """An ``account/usage/read`` answer for THREAD, in the 0.171.0 schema's shape."""
+    return {"summary": {"lifetimeTokens": None}, "dailyUsageBuckets": None,
+            "threadUsage": {"threadId": THREAD, "estimatedUsageCreditsMicros": 9, "estimatedUsageUsdMicros": micros,
+                            "nativeUsageUsdMicros": None, "groups": groups or []}}
+
+
+def turn_completed(turn_id: str = "T1") -> dict:
+    return {"method": "turn/completed", "emittedAtMs": 1796000000000,
+            "params": {"threadId": THREAD, "turn": {"id": turn_id, "status": "completed", "items": []}}}
+
+
+def test_the_account_estimate_is_kept_as_dollars_with_its_models_beside_ours():
+    group = {"model": "gpt-5.5", "inputTokens": 3000, "cachedInputTokens": 1000, "outputTokens": 300,
+             "totalTokens": 3300, "estimatedUsageCreditsMicros": 5, "speed": None}
+    unknown = {"model": "gpt-5.4-mini", "inputTokens": None, "outputTokens": None, "estimatedUsageCreditsMicros": 1}
+    [reported] = AppServerEvents().account_usage(account_usage(groups=[group, unknown]), "T1")
+    assert reported == UsageReported(
+        source_kind="codex_account", thread_id=THREAD, turn_id="T1", cost_usd=1.234567,
+        models=(ModelUsage(model="gpt-5.5", tokens=Tokens(input=3000, cached_input=1000, output=300)),))
+
+
+def test_an_unknown_estimate_is_null_and_no_thread_usage_is_nothing():
+    [reported] = AppServerEvents().account_usage(account_usage(micros=None), "T1")
+    assert reported.cost_usd is None  # unknown, never 0
+    assert AppServerEvents().account_usage({"summary": {}, "threadUsage": None}, "T1") == []
+
+
+@pytest.mark.parametrize(("micros", "reason"), [
+    (-1, "usage_negative"), (1.5, "usage_not_integer"), ("12", "usage_not_integer"), (10**400, "usage_out_of_range")])
+def test_a_hostile_account_estimate_is_quarantined_with_its_reason(micros, reason):
+    [envelope] = AppServerTap("unix:///x").account_usage(account_usage(micros=micros), "T1", now=1000.0)
+    assert isinstance(envelope.event, Quarantined) and envelope.event.reason == reason
+
+
+def test_a_hostile_account_group_is_quarantined():
+    bad = {"model": "gpt-5.5", "inputTokens": 5, "cachedInputTokens": 6, "outputTokens": 1}
+    [envelope] = AppServerTap("unix:///x").account_usage(account_usage(groups=[bad]), "T1", now=1000.0)
+    assert isinstance(envelope.event, Quarantined) and envelope.event.reason == "usage_inconsistent"
+
+
+def test_the_account_estimate_is_recorded_once_per_turn():
+    tap = AppServerTap("unix:///x")
+    [first] = tap.account_usage(account_usage(), "T1", now=1000.0)
+    [again] = tap.account_usage(account_usage(micros=2_000_000), "T1", now=1001.0)  # read again after a reconnect
+    [next_turn] = tap.account_usage(account_usage(micros=2_000_000), "T2", now=1002.0)
+    assert first.event_id == again.event_id != next_turn.event_id
+
+
+def test_each_ended_turn_asks_for_the_estimate_until_the_server_refuses_it_on_that_connection():
+    tap = AppServerTap("unix:///x")
+    ended = tap_receive(tap, turn_completed("T1"), typed=False)
+    assert tap.account_usage_wanted(ended) == [(THREAD, "T1")]
+    tap.account_usage_refused = "-32600: codex account authentication required to read token usage"
+    assert tap.account_usage_wanted(tap_receive(tap, turn_completed("T2"), typed=False)) == []
+    tap.connected()  # a new connection (perhaps a newer server, or one signed in) is asked once more
+    assert tap.account_usage_wanted(tap_receive(tap, turn_completed("T3"), typed=False)) == [(THREAD, "T3")]
