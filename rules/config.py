@@ -41,6 +41,8 @@ from tillerman.rules.file_safety import read_file
 from tillerman.rules.files import default_rules, load_config, load_rules
 from tillerman.rules.notify import NotifySink
 from tillerman.rules.owner import owner_grant
+from tillerman.rules.price_config import load_price_overrides
+from tillerman.rules.prices import PriceFileError, PriceOverride
 from tillerman.rules.review import Reviewer
 from tillerman.rules.toml_source import locate, parse_toml
 from tillerman.rules.ruleset import Rule, RuleSet, build_ruleset, prices_for
@@ -104,16 +106,21 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
     return patterns
 
 
+#: The tables only a config file holds (``check_file`` tells the two kinds apart by them).
+CONFIG_TABLES = ("grant", "patterns", "defaults", "reviewer", "notify", "prices")
+
+
 def check_file(text: str, source: str) -> dict[str, Any]:
     """What ``tillerman rules validate`` reports of a valid file: its kind and what it
     holds. A file with ``[[rule]]`` tables, or with none of ``[[grant]]``, ``[patterns]``,
-    ``[defaults]``, ``[[reviewer]]`` and ``[[notify]]``, is a rule file; anything else a
-    config file. Raises ``RuleSetError`` for an invalid one."""
+    ``[defaults]``, ``[[reviewer]]``, ``[[notify]]`` and ``[prices."MODEL"]``, is a rule
+    file; anything else a config file. Raises ``RuleSetError`` for an invalid one."""
     data = parse_toml(text, source)
-    if "rule" not in data and any(table in data for table in ("grant", "patterns", "defaults", "reviewer", "notify")):
+    if "rule" not in data and any(table in data for table in CONFIG_TABLES):
         config, patterns = load_config(text, source), load_patterns(text, source)
         return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
                 "reviewers": len(config.reviewer), "notify": len(config.notify),
+                "prices": len(load_price_overrides(text, source)),
                 "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
     found = load_rules(text, source)
     statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
@@ -143,16 +150,22 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     have written is refused, or with ``on_unsafe`` reported to it (``read_file``)."""
     rules_text = read_file(rules_path, on_unsafe=on_unsafe) if rules_path is not None else None
     rules = load_rules(rules_text, str(rules_path)) if rules_text is not None else default_rules()
+    overrides: dict[str, PriceOverride] = {}
     if config_path is not None:
         text = read_file(config_path, on_unsafe=on_unsafe)
         config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
+        overrides = load_price_overrides(text, str(config_path))
         grants, reviewers, sinks = config.grants(), config.reviewers(), config.sinks()
     else:  # what ``tillerman.rules.schema.NO_CONFIG`` holds, without importing the schema
         grants, reviewers, sinks, patterns = (owner_grant(),), (), (), DEFAULT_PATTERNS
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
                        {r.name for r in reviewers}, config_path)
-    return Effective(ruleset=build_ruleset(rules, grants, prices_for(rules)), patterns=patterns,
+    try:
+        prices = prices_for(rules, overrides)
+    except PriceFileError as exc:  # a spoiled imported table, an override of a model it cannot price
+        raise RuleSetError(str(exc)) from None
+    return Effective(ruleset=build_ruleset(rules, grants, prices, overrides), patterns=patterns,
                      patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 import msgspec
 
 from tillerman.rules.decision import Action
+from tillerman.rules.prices import PriceOverride
 
 RuleStatus = Literal["proposed", "shadow", "active", "retired"]
 RULE_STATUSES: tuple[str, ...] = get_args(RuleStatus)
@@ -166,6 +167,9 @@ class RuleSet(msgspec.Struct, frozen=True, kw_only=True):
     # cost is known, and a cost budget never fires. Not in the digest: its date is
     # recorded with every finding that read it.
     prices: Any = None
+    # The config's ``[prices."MODEL"]`` overrides on that table, recorded with the rule
+    # set (``ruleset_text``) so replay prices as the daemon did.
+    price_overrides: dict[str, PriceOverride] = {}
 
     def allows(self, subject: str, action: str, thread_id: str) -> bool:
         return any(g.allows(subject, action, thread_id) for g in self.grants)
@@ -174,10 +178,12 @@ class RuleSet(msgspec.Struct, frozen=True, kw_only=True):
         return next((r for r in self.rules if r.id == rule_id), None)
 
 
-def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant]) -> str:
+def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant],
+                   price_overrides: dict[str, PriceOverride] | None = None) -> str:
     """Order-insensitive: rules sorted by id, grants and their action sets sorted, so
     reformatting or reordering a file keeps the digest and any change of meaning
-    changes it."""
+    changes it. The config's price overrides change what a cost budget reads, so they
+    are in it too, when there are any (a rule set without keeps its digest)."""
     canonical = {
         "rules": sorted((rule_builtins(r) for r in rules), key=lambda r: r["id"]),
         "grants": sorted(
@@ -185,6 +191,8 @@ def ruleset_digest(rules: Iterable[Rule], grants: Iterable[Grant]) -> str:
             key=lambda g: msgspec.json.encode(g, order="sorted"),
         ),
     }
+    if price_overrides:
+        canonical["prices"] = msgspec.to_builtins(price_overrides)
     return "sha256:" + hashlib.sha256(msgspec.json.encode(canonical, order="sorted")).hexdigest()
 
 
@@ -206,39 +214,48 @@ def _canonical_grant(grant: Grant) -> dict:
     return data
 
 
-def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant], prices: Any = None) -> RuleSet:
+def build_ruleset(rules: Iterable[Rule], grants: Iterable[Grant], prices: Any = None,
+                  price_overrides: dict[str, PriceOverride] | None = None) -> RuleSet:
     rules, grants = tuple(rules), tuple(grants)
-    return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants), prices=prices)
+    overrides = price_overrides or {}
+    return RuleSet(rules=rules, grants=grants, digest=ruleset_digest(rules, grants, overrides), prices=prices,
+                   price_overrides=overrides)
 
 
-class _Recorded(msgspec.Struct, frozen=True, kw_only=True):
+class _Recorded(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     rules: tuple[Rule, ...]
     grants: tuple[Grant, ...]
+    prices: dict[str, PriceOverride] = {}  # left out when there are none: older texts stay the same
 
 
 def ruleset_text(ruleset: RuleSet) -> str:
     """The rule set as a ledger records it (``ruleset_loaded``): JSON of its rules and
     grants, the validated values rather than the files they came from, so rebuilding it
     needs neither the files, nor the login the owner's built-in grant names, nor the
-    built-in rules of the tillerman that reads it (``ruleset_from_text``)."""
-    return msgspec.json.encode(_Recorded(rules=ruleset.rules, grants=ruleset.grants), order="deterministic").decode()
+    built-in rules of the tillerman that reads it (``ruleset_from_text``), and the
+    config's price overrides, so cost is priced the same."""
+    recorded = _Recorded(rules=ruleset.rules, grants=ruleset.grants, prices=ruleset.price_overrides)
+    return msgspec.json.encode(recorded, order="deterministic").decode()
 
 
 def ruleset_from_text(text: str) -> RuleSet:
     """The rule set ``ruleset_text`` wrote, its digest computed again. Raises
-    ``msgspec.DecodeError`` (``ValidationError`` included) for text this version cannot read."""
+    ``msgspec.DecodeError`` (``ValidationError`` included) for text this version cannot read,
+    ``PriceFileError`` when its budgets need the price table and the imported one is spoiled."""
     recorded = msgspec.json.decode(text, type=_Recorded)
-    return build_ruleset(recorded.rules, recorded.grants, prices_for(recorded.rules))
+    return build_ruleset(recorded.rules, recorded.grants, prices_for(recorded.rules, recorded.prices),
+                         recorded.prices)
 
 
-def prices_for(rules: Iterable[Rule]) -> Any:
-    """The price table a rule set's budgets read (``tillerman.rules.prices.load_prices``),
-    loaded only when a budget measures cost or context (a model's window); None otherwise."""
+def prices_for(rules: Iterable[Rule], overrides: dict[str, PriceOverride] | None = None) -> Any:
+    """The price table a rule set's budgets read (``tillerman.rules.prices.load_prices``,
+    with the config's overrides), loaded only when a budget measures cost or context (a
+    model's window); None otherwise. Raises ``PriceFileError`` for a spoiled imported table."""
     if not any(isinstance(r.condition, Budget) and r.condition.measure != "tokens" for r in rules):
         return None
     from tillerman.rules.prices import load_prices  # only budgets need it: most rule sets never load it
 
-    return load_prices()
+    return load_prices(overrides)
 
 
 #: No rules, no grants: nothing is detected and nothing may be dispatched.

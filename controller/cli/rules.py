@@ -95,7 +95,8 @@ def rules_validate(file, as_json):
                    f" {'on' if result['owner_grant'] else 'off'}, patterns {patterns['critical']} critical,"
                    f" {patterns['external']} external"
                    + (f", {result['reviewers']} reviewers" if result["reviewers"] else "")
-                   + (f", {result['notify']} notify sinks" if result["notify"] else ""))
+                   + (f", {result['notify']} notify sinks" if result["notify"] else "")
+                   + (f", {result['prices']} price overrides" if result["prices"] else ""))
     else:
         shown = ", ".join(f"{n} {s}" for s, n in result["statuses"].items()) or "none in force"
         print_line(f"{file}: valid rule file: {result['rules']} rules ({shown}), digest {result['digest']}")

@@ -46,6 +46,7 @@ from tillerman.ledger.events import Entry
 from tillerman.ledger.location import is_database_url, shown
 from tillerman.ledger.projections import Projection
 from tillerman.rules.policy import decide
+from tillerman.rules.prices import PriceFileError
 from tillerman.rules.ruleset import RuleSet, ruleset_from_text
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -107,6 +108,10 @@ def recorded_rulesets(entries: Iterable[Entry]) -> RecordedRulesets:
         except msgspec.DecodeError as exc:
             found.sets[event.digest] = None
             found.why[event.digest] = f"its text at seq {entry.seq} cannot be read by this version ({exc})"
+            continue
+        except PriceFileError as exc:  # its cost budgets need the imported price table, which is spoiled
+            found.sets[event.digest] = None
+            found.why[event.digest] = f"its budgets' price table cannot be read ({exc})"
             continue
         if ruleset.digest != event.digest:
             # The same rules and grants, digested differently: the digest formula or the
