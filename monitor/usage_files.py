@@ -2,10 +2,9 @@
 ~/.codex/sessions`` without a ledger, the job ccusage does.
 
 The full parsers (``codex_rollout``, ``claude_transcript``) read every record of a file;
-a usage report needs a few. Each file is read whole and searched for the bytes of the
-lines that can matter (``_CODEX_NEEDLES``, ``_CLAUDE_NEEDLES``: a ``bytes.find`` over the
-file, before any line is decoded); only those are decoded, into Structs that declare the
-few fields read. What comes out is what the full parsers give for the same lines: the
+a usage report needs a few. Each file is read whole and each line searched for the bytes
+of the lines that can matter (``_CODEX_NEEDLES``, ``_CLAUDE_NEEDLES``) before any is
+decoded; only those are decoded, into Structs that declare the few fields read. What comes out is what the full parsers give for the same lines: the
 ``Usage`` events under the same event ids (file identity, offset, index), thread ids and
 turn ids, made by the same functions (``token_count_usage``, ``transcript_usage``), and a
 ``Quarantined`` record for a line that cannot be counted. Both are checked against the
@@ -13,18 +12,24 @@ full parsers on every recorded session (tests/monitor/test_usage_files.py).
 
 Files are found as ccusage finds them: every ``*.jsonl`` under a folder, in sorted order,
 each told a Codex rollout or a Claude Code transcript by its opening
-(``formats.detect_format``); files of other formats are counted and left out.
+(``formats.detect_format``); files of other formats are named and left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
+import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from tillerman.ledger import frames
 from tillerman.ledger.events import Envelope, Quarantined
 from tillerman.ledger.usage import UsageRefused
 from tillerman.monitor.formats import detect_format
@@ -37,15 +42,14 @@ HEAD_BYTES = 64 * 1024  # enough of a file's opening to tell its format
 
 #: The bytes of every line a usage report reads. Codex: the usage itself, the thread
 #: (``session_meta``), the model (``turn_context``) and what opens and closes turns.
-_CODEX_NEEDLES = (b'"token_count"', b'"turn_context"', b'"session_meta"', b'"task_started"', b'"task_complete"',
-                  b'"turn_aborted"', b'"user_message"')
+_CODEX_NEEDLES = re.compile(rb'"(?:token_count|turn_context|session_meta|task_started|task_complete|turn_aborted'
+                            rb'|user_message)"')
 #: Claude Code: the usage, and every line that opens a thread or opens or closes a turn
 #: (a usage event's id counts the events its line gives before it: a thread's opening among them).
-_CLAUDE_NEEDLES = (b'"type":"assistant"', b'"type":"user"', b'"type":"system"', b'"type":"attachment"',
-                   b'"type":"queue-operation"', b'"type":"cost-state"')
+_CLAUDE_NEEDLES = re.compile(rb'"type":"(?:assistant|user|system|attachment|queue-operation|cost-state)"')
 
 
-class UsageFile(msgspec.Struct, kw_only=True):
+class UsageFile(msgspec.Struct, kw_only=True, tag=True):
     """One file's usage: its ``Usage`` and ``Quarantined`` envelopes in file order."""
 
     path: str
@@ -87,30 +91,79 @@ def read_usage_files(paths: Iterable[Path], progress: Callable[[int, int], None]
 
 
 POOL_FROM = 64
-_POOL_CHUNK = 8  # files a process reads per task: fewer round trips, order still kept
-_decode_found = msgspec.msgpack.Decoder(UsageFile | None).decode
+
+
+class _Failed(msgspec.Struct, tag=True):
+    """A file a forked reader could not read: the ``OSError`` to raise here."""
+
+    errno: int
+    strerror: str
+    filename: str
+
+
+_decode_found = msgspec.msgpack.Decoder(UsageFile | _Failed | None).decode
 
 
 def _pooled(paths: list[Path], jobs: int) -> Iterator[UsageFile | None]:
-    """``read_usage_file`` of each path, in order, in ``jobs`` forked processes. Reading and
-    decoding are most of the work and need nothing of this process's but the module;
-    each file's envelopes come back msgpack-encoded. The processes ignore SIGINT: a
-    Ctrl-C reaches this one, and leaving the pool ends them."""
-    import multiprocessing
+    """``read_usage_file`` of each path, in order, read by ``jobs`` forked processes: the
+    k-th takes every ``jobs``-th file from the k-th and sends each one's envelopes back,
+    msgpack-encoded, through a pipe of its own (``tillerman.ledger.frames``), whose buffer
+    lets it read ahead. Reading and decoding are most of the work and need nothing of this
+    process's but the module. (A ``multiprocessing`` pool cost this process half as much
+    again in its result threads.) The children ignore SIGINT: a Ctrl-C reaches this
+    process, which ends them."""
+    children: list[tuple[int, Any]] = []
+    try:
+        for k in range(jobs):
+            children.append(_fork_reader(paths[k::jobs], [pipe for _, pipe in children]))
+        for i in range(len(paths)):
+            body = frames.receive(children[i % jobs][1])
+            if body is None:
+                raise OSError(f"{paths[i]}: the process reading it ended before sending it")
+            found = _decode_found(body)
+            if isinstance(found, _Failed):
+                raise OSError(found.errno, found.strerror, found.filename)
+            yield found
+    finally:
+        for pid, pipe in children:
+            pipe.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # done already, or no longer listened to
+            os.waitpid(pid, 0)
 
-    with multiprocessing.get_context("fork").Pool(jobs, initializer=_ignore_sigint) as pool:
-        for encoded in pool.imap(_read_encoded, paths, chunksize=_POOL_CHUNK):
-            yield _decode_found(encoded)
 
-
-def _ignore_sigint() -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _fork_reader(paths: list[Path], inherited: list) -> tuple[int, Any]:
+    """A child reading ``paths`` in order, and the pipe its envelopes come through."""
+    read_fd, write_fd = os.pipe()
+    frames.widen(write_fd)
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            os.close(read_fd)
+            for pipe in inherited:  # the other readers' pipes: theirs to end
+                pipe.close()
+            with open(write_fd, "wb", buffering=0) as pipe:
+                for path in paths:
+                    frames.send(pipe, _read_encoded(path))
+            status = 0
+        except BrokenPipeError:
+            pass  # nobody reads any more
+        except BaseException:  # a fault of ours: said here; the parent says which file
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    return pid, open(read_fd, "rb", buffering=frames.PIPE_BYTES)
 
 
 def _read_encoded(path: Path) -> bytes:
-    return msgspec.msgpack.encode(read_usage_file(path))
+    try:
+        return msgspec.msgpack.encode(read_usage_file(path))
+    except OSError as exc:
+        return msgspec.msgpack.encode(_Failed(exc.errno or 0, exc.strerror or str(exc), str(path)))
 
 
 def read_usage_file(path: Path) -> UsageFile | None:
@@ -137,20 +190,16 @@ class _Lines:
         self.event_id = event_ids(identity)
         self.out: list[Envelope] = []
 
-    def matching(self, needles: tuple[bytes, ...]) -> list[tuple[int, int]]:
-        """(start, end) of each line holding a needle, in file order; ``end`` excludes the newline."""
-        data = self.data
-        lines: dict[int, int] = {}
-        for needle in needles:
-            found = data.find(needle)
-            while found != -1:
-                start = data.rfind(b"\n", 0, found) + 1
-                end = data.find(b"\n", found)
-                if end == -1:
-                    end = len(data)
-                lines[start] = end
-                found = data.find(needle, end)
-        return sorted(lines.items())
+    def matching(self, needles: re.Pattern[bytes]) -> Iterator[tuple[int, int, bytes]]:
+        """(start, end, body) of each line holding a needle, in file order; ``end``
+        excludes the newline. (Splitting the file and searching each line for any needle
+        at once is about three times faster than finding each needle in the whole file.)"""
+        start, search = 0, needles.search
+        for body in self.data.split(b"\n"):
+            end = start + len(body)
+            if search(body):
+                yield start, end, body
+            start = end + 1
 
     def length(self, start: int, end: int) -> int:
         """A record's length as the parsers count it: its newline included."""
@@ -210,9 +259,9 @@ class _CodexFile:
         self.context_turn: str | None = None  # the latest turn_context's turn (0.163 and later)
         self.previous_total = None
 
-    def line(self, lines: _Lines, start: int, end: int, token_count_usage) -> None:
+    def line(self, lines: _Lines, start: int, end: int, body: bytes, token_count_usage) -> None:
         try:
-            record = _decode_codex(lines.data[start:end])
+            record = _decode_codex(body)
         except (msgspec.DecodeError, RecursionError):
             return lines.quarantine(start, end, lines.refused_reason(start, end))
         body = record.payload or _CodexPayload()
@@ -253,8 +302,8 @@ def _read_codex(lines: _Lines, path: str) -> list[Envelope]:
     from tillerman.monitor.codex_rollout import token_count_usage
 
     state = _CodexFile(path)
-    for start, end in lines.matching(_CODEX_NEEDLES):
-        state.line(lines, start, end, token_count_usage)
+    for start, end, body in lines.matching(_CODEX_NEEDLES):
+        state.line(lines, start, end, body, token_count_usage)
     return lines.out
 
 
@@ -309,9 +358,9 @@ class _ClaudeFile:
         self.side_roots: dict[str, str] = {}
         self.side_root: str | None = None
 
-    def line(self, lines: _Lines, start: int, end: int, transcript_usage) -> None:
+    def line(self, lines: _Lines, start: int, end: int, body: bytes, transcript_usage) -> None:
         try:
-            record = _decode_claude(lines.data[start:end])
+            record = _decode_claude(body)
         except (msgspec.DecodeError, RecursionError):
             return lines.quarantine(start, end, lines.refused_reason(start, end))
         try:
@@ -418,8 +467,8 @@ def _read_claude(lines: _Lines, path: str) -> list[Envelope]:
     from tillerman.monitor.claude_transcript import transcript_usage
 
     state = _ClaudeFile(path)
-    for start, end in lines.matching(_CLAUDE_NEEDLES):
-        state.line(lines, start, end, transcript_usage)
+    for start, end, body in lines.matching(_CLAUDE_NEEDLES):
+        state.line(lines, start, end, body, transcript_usage)
     return lines.out
 
 

@@ -10,6 +10,7 @@ missing path, a bad date or zone, an unreadable ledger or a bad price table.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import re
 import sys
@@ -86,11 +87,15 @@ def usage(paths, ledger_path, by, since, until, zone, breakdown, config_path, as
         raise Fail("give --ledger PATH or session files and folders, not both")
     if since and until and since > until:
         raise Fail(f"--since {since} is after --until {until}; nothing could match")
-    prices = price_table(config_path)
-    report = UsageReport(prices, by=by, tz=zone, since=since, until=until, all_quarantines=bool(paths))
     if paths:
-        report.add_all(_file_envelopes(paths))
+        # The readers start first, so the price table loads while they read.
+        envelopes = _file_envelopes(paths)
+        first = next(envelopes, None)
+        report = UsageReport(price_table(config_path), by=by, tz=zone, since=since, until=until,
+                             all_quarantines=True)
+        report.add_all(itertools.chain((first,) if first is not None else (), envelopes))
     else:
+        report = UsageReport(price_table(config_path), by=by, tz=zone, since=since, until=until)
         with open_intact_ledger(ledger_path) as ledger:
             report.add_all(entry.envelope for entry in ledger.read())
     shown = {"by": by, "timezone": _zone_name(zone), **report.as_json(breakdown=breakdown)}

@@ -16,6 +16,7 @@ from tillerman.monitor.identity import file_identity, read_first_line
 from tillerman.monitor.tailer import file_source
 from tillerman.monitor.usage_files import (
     HEAD_BYTES,
+    POOL_FROM,
     UsageFilesError,
     read_usage_file,
     read_usage_files,
@@ -140,3 +141,31 @@ def test_folders_are_searched_for_jsonl_in_sorted_order(tmp_path):
 def test_a_file_of_another_format_is_named_not_read(tmp_path):
     other = SESSIONS / "codex-exec" / "stops-mid-turn.jsonl"
     assert list(read_usage_files([other])) == [str(other)]
+
+
+def _many_files(root: Path) -> list[Path]:
+    """More files than the readers are forked for: the recorded sessions, several times over."""
+    for copy in range(6):
+        for path in FILES:
+            target = root / str(copy) / path.relative_to(SESSIONS)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    found = usage_file_paths([str(root)])
+    assert len(found) >= POOL_FROM
+    return found
+
+
+def test_forked_readers_give_what_one_process_reads(tmp_path):
+    paths = _many_files(tmp_path)
+    alone = list(read_usage_files(paths, jobs=1))
+    assert list(read_usage_files(paths, jobs=2)) == alone
+    assert list(read_usage_files(paths, jobs=3)) == alone
+    assert sum(len(found.envelopes) for found in alone if not isinstance(found, str)) > 100
+
+
+def test_a_file_a_forked_reader_cannot_read_is_an_error_here(tmp_path):
+    paths = _many_files(tmp_path)
+    paths[-1].unlink()  # gone between the listing and the reading
+    with pytest.raises(FileNotFoundError) as raised:
+        list(read_usage_files(paths, jobs=2))
+    assert raised.value.filename == str(paths[-1])
