@@ -170,54 +170,59 @@ def read_usage_file(path: Path) -> UsageFile | None:
     """The usage of one file; None when it is no Codex rollout or Claude Code transcript."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
-        data = fh.read()
-    fmt = detect_format(data[:HEAD_BYTES], str(path))
-    reader = _READERS.get(fmt or "")
-    if reader is None:
-        return None
-    first_line = data[:min(data.find(b"\n") + 1 or len(data), FIRST_LINE_LIMIT)]
-    source = file_source(path)
-    kind, read = reader
-    envelopes = read(_Lines(data, source, stat_identity(st, first_line)), str(path))
+        head = fh.read(HEAD_BYTES)
+        reader = _READERS.get(detect_format(head, str(path)) or "")
+        if reader is None:
+            return None
+        first_line = head[:min(head.find(b"\n") + 1 or len(head), FIRST_LINE_LIMIT)]
+        fh.seek(0)
+        source = file_source(path)
+        kind, read = reader
+        envelopes = read(_Lines(fh, source, stat_identity(st, first_line)), str(path))
     return UsageFile(path=str(path), source=source, kind=kind, envelopes=envelopes)
+
+
+CHUNK = 16 << 20  # read at a time: memory stays flat however large a file is
 
 
 class _Lines:
     """The lines of a file that hold any of some needles, and the envelopes made of them."""
 
-    def __init__(self, data: bytes, source: str, identity: str) -> None:
-        self.data, self.source = data, source
+    def __init__(self, fh, source: str, identity: str) -> None:
+        self.fh, self.source = fh, source
         self.event_id = event_ids(identity)
         self.out: list[Envelope] = []
 
     def matching(self, needles: re.Pattern[bytes]) -> Iterator[tuple[int, int, bytes]]:
-        """(start, end, body) of each line holding a needle, in file order; ``end``
-        excludes the newline. (Splitting the file and searching each line for any needle
-        at once is about three times faster than finding each needle in the whole file.)"""
-        start, search = 0, needles.search
-        for body in self.data.split(b"\n"):
-            end = start + len(body)
-            if search(body):
-                yield start, end, body
-            start = end + 1
+        """(offset, length, body) of each line holding a needle, in file order; ``length``
+        counts the newline, as the parsers do. (Splitting a chunk into lines and searching
+        each for any needle at once is about three times faster than finding each needle
+        in the whole chunk.)"""
+        start, rest, search = 0, b"", needles.search
+        while data := self.fh.read(CHUNK):
+            data = rest + data
+            cut = data.rfind(b"\n") + 1  # complete lines only: the rest joins the next chunk
+            rest = data[cut:]
+            for body in data[:cut].split(b"\n")[:-1]:
+                if search(body):
+                    yield start, len(body) + 1, body
+                start += len(body) + 1
+        if rest and search(rest):  # a last line without its newline
+            yield start, len(rest), rest
 
-    def length(self, start: int, end: int) -> int:
-        """A record's length as the parsers count it: its newline included."""
-        return end - start + (end < len(self.data))
-
-    def add(self, event, start: int, end: int, at: float | None, index: int = 0) -> None:
+    def add(self, event, start: int, length: int, at: float | None, index: int = 0) -> None:
         """``index``: the events the full parser gives for this line before this one."""
         self.out.append(Envelope(event_id=self.event_id(start, index), event=event, source=self.source, at=at,
-                                 offset=start, length=self.length(start, end)))
+                                 offset=start, length=length))
 
-    def quarantine(self, start: int, end: int, reason: str) -> None:
-        length = self.length(start, end)
+    def quarantine(self, start: int, length: int, reason: str) -> None:
         self.out.append(Envelope(event_id=self.event_id(start, 0), source=self.source, offset=start, length=length,
                                  event=Quarantined(source=self.source, offset=start, length=length, reason=reason)))
 
-    def refused_reason(self, start: int, end: int) -> str:
+    @staticmethod
+    def refused_reason(body: bytes, length: int) -> str:
         """Why a line the Structs did not take is refused, as the full parsers say it."""
-        record = decode_record(self.data[start:end], end < len(self.data))
+        record = decode_record(body, length > len(body))
         return record if isinstance(record, str) else WRONG_TYPE
 
 
@@ -259,11 +264,11 @@ class _CodexFile:
         self.context_turn: str | None = None  # the latest turn_context's turn (0.163 and later)
         self.previous_total = None
 
-    def line(self, lines: _Lines, start: int, end: int, body: bytes, token_count_usage) -> None:
+    def line(self, lines: _Lines, start: int, length: int, body: bytes, token_count_usage) -> None:
         try:
             record = _decode_codex(body)
         except (msgspec.DecodeError, RecursionError):
-            return lines.quarantine(start, end, lines.refused_reason(start, end))
+            return lines.quarantine(start, length, lines.refused_reason(body, length))
         body = record.payload or _CodexPayload()
         try:
             _text(record.timestamp)
@@ -272,13 +277,13 @@ class _CodexFile:
             elif record.type == "turn_context":
                 self.model, self.context_turn = _text(body.model), _text(body.turn_id)
             elif record.type == "event_msg":
-                self._event(lines, start, end, record, body, token_count_usage)
+                self._event(lines, start, length, record, body, token_count_usage)
         except UsageRefused as refused:
-            lines.quarantine(start, end, refused.reason)
+            lines.quarantine(start, length, refused.reason)
         except WrongType:
-            lines.quarantine(start, end, WRONG_TYPE)
+            lines.quarantine(start, length, WRONG_TYPE)
 
-    def _event(self, lines: _Lines, start: int, end: int, record: _CodexLine, body: _CodexPayload,
+    def _event(self, lines: _Lines, start: int, length: int, record: _CodexLine, body: _CodexPayload,
                token_count_usage) -> None:
         kind = body.type
         if kind == "token_count":
@@ -287,7 +292,7 @@ class _CodexFile:
                                       model=self.model, previous_total=self.previous_total)
             if usage is not None:
                 self.previous_total = usage.total
-                lines.add(usage, start, end, _time(record.timestamp))
+                lines.add(usage, start, length, _time(record.timestamp))
         elif kind == "task_started":
             self.explicit_turns = True
             self.turn = _text(body.turn_id) or f"turn@{start}"
@@ -302,8 +307,8 @@ def _read_codex(lines: _Lines, path: str) -> list[Envelope]:
     from tillerman.monitor.codex_rollout import token_count_usage
 
     state = _CodexFile(path)
-    for start, end, body in lines.matching(_CODEX_NEEDLES):
-        state.line(lines, start, end, body, token_count_usage)
+    for start, length, body in lines.matching(_CODEX_NEEDLES):
+        state.line(lines, start, length, body, token_count_usage)
     return lines.out
 
 
@@ -358,11 +363,11 @@ class _ClaudeFile:
         self.side_roots: dict[str, str] = {}
         self.side_root: str | None = None
 
-    def line(self, lines: _Lines, start: int, end: int, body: bytes, transcript_usage) -> None:
+    def line(self, lines: _Lines, start: int, length: int, body: bytes, transcript_usage) -> None:
         try:
             record = _decode_claude(body)
         except (msgspec.DecodeError, RecursionError):
-            return lines.quarantine(start, end, lines.refused_reason(start, end))
+            return lines.quarantine(start, length, lines.refused_reason(body, length))
         try:
             _text(record.timestamp)
             session = _text(record.sessionId) or self.file_session
@@ -371,11 +376,11 @@ class _ClaudeFile:
             elif record.type == "queue-operation":
                 self._open(session)
             elif record.type in _CONVERSATION:
-                self._conversation(lines, start, end, record, session, transcript_usage)
+                self._conversation(lines, start, length, record, session, transcript_usage)
         except UsageRefused as refused:
-            lines.quarantine(start, end, refused.reason)
+            lines.quarantine(start, length, refused.reason)
         except WrongType:
-            lines.quarantine(start, end, WRONG_TYPE)
+            lines.quarantine(start, length, WRONG_TYPE)
 
     def _open(self, thread: str | None) -> int:
         """Registers the thread; 1 when this line opens it (the parser's ``ThreadStarted``)."""
@@ -384,7 +389,7 @@ class _ClaudeFile:
         self.turns[thread] = None
         return 1
 
-    def _conversation(self, lines: _Lines, start: int, end: int, record: _ClaudeLine, session: str | None,
+    def _conversation(self, lines: _Lines, start: int, length: int, record: _ClaudeLine, session: str | None,
                       transcript_usage) -> None:
         thread = self._thread_of(record, session, start)
         message = record.message or _ClaudeMessage()
@@ -404,7 +409,7 @@ class _ClaudeFile:
         if thread is not None:
             self.turns[thread] = turn
         if usage is not None:  # after the line's thread opening, messages and tool calls
-            lines.add(usage, start, end, _time(record.timestamp), opening + said)
+            lines.add(usage, start, length, _time(record.timestamp), opening + said)
 
     def _user(self, record: _ClaudeLine, blocks: list[_Block], turn: str | None, start: int) -> str | None:
         """The thread's open turn after a user line: a prompt opens one, an interrupt ends it."""
@@ -467,8 +472,8 @@ def _read_claude(lines: _Lines, path: str) -> list[Envelope]:
     from tillerman.monitor.claude_transcript import transcript_usage
 
     state = _ClaudeFile(path)
-    for start, end, body in lines.matching(_CLAUDE_NEEDLES):
-        state.line(lines, start, end, body, transcript_usage)
+    for start, length, body in lines.matching(_CLAUDE_NEEDLES):
+        state.line(lines, start, length, body, transcript_usage)
     return lines.out
 
 

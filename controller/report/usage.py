@@ -182,12 +182,19 @@ class UsageReport:
         if counted.withdrawn is not None:  # a better duplicate: the one counted elsewhere goes
             model, speed = _unplaced(counted.withdrawn.model)
             taken = counted.withdrawn_tokens
-            self._count(counted.withdrawn, taken, self.prices.cost(model, taken, speed=speed), -1, None)
+            self._count(counted.withdrawn, taken, self._cost(model, taken, speed), -1, None)
         elif counted.delta != event.tokens:  # a better duplicate, counted at the same place
             taken = event.tokens - counted.delta
-            self._count(counted.place, taken, self.prices.cost(event.model, taken, speed=event.speed), -1, None)
-        self._count(counted.place, event.tokens, self.prices.cost(event.model, event.tokens, speed=event.speed), 1,
-                    envelope)
+            self._count(counted.place, taken, self._cost(event.model, taken, event.speed), -1, None)
+        self._count(counted.place, event.tokens, self._cost(event.model, event.tokens, event.speed), 1, envelope)
+
+    def _cost(self, model: str | None, tokens: Tokens, speed: str | None) -> Cost:
+        """A response's cost. One of no tokens costs nothing whatever its model: Claude
+        Code's ``<synthetic>`` entries (a local error, no model ran) would otherwise leave
+        a day without a cost for want of a price nothing needed."""
+        if tokens.is_zero():
+            return Cost(usd=0.0, date=self.prices.date)
+        return self.prices.cost(model, tokens, speed=speed)
 
     def _count(self, place: Place, tokens: Tokens, cost: Cost, sign: int, envelope: Envelope | None) -> None:
         where = (self._key_of(place), place.model, place.thread_id, place.day)

@@ -275,3 +275,16 @@ def test_a_file_that_is_no_ledger_is_refused(tmp_path):
 
 def test_a_ledger_and_paths_together_are_refused(folders, tmp_path):
     assert "not both" in usage("--ledger", str(tmp_path / "l.sqlite3"), *folders, code=2)
+
+
+def test_a_response_of_no_tokens_costs_nothing_whatever_its_model(tmp_path):
+    """Claude Code's <synthetic> entries (no model ran) have no price and no tokens: they
+    leave the row's cost as it is, where they would otherwise make it null."""
+    zero = {"input_tokens": 0, "output_tokens": 0}
+    path = _write(tmp_path / "p" / "s-4.jsonl", [
+        _assistant("s-4", 1, {"input_tokens": 4, "output_tokens": 3}, stamp="2026-12-02T10:00:00Z"),
+        _assistant("s-4", 2, zero, model="<synthetic>", stamp="2026-12-02T10:00:01Z"),
+    ])
+    shown = usage(str(path), "--json")
+    assert shown["totals"]["cost_usd"] == pytest.approx(_cost("claude-sonnet-4-5", Tokens(input=4, output=3)))
+    assert shown["totals"]["cost_missing"] == []

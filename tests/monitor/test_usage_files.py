@@ -169,3 +169,14 @@ def test_a_file_a_forked_reader_cannot_read_is_an_error_here(tmp_path):
     with pytest.raises(FileNotFoundError) as raised:
         list(read_usage_files(paths, jobs=2))
     assert raised.value.filename == str(paths[-1])
+
+
+@pytest.mark.parametrize("chunk", [1, 100, 4096])
+def test_a_file_is_read_in_chunks_with_the_same_result(monkeypatch, chunk):
+    """Memory stays flat: a file is read a chunk at a time, and a line cut by a chunk's end
+    is read whole with the next."""
+    import tillerman.monitor.usage_files as usage_files
+
+    whole = {path: _fast(path) for path in FILES}
+    monkeypatch.setattr(usage_files, "CHUNK", chunk)
+    assert {path: _fast(path) for path in FILES} == whole
