@@ -288,3 +288,12 @@ def test_a_response_of_no_tokens_costs_nothing_whatever_its_model(tmp_path):
     shown = usage(str(path), "--json")
     assert shown["totals"]["cost_usd"] == pytest.approx(_cost("claude-sonnet-4-5", Tokens(input=4, output=3)))
     assert shown["totals"]["cost_missing"] == []
+
+
+def test_progress_is_one_line_rewritten(capsys):
+    from tillerman.controller.cli.usage import progress
+
+    for done in range(1, 61):
+        progress(done, 60)
+    assert capsys.readouterr().err == "\rreading usage: 25/60 files\rreading usage: 50/60 files" \
+                                      "\rreading usage: 60/60 files\n"

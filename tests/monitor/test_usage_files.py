@@ -180,3 +180,10 @@ def test_a_file_is_read_in_chunks_with_the_same_result(monkeypatch, chunk):
     whole = {path: _fast(path) for path in FILES}
     monkeypatch.setattr(usage_files, "CHUNK", chunk)
     assert {path: _fast(path) for path in FILES} == whole
+
+
+def test_progress_is_told_after_each_file(tmp_path):
+    paths = _many_files(tmp_path)
+    told: list[tuple[int, int]] = []
+    list(read_usage_files(paths, lambda done, total: told.append((done, total)), jobs=2))
+    assert told == [(n, len(paths)) for n in range(1, len(paths) + 1)]
