@@ -58,6 +58,7 @@ class Effective(msgspec.Struct, frozen=True, kw_only=True):
     patterns_digest: str
     reviewers: tuple[Reviewer, ...] = ()
     sinks: tuple[NotifySink, ...] = ()  # [[notify]]: read at start, not reloaded
+    usage_report: bool = True  # [defaults] usage_report: the built-in usage notices, read at start
 
     def reviewer(self, name: str) -> Reviewer | None:
         return next((r for r in self.reviewers if r.name == name), None)
@@ -151,12 +152,14 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     rules_text = read_file(rules_path, on_unsafe=on_unsafe) if rules_path is not None else None
     rules = load_rules(rules_text, str(rules_path)) if rules_text is not None else default_rules()
     overrides: dict[str, PriceOverride] = {}
+    usage_report = True
     if config_path is not None:
         text = read_file(config_path, on_unsafe=on_unsafe)
         config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
         overrides = load_price_overrides(text, str(config_path))
         grants, reviewers, sinks = config.grants(), config.reviewers(), config.sinks()
+        usage_report = config.defaults.usage_report
     else:  # what ``tillerman.rules.schema.NO_CONFIG`` holds, without importing the schema
         grants, reviewers, sinks, patterns = (owner_grant(),), (), (), DEFAULT_PATTERNS
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
@@ -166,7 +169,8 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     except PriceFileError as exc:  # a spoiled imported table, an override of a model it cannot price
         raise RuleSetError(str(exc)) from None
     return Effective(ruleset=build_ruleset(rules, grants, prices, overrides), patterns=patterns,
-                     patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks)
+                     patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks,
+                     usage_report=usage_report)
 
 
 def check_review_names(rules: Sequence[Rule], text: str, source: str, names: set[str],

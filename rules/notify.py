@@ -17,8 +17,8 @@ import msgspec
 
 from tillerman.rules.errors import show
 
-NoticeKind = Literal["overdue", "escalation", "report", "goal"]
-NOTICE_KINDS: tuple[NoticeKind, ...] = ("overdue", "escalation", "report", "goal")
+NoticeKind = Literal["overdue", "escalation", "report", "goal", "usage"]
+NOTICE_KINDS: tuple[NoticeKind, ...] = ("overdue", "escalation", "report", "goal", "usage")
 
 
 class NotifySink(msgspec.Struct, frozen=True, kw_only=True):

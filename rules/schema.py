@@ -270,6 +270,8 @@ class DefaultsSpec(_Spec):
 
     # strict: "false" (a string) is not false; authority is not guessed from a typo
     owner_grant: bool = Field(default=True, strict=True)
+    # the built-in usage report (a day's cost, most of the context window) to a person
+    usage_report: bool = Field(default=True, strict=True)
 
 
 class ConfigFile(BaseModel):

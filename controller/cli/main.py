@@ -386,7 +386,9 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
         DaemonOptions,
         run_daemon,
     )
+    from tillerman.controller.notify.usage_report import UsageReport
     from tillerman.monitor.appserver_client import JsonlTrace, TraceFileError
+    from tillerman.rules.prices import PriceFileError
 
     if trace_path:
         created = not os.path.lexists(trace_path)
@@ -396,6 +398,10 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
             raise Fail(str(exc)) from None
         if created:  # only tried: the daemon creates it once the ledger opens, so an error there writes nothing
             os.unlink(trace_path)
+    try:  # the built-in usage report prices a day's cost
+        usage_report = UsageReport.for_ruleset(effective.ruleset) if effective.usage_report else None
+    except PriceFileError as exc:
+        raise Fail(str(exc)) from None
     options = DaemonOptions(url=target.url if target else None,
                             client_name=target.client_name if target else OWN_CLIENT_NAME,
                             default_socket=bool(target and target.default_socket),
@@ -404,7 +410,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             config_path=config_path, patterns=effective.patterns,
                             reviewers=effective.reviewers,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
-                            metrics=serve_metrics(metrics_address) if metrics_address else None, lease=lease)
+                            metrics=serve_metrics(metrics_address) if metrics_address else None, lease=lease,
+                            usage_report=usage_report)
     try:
         if database:  # several daemons may share a database: each thread by lease, no lock file
             # A transaction of this daemon frozen past its lease is ended by the server:

@@ -67,6 +67,7 @@ from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_
 from tillerman.controller.dispatch.leases_keeper import LeaseKeeper
 from tillerman.controller.notify.notices import Notifier
 from tillerman.controller.notify.sinks import SinkRunner
+from tillerman.controller.notify.usage_report import UsageReport
 from tillerman.controller.review.checkpoints import Checkpoints, Job, ask_at, is_reviewer_thread
 from tillerman.ledger import events as ev
 from tillerman.ledger import projections
@@ -132,6 +133,7 @@ class DaemonOptions:
     sinks: tuple[NotifySink, ...] = ()  # the config file's [[notify]] tables
     metrics: Metrics | None = None  # --metrics: counted, and served by the caller
     lease: float | None = None  # --lease: threads shared by lease with other daemons on a database ledger
+    usage_report: UsageReport | None = None  # the built-in usage notices; None: [defaults] usage_report = false
 
     def notify_sinks(self) -> tuple[NotifySink, ...]:
         """The [[notify]] sinks, and ``--on-overdue`` as one more: overdue notices only,
@@ -169,7 +171,7 @@ class Daemon:
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
         self._fold_ahead = False  # a round failed after folding rows it did not write
         sinks = options.notify_sinks()
-        self.notifier = Notifier(sinks)
+        self.notifier = Notifier(sinks, options.usage_report)
         self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
         self.checkpoints = Checkpoints(options.reviewers)  # fed by the round's fold; reviews run as tasks
         # The decision round replay drives too (``tillerman.controller.core.round``): the

@@ -6,7 +6,9 @@ acknowledgement or effect deadline, ``tillerman.controller.core.overdue``), an *
 a **report** a rule made for a person (a stall, an approval waiting: ``report`` rows
 whose action is ``report_overdue`` or ``escalate``), and a Codex **goal** that Codex
 stopped working on by itself for a reason a person has to act on (``budgetLimited``,
-``usageLimited``, ``blocked``: ``snapshot.GOAL_HALTED``), told without any rule. Each is a
+``usageLimited``, ``blocked``: ``snapshot.GOAL_HALTED``), told without any rule; and a
+thread's **usage** crossing a day's cost or most of its context window, also without a
+rule (``tillerman.controller.notify.usage_report``). Each is a
 *subject* (``overdue:INTENT``, ``escalation:INTENT``, ``report:EVENT``, ``goal:EVENT``,
 the event that changed the goal's status) with a *step* (the deadline missed, the
 escalation's reason, ``1`` for a report, the goal's status). A sink gets each step
@@ -34,6 +36,7 @@ import msgspec
 from tillerman.controller.core.overdue import Overdue, overdue
 from tillerman.controller.core.render import overdue_json
 from tillerman.controller.core.timefmt import iso
+from tillerman.controller.notify.usage_report import UsageReport, describe
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry
 from tillerman.ledger.intent_states import is_terminal
@@ -91,6 +94,7 @@ class _State(msgspec.Struct, kw_only=True):
     alerts: dict[str, Alert] = {}  # subject -> alert
     sent: dict[str, dict[str, float]] = {}  # sink -> key -> last sent (or given up) at
     goals: dict[str, str] = {}  # thread -> its goal's last status: a report with the same one is no change
+    usage_marks: dict[str, str] = {}  # the usage crossings already reported (``UsageReport.crossings``)
 
 
 def key_of(subject: str, step: str) -> str:
@@ -98,8 +102,10 @@ def key_of(subject: str, step: str) -> str:
 
 
 class Notifier:
-    def __init__(self, sinks: Iterable[NotifySink]) -> None:
+    def __init__(self, sinks: Iterable[NotifySink], usage_report: UsageReport | None = None) -> None:
         self.sinks = tuple(sinks)
+        self.usage_report = usage_report  # None: [defaults] usage_report = false
+        self._usage_moved: set[str] = set()  # threads with usage folded since the last ``due``
         self.kinds = frozenset(kind for sink in self.sinks for kind in sink.kinds)  # what any sink takes
         self.state = _State()
         self.in_flight: dict[str, set[str]] = {sink.name: set() for sink in self.sinks}
@@ -117,6 +123,8 @@ class Notifier:
         event = entry.envelope.event
         if isinstance(event, ev.GoalUpdated | ev.GoalCleared) and event.thread_id is not None:
             self._fold_goal(entry, event)  # logged without a sink too
+        if isinstance(event, ev.Usage) and self.usage_report is not None and event.thread_id is not None:
+            self._usage_moved.add(event.thread_id)  # judged from the fold's figures when notices are due
         if not self.sinks:
             return
         at = entry.envelope.at or 0.0
@@ -195,6 +203,7 @@ class Notifier:
         self.overdue_now = len(found)
         self._log(found, projection)
         self._log_goals(projection)
+        self._usage_crossings(projection, now)
         if not self.sinks:
             return []
         current: dict[str, dict] = {}
@@ -285,14 +294,17 @@ class Notifier:
             facts["reported_at"] = iso(alert.at)
         if alert.kind == "goal":
             facts["changed_at"] = iso(alert.facts.get("changed_at"))
+        if alert.kind == "usage":
+            facts["reported_at"] = iso(alert.at)
         return facts
 
-    @staticmethod
-    def _settled(alert: Alert, projection: Projection) -> str | None:
+    def _settled(self, alert: Alert, projection: Projection) -> str | None:
         """How the subject settled (an intent's final state, a report's turn ending or
         its thread moving on), or None while it is still open."""
         if alert.kind == "goal":
             return _goal_settled(alert, projection)
+        if alert.kind == "usage":
+            return self.usage_report.settled(alert.thread_id, alert.facts, projection) if self.usage_report else "off"
         if alert.kind == "report":
             snapshot = projection.snapshot(alert.thread_id)
             if snapshot.active_turn_id != alert.facts.get("turn"):
@@ -317,6 +329,24 @@ class Notifier:
             if view is not None and is_terminal(view.state, view.intent):
                 self._logged.discard(intent_id)
                 log.info("resolved: overdue intent %s settled as %s", intent_id, view.state)
+
+    def _usage_crossings(self, projection: Projection, now: float) -> None:
+        """The built-in usage report's new crossings, each logged once and kept as a
+        subject when a sink takes usage notices."""
+        if self.usage_report is None:
+            return
+        told = any("usage" in sink.kinds for sink in self.sinks)
+        for thread_id in sorted(self._usage_moved):
+            thread = projection.threads.get(thread_id)
+            if thread is None or thread.usage is None:
+                continue
+            for subject, step, facts in self.usage_report.crossings(thread_id, thread.usage, self.state.usage_marks,
+                                                                    now):
+                log.warning("%s", describe(thread_id, facts))
+                if told:
+                    self.state.alerts[subject] = Alert(kind="usage", thread_id=thread_id, step=step, at=now,
+                                                       facts=facts)
+        self._usage_moved.clear()
 
     def _log_goals(self, projection: Projection) -> None:
         """Every goal subject is logged once per run, and its settling once more; one no

@@ -399,8 +399,14 @@ def test_rules_file_that_is_not_utf8(tmp_path: Path) -> None:
         ),
         pytest.param(
             '[defaults]\nowner_grant = false\nowner_grants = false\n',
-            "config.toml:3: defaults field owner_grants: unknown field; expected one of owner_grant",
+            "config.toml:3: defaults field owner_grants: unknown field; expected one of owner_grant, usage_report",
             id="unknown key under defaults",
+        ),
+        pytest.param(
+            '[defaults]\nusage_report = "false"\n',
+            'config.toml:2: defaults field usage_report: must be true or false (got "false");'
+            " write it like usage_report = false",
+            id="usage_report a string",
         ),
         pytest.param(
             "defaults = false\n",

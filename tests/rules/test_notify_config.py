@@ -33,7 +33,7 @@ def test_a_command_and_a_webhook_become_sinks(tmp_path):
 def test_defaults_of_a_sink():
     (sink,) = load_config(notify("n", command=["x"]), "config.toml").sinks()
     assert (sink.group_window, sink.repeat, sink.kinds, sink.timeout) == (
-        10.0, None, ("overdue", "escalation", "report", "goal"), 10.0)
+        10.0, None, ("overdue", "escalation", "report", "goal", "usage"), 10.0)
 
 
 def test_a_remote_webhook_needs_allow_remote():
