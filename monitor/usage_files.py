@@ -318,6 +318,8 @@ def _read_codex(lines: _Lines, path: str) -> list[Envelope]:
 class _Block(msgspec.Struct):
     type: Any = None
     text: Any = None
+    id: Any = None  # a tool call's
+    tool_use_id: Any = None  # a tool result's
 
 
 class _ClaudeMessage(msgspec.Struct):
@@ -342,6 +344,8 @@ class _ClaudeLine(msgspec.Struct):
     isCompactSummary: Any = None  # noqa: N815
     isApiErrorMessage: Any = None  # noqa: N815
     subtype: Any = None
+    totalCostUSD: Any = None  # noqa: N815 (cost-state)
+    modelUsage: Any = None  # noqa: N815 (cost-state)
     message: _ClaudeMessage | None = None
 
 
@@ -362,8 +366,13 @@ class _ClaudeFile:
         self.turns: dict[str | None, str | None] = {}  # every thread opened, and its open turn
         self.side_roots: dict[str, str] = {}
         self.side_root: str | None = None
+        # Tool calls started and not answered, and those answered: the CLI's exit (its
+        # cost-state line) ends the open ones, events that come before its own account.
+        self.open_calls: dict[str, None] = {}
+        self.done_calls: set[str] = set()
 
-    def line(self, lines: _Lines, start: int, length: int, body: bytes, transcript_usage) -> None:
+    def line(self, lines: _Lines, start: int, length: int, body: bytes, readers) -> None:
+        transcript_usage, cost_state_usage = readers
         try:
             record = _decode_claude(body)
         except (msgspec.DecodeError, RecursionError):
@@ -372,7 +381,8 @@ class _ClaudeFile:
             _text(record.timestamp)
             session = _text(record.sessionId) or self.file_session
             if record.type == "cost-state":
-                self.turns = dict.fromkeys(self.turns)  # the CLI exits: every open turn ends
+                self._exit(lines, start, length, record, cost_state_usage(
+                    {"totalCostUSD": record.totalCostUSD, "modelUsage": record.modelUsage}, thread_id=session))
             elif record.type == "queue-operation":
                 self._open(session)
             elif record.type in _CONVERSATION:
@@ -381,6 +391,14 @@ class _ClaudeFile:
             lines.quarantine(start, length, refused.reason)
         except WrongType:
             lines.quarantine(start, length, WRONG_TYPE)
+
+    def _exit(self, lines: _Lines, start: int, length: int, record: _ClaudeLine, reported) -> None:
+        """``cost-state``: the CLI exits. Its open calls and turns end, then its account."""
+        ended = len(self.open_calls) + sum(1 for turn in self.turns.values() if turn is not None)
+        self.done_calls.update(self.open_calls)
+        self.open_calls.clear()
+        self.turns = dict.fromkeys(self.turns)
+        lines.add(reported, start, length, _time(record.timestamp), ended)
 
     def _open(self, thread: str | None) -> int:
         """Registers the thread; 1 when this line opens it (the parser's ``ThreadStarted``)."""
@@ -401,6 +419,9 @@ class _ClaudeFile:
         elif record.type == "assistant":
             usage = transcript_usage(_claude_entry(record, message), thread_id=thread, turn_id=turn)
             said = sum(1 for block in blocks if block.type == "tool_use" or (block.type == "text" and _said(block)))
+            for block in blocks:
+                if block.type == "tool_use":
+                    self._call_started(_text(block.id) or f"tool@{start}")
             if record.isApiErrorMessage or _text(message.stop_reason) == "end_turn":
                 turn = None
         elif record.type == "system" and _text(record.subtype) in ("stop_hook_summary", "turn_duration"):
@@ -415,14 +436,28 @@ class _ClaudeFile:
         """The thread's open turn after a user line: a prompt opens one, an interrupt ends it."""
         from tillerman.monitor.claude_transcript import _LOCAL_INPUT, INTERRUPT_MARKER
 
+        answered = [self._call_answered(_text(b.tool_use_id) or f"tool@{start}") for b in blocks
+                    if b.type == "tool_result"]
         said = [_text(b.text) or "" for b in blocks if b.type == "text"]
         prompt = "\n".join(said)
         if prompt.startswith(INTERRUPT_MARKER):
             return None
-        if (not said or record.isMeta or record.isCompactSummary or any(b.type == "tool_result" for b in blocks)
+        if (not said or record.isMeta or record.isCompactSummary or any(answered)
                 or prompt.lstrip().startswith(_LOCAL_INPUT)):
             return turn
         return _text(record.uuid) or f"line@{start}"
+
+    def _call_started(self, call_id: str) -> None:
+        if call_id not in self.open_calls and call_id not in self.done_calls:
+            self.open_calls[call_id] = None
+
+    def _call_answered(self, call_id: str) -> bool:
+        """Whether this tool result is news (the parser's ``item_completed``), not a repeat."""
+        if call_id in self.done_calls:
+            return False
+        self.open_calls.pop(call_id, None)
+        self.done_calls.add(call_id)
+        return True
 
     def _thread_of(self, record: _ClaudeLine, session: str | None, start: int) -> str | None:
         """``ClaudeTranscriptParser._thread_of``: the session, or one of its subagents."""
@@ -469,11 +504,12 @@ def _claude_entry(record: _ClaudeLine, message: _ClaudeMessage) -> dict:
 
 
 def _read_claude(lines: _Lines, path: str) -> list[Envelope]:
-    from tillerman.monitor.claude_transcript import transcript_usage
+    from tillerman.monitor.claude_transcript import cost_state_usage, transcript_usage
 
     state = _ClaudeFile(path)
+    readers = (transcript_usage, cost_state_usage)
     for start, length, body in lines.matching(_CLAUDE_NEEDLES):
-        state.line(lines, start, length, body, transcript_usage)
+        state.line(lines, start, length, body, readers)
     return lines.out
 
 

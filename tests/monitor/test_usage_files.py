@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tillerman.ledger.events import Quarantined, Usage
+from tillerman.ledger.events import Quarantined, Usage, UsageReported
 from tillerman.monitor.file_reader import FileReader
 from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
@@ -36,11 +36,12 @@ FILES = [p for p in sorted(SESSIONS.rglob("*.jsonl")) if _format(p) in READ]
 
 def _full(path: Path) -> list:
     """What replay's reader makes of the file: (id, event, at, offset, length) of its
-    usage events, and (offset, reason) of its quarantines."""
+    usage and usage_reported events, and (offset, reason) of its quarantines."""
     parser = PARSERS[_format(path)](source=file_source(path))
     reader = FileReader(str(path), parser, file_identity(path, read_first_line(path)), 1 << 20)
     events = [fe for _, chunk in reader.chunks() for fe in chunk]
-    usage = [(fe.event_id, fe.event, fe.at, fe.offset, fe.length) for fe in events if isinstance(fe.event, Usage)]
+    usage = [(fe.event_id, fe.event, fe.at, fe.offset, fe.length) for fe in events
+             if isinstance(fe.event, Usage | UsageReported)]
     refused = {(fe.offset, fe.event.reason) for fe in events if isinstance(fe.event, Quarantined)}
     return [usage, refused]
 
@@ -48,7 +49,8 @@ def _full(path: Path) -> list:
 def _fast(path: Path) -> list:
     found = read_usage_file(path)
     assert found is not None
-    usage = [(e.event_id, e.event, e.at, e.offset, e.length) for e in found.envelopes if isinstance(e.event, Usage)]
+    usage = [(e.event_id, e.event, e.at, e.offset, e.length) for e in found.envelopes
+             if isinstance(e.event, Usage | UsageReported)]
     refused = {(e.offset, e.event.reason) for e in found.envelopes if isinstance(e.event, Quarantined)}
     return [usage, refused]
 
@@ -57,6 +59,9 @@ def test_the_fixtures_hold_usage_of_both_agents():
     kinds = {read_usage_file(p).kind for p in FILES if any(isinstance(e.event, Usage)
                                                             for e in read_usage_file(p).envelopes)}
     assert kinds == {"codex", "claude"}
+    # Claude Code's own account (its cost-state line), after the calls and turns its exit ends.
+    reported = [e for p in FILES for e in read_usage_file(p).envelopes if isinstance(e.event, UsageReported)]
+    assert reported
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SESSIONS)))
