@@ -1,7 +1,8 @@
 """Parity with ccusage (docs/usage/usage-and-budgets.md, "Parity with ccusage"): the pinned
 ccusage release (fixtures/ccusage_npm.py) and `tillerman usage` read the same Claude Code
 transcripts and Codex rollouts, and their figures are compared per session and per UTC
-day through the design's mapping (docs/design.md, "Parity with ccusage"), tokens exactly.
+day, tokens exactly, through the design's mapping
+(docs/design.md "Parity with ccusage: where the numbers differ by design").
 
 Generated sessions (fixtures/usage_sessions.py) also carry the figures a correct count
 gives, so ccusage itself is checked against them first: a disagreement there is a change
@@ -14,6 +15,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -103,3 +105,49 @@ def test_ccusage_counts_the_generated_codex_sessions_as_generated(ccusage, gener
     days = run_ccusage(ccusage, "codex", "daily", root / "codex")["daily"]
     assert {row["date"]: _compared(codex_figures(row), names) for row in days} == {
         day: _compared(figures, names) for day, figures in expected.codex_days.items()}
+
+
+def run_tillerman(by: str, *paths: Path) -> dict:
+    """``tillerman usage --json`` straight from the files, days in UTC."""
+    done = subprocess.run([sys.executable, "-m", "tillerman.controller", "usage", "--json", "--by", by,
+                           "--timezone", "UTC", *map(str, paths)],
+                          capture_output=True, text=True, timeout=CCUSAGE_SECONDS)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def ccusage_session_of(row: dict, root: Path) -> str:
+    """The session ccusage names a tillerman row by: a Claude transcript's
+    ``project/session`` (a subagent file's parent session), a Codex rollout's path under
+    ``sessions/`` without ``.jsonl``."""
+    path = Path(row["files"][0]).relative_to(root)
+    if row["source"] == "claude":
+        project, session = path.parts[2], path.parts[3]
+        return f"{project}/{session.removesuffix('.jsonl')}"
+    return str(path.relative_to("codex/sessions").with_suffix(""))
+
+
+def _tillerman_figures(row: dict, names: tuple[str, ...]) -> dict[str, int]:
+    return {name: row[name] for name in names}
+
+
+@pytest.mark.parametrize(("source", "names"), [
+    ("claude", FIGURES), ("codex", ("input", "cached_input", "output", "reasoning"))])
+def test_tillerman_counts_and_prices_the_generated_sessions_as_ccusage(ccusage, generated, source, names):
+    root, _expected = generated
+    folder = root / "claude" / "projects" if source == "claude" else root / "codex" / "sessions"
+    home = root / source
+    figures = claude_figures if source == "claude" else codex_figures
+    theirs = {(f"{row['projectPath']}/{row['sessionId']}" if source == "claude" else row["sessionId"]): row
+              for row in run_ccusage(ccusage, source, "session", home)["sessions"]}
+    ours: dict[str, Counter] = {}  # a subagent's thread is its own row; ccusage counts it in the parent's session
+    for row in run_tillerman("session", folder)["rows"]:
+        ours.setdefault(ccusage_session_of(row, root), Counter()).update(
+            {**_tillerman_figures(row, names), "cost_usd": row["cost_usd"]})
+    assert {key: _compared(row, names) for key, row in ours.items()} == {
+        key: _compared(figures(row), names) for key, row in theirs.items()}
+    cost = "totalCost" if source == "claude" else "costUSD"
+    for key, row in ours.items():  # every generated response is under the tiers, of a priced model
+        assert row["cost_usd"] == pytest.approx(theirs[key][cost], abs=1e-9), key
+    days = {row["date"]: _compared(figures(row), names) for row in run_ccusage(ccusage, source, "daily", home)["daily"]}
+    assert {row["day"]: _tillerman_figures(row, names) for row in run_tillerman("day", folder)["rows"]} == days
