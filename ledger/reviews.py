@@ -95,7 +95,7 @@ class Reviews(msgspec.Struct, kw_only=True):
             if checkpoint.reviewer != reviewer or checkpoint.pending_at is None or committed is None \
                     or not start <= checkpoint.pending_at < start + DAY:
                 continue
-            if _is_cost(committed.cost_usd):
+            if is_cost(committed.cost_usd):
                 usd += committed.cost_usd
             elif committed.outcome not in NEVER_RAN:
                 unknown += 1
@@ -138,7 +138,7 @@ class DaySpend(msgspec.Struct, frozen=True, kw_only=True):
     unknown: int  # calls that ran and reported no cost (or a figure that is none)
 
 
-def _is_cost(value: float | None) -> bool:
+def is_cost(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
 

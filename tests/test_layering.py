@@ -28,7 +28,7 @@ CONTROLLER = {
     "report": {"core"},
     "codex": {"core"},
     "replay": {"core", "review"},
-    "daemon": {"core", "dispatch", "claude", "review", "notify"},
+    "daemon": {"core", "dispatch", "claude", "review", "notify", "report"},  # report: --metrics counts usage as it does
     "cli": {"core", "dispatch", "claude", "review", "notify", "report", "codex", "replay", "daemon"},
 }
 #: The only modules at controller/'s top: entry points people run by path.

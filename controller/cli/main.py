@@ -51,6 +51,7 @@ from tillerman.rules.owner import local_login
 
 if TYPE_CHECKING:
     from tillerman.monitor.codex_home import Target
+    from tillerman.rules.ruleset import RuleSet
 
 SEQ_MAX = 2**63 - 1  # SQLite's largest integer
 def _duration(ctx, param, value):
@@ -410,7 +411,8 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             config_path=config_path, patterns=effective.patterns,
                             reviewers=effective.reviewers,
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
-                            metrics=serve_metrics(metrics_address) if metrics_address else None, lease=lease,
+                            metrics=serve_metrics(metrics_address, effective.ruleset) if metrics_address else None,
+                            lease=lease,
                             usage_report=usage_report)
     try:
         if database:  # several daemons may share a database: each thread by lease, no lock file
@@ -446,16 +448,18 @@ def _target(url: str | None, client_name: str | None, allow_remote: bool) -> Tar
     return target
 
 
-def serve_metrics(address: str):
-    """The daemon's metrics, served on ``address`` from now on (``--metrics``)."""
+def serve_metrics(address: str, ruleset: RuleSet):
+    """The daemon's metrics, served on ``address`` from now on (``--metrics``), usage
+    priced with the table in force for ``ruleset``."""
     from tillerman.controller.daemon.metrics import (  # prometheus-client only when asked for
         Metrics,
         parse_address,
     )
+    from tillerman.controller.notify.usage_report import prices_in_force
 
     try:
         host, port = parse_address(address)
-        metrics = Metrics()
+        metrics = Metrics(prices_in_force(ruleset))  # a spoiled imported table: a one-line PriceFileError
         metrics.serve((host, port))
     except ValueError as exc:
         raise Fail(str(exc)) from None

@@ -90,7 +90,7 @@ def show_cmd(model: str | None, config_path: str | None, as_json: bool) -> None:
 
     Example: tillerman prices show claude-sonnet-4-5-20250929 --json
     """
-    table = _table(config_path)
+    table = price_table(config_path)
     summary = {"date": table.date, "source": table.source, "digest": table.digest, "models": len(table.models),
                "from": str(imported_table_path()) if imported_table_path().exists() else "bundled"}
     if model is None:
@@ -132,7 +132,9 @@ def model_entry(table: PriceTable, model: str) -> dict:
             "fast": price.fast}
 
 
-def _table(config_path: str | None) -> PriceTable:
+def price_table(config_path: str | None) -> PriceTable:
+    """The price table in force with the config file's ``[prices."MODEL"]`` overrides, as
+    every command that prices usage reads it; a spoiled one is one line, exit 2."""
     from tillerman.rules.config import config_file
     from tillerman.rules.file_safety import read_file
     from tillerman.rules.price_config import load_price_overrides

@@ -20,6 +20,7 @@ from tillerman.controller.cli.output import (
     print_json,
     print_line,
 )
+from tillerman.controller.cli.prices import price_table
 from tillerman.controller.cli.shared import CONFIG_HELP, load_rules_or_fail, open_intact_ledger
 from tillerman.controller.core.timefmt import iso, parse_time
 from tillerman.controller.replay.parallel import ReplaySettings, replay_files
@@ -32,11 +33,13 @@ from tillerman.controller.report.account import (
     Delays,
     Figure,
     Group,
+    Spend,
     account,
 )
 from tillerman.controller.report.fold import Facts, fold_facts
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.paths import check_output, replace_file
+from tillerman.rules.prices import PriceTable
 
 
 def _time(ctx, param, value: str | None) -> float | None:
@@ -70,8 +73,9 @@ def _force_option(fn):
 
 
 def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str | None,
-               config_path: str | None) -> Facts:
-    """The facts of the ledger, or of the sessions replayed into a ledger in memory."""
+               config_path: str | None, prices: PriceTable | None = None) -> Facts:
+    """The facts of the ledger, or of the sessions replayed into a ledger in memory;
+    usage priced with ``prices`` (default: the bundled table)."""
     sessions = list(sessions)
     if sessions and ledger_path is not None:
         raise Fail("give --ledger PATH or recorded SESSION files, not both")
@@ -79,7 +83,7 @@ def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str
         if rules_path or config_path:
             raise Fail("--rules and --config apply to SESSION files only; a ledger records its own rule sets")
         with open_intact_ledger(ledger_path) as ledger:
-            return fold_facts(ledger.read())
+            return fold_facts(ledger.read(), prices)
     effective = load_rules_or_fail(rules_path, config_path)
     memory = MemoryRecorder()
     try:
@@ -88,7 +92,7 @@ def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str
                      ledger=memory)
     except ReplayError as exc:
         raise Fail(str(exc), exc.exit_code) from exc
-    return fold_facts(memory.read())
+    return fold_facts(memory.read(), prices)
 
 
 @click.command("report")
@@ -115,7 +119,7 @@ def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_
         from tillerman.controller.report.db import is_report_db, write_db  # sqlite-utils only when asked for
 
         db_target = check_output(db_path, "--db", ledgers=_ledgers(ledger_path), ours=is_report_db, force=force)
-    facts = load_facts(ledger_path, sessions, rules_path, config_path)
+    facts = load_facts(ledger_path, sessions, rules_path, config_path, price_table(config_path))
     result = account(facts, since=since, until=until, by=(by,) if by else DEFAULT_BY)
     if db_target is not None:
         replace_file(db_target, lambda new: write_db(new, facts, result))
@@ -189,12 +193,21 @@ def render_text(result: Account) -> list[str]:
     c = result.cancelled_work
     lines += ["", "Cancelled useful work", _line("interrupted turns", c.interrupted_turns),
               _line("  by an interrupt intent", c.interrupted_by_intent), _line("  seconds they had run", c.turn_seconds),
-              _line("commands terminated", c.commands_terminated), _line("  seconds they had run", c.command_seconds)]
+              _line("commands terminated", c.commands_terminated), _line("  seconds they had run", c.command_seconds),
+              _spend_line("interrupted turns spent", c.spend),
+              _spend_line("  of them by an interrupt intent", c.spend_by_intent),
+              _line("queued messages withdrawn", c.queue_withdrawn)]
+    a = result.after_interventions
+    lines += ["", f"After interventions (prices dated {result.prices['date']})",
+              _spend_line("turns after each intervention", a.spend)]
+    lines += [_spend_line(f"  {item.mode} {item.intent_id}", item.spend) for item in a.items]
     o = result.owner_interruptions
     lines += ["", "Owner interruptions", _line("escalations", o.escalations), _line("reports to a person", o.reports)]
     lines += [f"  {rule}: {n}" for rule, n in o.reports_by_rule.items()]
     r = result.reviewer
     lines += ["", "Reviewer", _line("calls", r.calls), _line("cost (USD)", r.cost_usd), _line("tokens", r.tokens)]
+    if len(r.by_reviewer) > 1:
+        lines += [_line(f"  {name} cost (USD)", figures["cost_usd"]) for name, figures in r.by_reviewer.items()]
     lines += [f"  outcome {k}: {v}" for k, v in r.outcomes.items()]
     lines += [f"  disposition {k}: {v}" for k, v in r.dispositions.items()]
     lines += [f"  !! FLAGGED {name}: let {len(probes)} known-bad probe(s) through ({', '.join(probes)})"
@@ -244,6 +257,20 @@ def _delay_lines(name: str, d: Delays) -> list[str]:
         return [f"  {name + ' delay':44} n/a: {d.max.why}"]
     return [f"  {name + ' delay':44} p50 {d.p50.value}s  p95 {d.p95.value}s  max {d.max.value}s"
             f"  ({d.max.how}; {d.max.events} events)"]
+
+
+def _spend_line(name: str, spend: Spend) -> str:
+    if spend.why is not None:
+        return f"  {name:44} n/a: {spend.why} ({spend.turns} turns)"
+    tokens = spend.tokens
+    if spend.cost_usd is not None:
+        cost = f"${spend.cost_usd:,.4f}"
+    else:
+        cost = "cost n/a: no price for " + ", ".join(f"{m['model'] or 'an unnamed model'} ({m['reason']})"
+                                                     for m in spend.cost_missing)
+    missing = f", {spend.turns_without_usage} without usage" if spend.turns_without_usage else ""
+    return (f"  {name:44} {tokens['total']} tokens (input {tokens['input']}, cached {tokens['cached_input']},"
+            f" output {tokens['output']}), {cost}  ({spend.turns} turns{missing})")
 
 
 def _line(name: str, figure: Figure) -> str:

@@ -21,7 +21,7 @@ import click
 
 from tillerman.controller.cli.output import Fail, PathType, errors_to_exit_codes, json_option, print_json, print_line
 from tillerman.controller.cli.prices import PRICES_CONFIG_HELP
-from tillerman.controller.cli.prices import _table as price_table  # as `report` reads it
+from tillerman.controller.cli.prices import price_table  # as `report` reads it
 from tillerman.controller.cli.shared import LEDGER_HELP, open_intact_ledger
 from tillerman.controller.report.usage import BY_CHOICES, UsageReport
 from tillerman.ledger.events import Envelope

@@ -20,7 +20,7 @@ from typing import Any
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.spent import UsageFigures
 from tillerman.rules.budget import crossing
-from tillerman.rules.prices import load_prices
+from tillerman.rules.prices import PriceTable, load_prices
 from tillerman.rules.ruleset import Budget, RuleSet
 
 #: A day's cost per thread worth a person's look: about a full working day of one agent
@@ -45,7 +45,7 @@ class UsageReport:
     def for_ruleset(cls, ruleset: RuleSet) -> UsageReport:
         """With the rule set's price table, or the one in force with its overrides when
         no budget needed one. Raises ``PriceFileError`` for a spoiled imported table."""
-        return cls(ruleset.prices if ruleset.prices is not None else load_prices(ruleset.price_overrides))
+        return cls(prices_in_force(ruleset))
 
     def crossings(self, thread_id: str, figures: UsageFigures, marks: dict[str, str],
                   now: float) -> Iterator[tuple[str, str, dict]]:
@@ -92,3 +92,10 @@ def describe(thread_id: str, facts: dict) -> str:
     return (f"usage: thread {thread_id}'s last response filled {facts['figure']:.0%} of its context window"
             f" ({facts['last_input']} of {facts['context_window']} tokens; [defaults] usage_report = false turns"
             " this off)")
+
+
+def prices_in_force(ruleset: RuleSet) -> PriceTable:
+    """The rule set's price table, or the one in force with its overrides when no budget
+    needed one: what the daemon prices usage with. Raises ``PriceFileError`` for a spoiled
+    imported table."""
+    return ruleset.prices if ruleset.prices is not None else load_prices(ruleset.price_overrides)

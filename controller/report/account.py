@@ -3,7 +3,10 @@
 
 Every figure is a ``Figure``: its value, how it was computed, and from how many
 events. A figure that cannot be computed has no value and says why, so a missing
-measurement never reads as a zero. The window (``since``/``until``) selects what is
+measurement never reads as a zero. What turns spent (``Spend``: tokens and their cost,
+priced response by response) is read from the usage the ledger recorded; a turn with no
+usage recorded is counted apart, never as 0 tokens, and a response with no price makes
+the cost null with the reason. The window (``since``/``until``) selects what is
 counted by when it began (an intent by its proposal, a turn by its end but by its start
 for what started it, a report, a goal change or a review call by its time); states are
 always those at the end of the ledger.
@@ -18,12 +21,15 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from tillerman.controller.report.fold import STALL_FINDING, Facts
+from tillerman.controller.report.usage import Figures
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import IntentView
+from tillerman.ledger.reviews import NEVER_RAN, is_cost
 from tillerman.ledger.snapshot import GOAL_BUDGET_LIMITED
 
 BY_CHOICES = ("task_class", "mode", "rule", "owner", "thread")
+USAGE_FIELDS = ("input", "cached_input", "cache_write", "output", "reasoning")
 DEFAULT_BY = ("mode", "task_class")
 #: Decisions that hold an intent back for a hazard (an approval, a critical tool).
 HOLD_ACTIONS = frozenset({"observe_critical"})
@@ -95,12 +101,48 @@ class Delivery(msgspec.Struct, kw_only=True):
     ok: bool  # both must be zero
 
 
+class Spend(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What some turns spent: their tokens (``input``, ``cached_input``, ``cache_write``,
+    ``output``, ``reasoning``, ``total``, counted as ``tillerman usage`` counts them) and
+    cost. ``cost_usd`` is None when a response had no price (``cost_missing`` says whose
+    and why), every figure None when none of the turns recorded usage (``why``)."""
+
+    how: str
+    turns: int
+    turns_without_usage: int
+    tokens: dict[str, int | None]
+    cost_usd: float | None
+    cost_missing: list[dict[str, str | None]] = []
+    why: str | None = None
+    out_of_range: list[str] = []
+
+
 class CancelledWork(msgspec.Struct, kw_only=True):
     interrupted_turns: Figure
     interrupted_by_intent: Figure
     turn_seconds: Figure
     commands_terminated: Figure
     command_seconds: Figure
+    spend: Spend  # of the interrupted turns
+    spend_by_intent: Spend  # of those a dispatched interrupt intent targeted
+    queue_withdrawn: Figure
+
+
+class AfterIntervention(msgspec.Struct, kw_only=True):
+    """One dispatched intervention and the turns of its thread that ended after it, up to
+    the next one dispatched there."""
+
+    intent_id: str
+    thread_id: str
+    mode: str
+    dispatched_at: float | None
+    turn_ids: list[str]
+    spend: Spend
+
+
+class AfterInterventions(msgspec.Struct, kw_only=True):
+    spend: Spend
+    items: list[AfterIntervention]
 
 
 class OwnerInterruptions(msgspec.Struct, kw_only=True):
@@ -113,6 +155,8 @@ class Reviewer(msgspec.Struct, kw_only=True):
     calls: Figure
     cost_usd: Figure
     tokens: Figure
+    # name -> its calls, tokens and cost, as above: what each [[reviewer]] budget is set against
+    by_reviewer: dict[str, dict[str, Figure]]
     outcomes: dict[str, int]
     dispositions: dict[str, int]
     # Calibration: reviewers that sent a known-bad probe on to the gate -> those probes.
@@ -168,11 +212,13 @@ class Account(msgspec.Struct, kw_only=True):
     groups: list[Group]
     delivery: Delivery
     cancelled_work: CancelledWork
+    after_interventions: AfterInterventions
     owner_interruptions: OwnerInterruptions
     reviewer: Reviewer
     stalls: Stalls
     goals: Goals
     undecodable: int
+    prices: dict[str, str]  # the price table's date, source and digest
 
 
 def label(intent: Intent, dimension: str) -> str:
@@ -211,11 +257,14 @@ def account(facts: Facts, *, since: float | None = None, until: float | None = N
         groups=[_group(dict(zip(by, key, strict=True)), members, held) for key, members in sorted(grouped.items())],
         delivery=_delivery(facts, views),
         cancelled_work=_cancelled(facts, inside),
+        after_interventions=_after_interventions(facts, inside),
         owner_interruptions=_owner(facts, inside),
         reviewer=_reviewer(facts, inside),
         stalls=_stalls(facts, inside),
         goals=_goals(facts, inside),
         undecodable=facts.undecodable,
+        prices={"date": facts.usage.prices.date, "source": facts.usage.prices.source,
+                "digest": facts.usage.prices.digest},
     )
 
 
@@ -343,6 +392,10 @@ def _cancelled(facts: Facts, inside: Callable[[float | None], bool]) -> Cancelle
         return None if end is None or call.started_at is None else max(0.0, end - call.started_at)
 
     command_seconds = [s for s in (ran(c) for c in terminated) if s is not None]
+    usage = facts.usage_of_turns()
+    by_intent = [t for t in turns if (t.thread_id, t.turn_id) in interrupts]
+    withdrawn = [v for v in facts.projection.intents.values() if v.intent.mode == "queue"
+                 and inside(v.intent.created_at) and v.state == State.EXPIRED and final_reason(v) == "withdrawn"]
     return CancelledWork(
         interrupted_turns=count(len(turns), "turn_completed events with status interrupted", len(turns)),
         interrupted_by_intent=count(sum(1 for t in turns if (t.thread_id, t.turn_id) in interrupts),
@@ -354,7 +407,64 @@ def _cancelled(facts: Facts, inside: Callable[[float | None], bool]) -> Cancelle
                                                    " interrupted/cancelled/aborted", 2 * len(terminated)),
         command_seconds=_seconds(command_seconds, len(terminated), "terminated calls' run time (start to the"
                                  " earlier of its end and the turn's end)", "no command was terminated"),
+        spend=spend_of([(t.thread_id, t.turn_id) for t in turns], usage, "the interrupted turns' usage"),
+        spend_by_intent=spend_of([(t.thread_id, t.turn_id) for t in by_intent], usage,
+                                 "the usage of the interrupted turns a dispatched interrupt intent targeted"),
+        queue_withdrawn=count(len(withdrawn), "queue intents expired withdrawn (a stop deleted them from the"
+                                              " server's queue before they started a turn: no agent spend)"),
     )
+
+
+def spend_of(turns: list[tuple[str, str]], usage: dict[tuple[str | None, str | None], list[Figures]],
+             what: str) -> Spend:
+    """What ``turns`` spent, from each turn's usage rows (``Facts.usage_of_turns``)."""
+    summed, without = Figures(), 0
+    for key in turns:
+        rows = usage.get(key)
+        if not rows:
+            without += 1
+        for row in rows or ():
+            summed.merge(row)
+    shown = summed.as_json()
+    how = f"sum of {what}, priced response by response, over {len(turns) - without} of {len(turns)} turns"
+    spend = Spend(how=how, turns=len(turns), turns_without_usage=without,
+                  tokens={name: shown[name] for name in (*USAGE_FIELDS, "total")}, cost_usd=shown["cost_usd"],
+                  cost_missing=shown["cost_missing"], out_of_range=shown.get("out_of_range", []))
+    if turns and without == len(turns):
+        return msgspec.structs.replace(spend, tokens=dict.fromkeys(spend.tokens), cost_usd=None,
+                                       why="none of these turns recorded usage")
+    return spend
+
+
+def _after_interventions(facts: Facts, inside: Callable[[float | None], bool]) -> AfterInterventions:
+    """Each dispatched intervention (in the window by its proposal) and the turns of its
+    thread that ended after its dispatch, up to the next dispatch there; a turn still
+    running counts to the last one. Whole turns: the turn a steer went into counts whole."""
+    usage = facts.usage_of_turns()
+    dispatched: dict[str, list[tuple[int, IntentView]]] = {}
+    for view in facts.projection.intents.values():
+        seq = next((h.seq for h in view.history if h.kind == "transition" and h.state == State.DISPATCH_UNKNOWN),
+                   None)
+        if seq is not None:
+            dispatched.setdefault(view.intent.thread_id, []).append((seq, view))
+    items: list[AfterIntervention] = []
+    for thread_id, sent in sorted(dispatched.items()):
+        sent.sort(key=lambda pair: pair[0])
+        ends = sorted((t.ended_seq if t.status is not None else math.inf, t.turn_id)
+                      for t in facts.turns.values() if t.thread_id == thread_id)
+        for index, (seq, view) in enumerate(sent):
+            if not inside(view.intent.created_at):
+                continue
+            until = sent[index + 1][0] if index + 1 < len(sent) else math.inf
+            after = [turn_id for end, turn_id in ends if seq < end <= until]
+            items.append(AfterIntervention(
+                intent_id=view.intent.id, thread_id=thread_id, mode=view.intent.mode,
+                dispatched_at=first_at(view, (State.DISPATCH_UNKNOWN,)), turn_ids=after,
+                spend=spend_of([(thread_id, t) for t in after], usage,
+                               "the usage of the turns that ended after this dispatch, before the thread's next")))
+    every = [(item.thread_id, turn) for item in items for turn in item.turn_ids]
+    return AfterInterventions(items=items, spend=spend_of(every, usage, "the usage of the turns that ended after"
+                                                                        " each dispatched intervention"))
 
 
 def _cut_short(call, turn) -> bool:
@@ -382,27 +492,44 @@ def _owner(facts: Facts, inside: Callable[[float | None], bool]) -> OwnerInterru
 
 def _reviewer(facts: Facts, inside: Callable[[float | None], bool]) -> Reviewer:
     checkpoints = [c for c in facts.reviews.checkpoints.values() if inside(c.pending_at)]
-    calls = [c for c in checkpoints if c.pending_at is not None]
+    names = sorted({c.reviewer for c in checkpoints})
+    spent = {name: _review_spend([c for c in checkpoints if c.reviewer == name]) for name in names}
+    totals = _review_spend(checkpoints)
     committed = [c.committed for c in checkpoints if c.committed is not None]
-    events = len(calls) + len(committed)
-    costs = [c.cost_usd for c in committed if c.cost_usd is not None]
-    tokens = [c.tokens for c in committed if c.tokens is not None]
-
-    def total(values: list, what: str) -> Figure:
-        if committed and not values:
-            return Figure(value=None, how=f"sum of review_committed {what}", events=events,
-                          why=f"none of the {len(committed)} committed reviews recorded its {what}")
-        note = f" ({len(committed) - len(values)} without one)" if len(values) < len(committed) else ""
-        return Figure(value=round(sum(values), 6), how=f"sum of review_committed {what}{note}", events=events)
-
     return Reviewer(
-        calls=count(len(calls), "review_pending events (one per checkpoint called)", events),
-        cost_usd=total(costs, "cost_usd"),
-        tokens=total(tokens, "tokens"),
+        **totals, by_reviewer=spent,
         outcomes=dict(sorted(Counter(c.outcome for c in committed).items())),
         dispositions=dict(sorted(Counter(c.disposition for c in committed if c.disposition).items())),
         flagged=facts.reviews.flagged(),
     )
+
+
+def _review_spend(checkpoints: list) -> dict[str, Figure]:
+    """The calls of some checkpoints and what they reported spending. A call that ran and
+    reported no cost makes the cost unknown (None, with the known part in ``why``), as it
+    makes a reviewer's budget unknown (``tillerman.ledger.reviews``)."""
+    calls = [c for c in checkpoints if c.pending_at is not None]
+    committed = [c.committed for c in checkpoints if c.committed is not None]
+    events = len(calls) + len(committed)
+    ran = [c.committed for c in calls if c.committed is not None and c.committed.outcome not in NEVER_RAN]
+    costs = [c.cost_usd for c in ran if is_cost(c.cost_usd)]
+    tokens = [c.tokens for c in committed if c.tokens is not None]
+
+    def total(values: list, what: str, *, whole: bool) -> Figure:
+        how = f"sum of review_committed {what}"
+        if ran and not values:
+            return Figure(value=None, how=how, events=events,
+                          why=f"none of the {len(ran)} reviews that ran recorded its {what}")
+        missing = len(ran) - len(values)
+        if whole and missing:
+            return Figure(value=None, how=how, events=events,
+                          why=f"{missing} of the {len(ran)} reviews that ran recorded no {what} (the others:"
+                              f" {round(sum(values), 6)})")
+        note = f" ({missing} without one)" if missing > 0 else ""
+        return Figure(value=round(sum(values), 6), how=how + note, events=events)
+
+    return {"calls": count(len(calls), "review_pending events (one per checkpoint called)", events),
+            "cost_usd": total(costs, "cost_usd", whole=True), "tokens": total(tokens, "tokens", whole=False)}
 
 
 def _stalls(facts: Facts, inside: Callable[[float | None], bool]) -> Stalls:

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import sqlite_utils
 
-from tillerman.controller.report.account import Account, Delays, Figure, Group
+from tillerman.controller.report.account import Account, Delays, Figure, Group, Spend
 from tillerman.controller.report.fold import Facts
 
 #: SQLite's ``application_id`` of a report database ("TlmR"), at byte 68 of its header.
@@ -101,12 +101,25 @@ def account_rows(result: Account) -> Iterator[dict]:
     for group in (result.totals, *result.groups):
         key = ",".join(f"{k}={v}" for k, v in group.key.items()) or "all"
         yield from (row("interventions", key, name, figure) for name, figure in _group_figures(group))
-    for section in ("delivery", "cancelled_work", "owner_interruptions", "reviewer", "stalls", "goals"):
+    for section in ("delivery", "cancelled_work", "after_interventions", "owner_interruptions", "reviewer", "stalls",
+                    "goals"):
         for name, value in msgspec.structs.asdict(getattr(result, section)).items():
             if isinstance(value, Figure):
                 yield row(section, "all", name, value)
+            elif isinstance(value, Spend):
+                yield from (row(section, "all", f"{name}:{part}", figure) for part, figure in _spend_figures(value))
     for trigger, figure in result.goals.turns_by_trigger.items():
         yield row("goals", "all", f"turns_by_trigger:{trigger}", figure)
+
+
+def _spend_figures(spend: Spend) -> Iterator[tuple[str, Figure]]:
+    """A spend's tokens and cost as figures (a cost with no price says whose)."""
+    for part, value in (*spend.tokens.items(), ("cost_usd", spend.cost_usd)):
+        why = spend.why if value is None else None
+        if value is None and why is None:
+            why = "no price for " + ", ".join(f"{m['model']} ({m['reason']})" for m in spend.cost_missing) \
+                if part == "cost_usd" and spend.cost_missing else "out of range"
+        yield part, Figure(value=value, how=spend.how, events=spend.turns, why=why)
 
 
 def _group_figures(group: Group) -> Iterator[tuple[str, Figure]]:

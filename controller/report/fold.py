@@ -7,20 +7,25 @@ adds what neither keeps: every turn with its start and end, every tool call with
 run time, approval waits, queue entries, the reports made for a person, the decisions,
 the echoes of our own messages (to count deliveries), each change of a thread's Codex
 goal and what started each turn (``Turn.trigger``: read from a rollout, or inferred by
-the ledger's fold), and where the ledger's time ends.
+the ledger's fold), and where the ledger's time ends. Usage goes through the usage
+report (``tillerman.controller.report.usage``), priced with the table given, so
+the account can say what the turns it names spent.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 
 import msgspec
 
+from tillerman.controller.report.usage import Figures, UsageReport
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry
 from tillerman.ledger.intents import client_id_to_intent_id
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.reviews import Reviews
+from tillerman.rules.prices import PriceTable, bundled_table
 
 #: The finding ``tillerman.rules.detect`` writes for a ``turn_quiet`` condition: a stall.
 STALL_FINDING = re.compile(r"^turn (?P<turn>\S+) made no progress")
@@ -128,9 +133,11 @@ class Progress(msgspec.Struct, kw_only=True):
 
 
 class Facts:
-    def __init__(self) -> None:
+    def __init__(self, prices: PriceTable | None = None) -> None:
         self.projection = Projection()
         self.reviews = Reviews()
+        # each turn's tokens and cost, counted once; days in UTC, as the report's times
+        self.usage = UsageReport(prices or bundled_table(), by="turn", tz=dt.timezone.utc)
         self.turns: dict[tuple[str, str], Turn] = {}
         self.calls: dict[tuple[str, str], ToolCall] = {}
         self.spans: dict[tuple[str, str, str], Span] = {}
@@ -176,6 +183,8 @@ class Facts:
         step = _STEPS.get(type(event))
         if step is not None:
             step(self, event, at, entry.seq)
+        if isinstance(event, ev.Usage | ev.UsageReported):
+            self.usage.add(env)
 
     # -- per kind ---------------------------------------------------------------
 
@@ -344,6 +353,16 @@ class Facts:
         found = thread.turn_trigger(turn.turn_id) if thread is not None else None
         return found if found is not None else (None, False)
 
+    def usage_of_turns(self) -> dict[tuple[str | None, str | None], list[Figures]]:
+        """The usage of each turn, under the id the ledger's fold knows it by (a Claude
+        Code turn's transcript and hooks name it differently, so one turn may have several)."""
+        out: dict[tuple[str | None, str | None], list[Figures]] = {}
+        for (thread_id, turn_id), row in self.usage.rows().items():
+            thread = self.projection.threads.get(thread_id) if thread_id is not None else None
+            canonical = thread.canonical_turn(turn_id) if thread is not None and turn_id is not None else turn_id
+            out.setdefault((thread_id, canonical), []).append(row)
+        return out
+
     def first_activity_after(self, thread_id: str, turn_id: str, after_seq: int) -> Progress | None:
         for at, seq in self.activity.get((thread_id, turn_id), ()):
             if seq > after_seq:
@@ -382,5 +401,5 @@ _STEPS = {
 }
 
 
-def fold_facts(entries) -> Facts:
-    return Facts().fold(entries)
+def fold_facts(entries, prices: PriceTable | None = None) -> Facts:
+    return Facts(prices).fold(entries)

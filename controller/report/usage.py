@@ -152,11 +152,16 @@ class UsageReport:
     ``YYYY-MM-DD`` days in ``tz`` (both included); a response counts in the rows and
     totals when its day is in that span, as ccusage's ``--since/--until`` keep Codex
     events. Every response still goes through the account, so the two calculations are
-    checked on whole threads. ``tz`` None: the system's zone."""
+    checked on whole threads. ``tz`` None: the system's zone. ``on_count``, when given,
+    is told each change to a cell as it is made (its place, tokens, cost, and 1 to add or
+    -1 to take back): what a live view such as the daemon's metrics follows without
+    summing the cells again."""
 
     def __init__(self, prices: PriceTable, *, by: str = "day", tz: dt.tzinfo | None = None,
-                 since: str | None = None, until: str | None = None, all_quarantines: bool = False) -> None:
+                 since: str | None = None, until: str | None = None, all_quarantines: bool = False,
+                 on_count: Callable[[Place, Tokens, Cost, int], None] | None = None) -> None:
         self.prices, self.by, self.since, self.until = prices, by, since, until
+        self._on_count = on_count
         self.account = UsageAccount(tz)  # type: ignore[arg-type]  (None: the system zone, as fromtimestamp reads it)
         self._key_of = _KEYS[by]
         # (row key, model, thread, day) -> its figures: what rows, totals and each thread's
@@ -202,23 +207,32 @@ class UsageReport:
         if cell is None:
             cell = self.cells[where] = Activity()
         cell.count(place.model, tokens, cost, sign, envelope)
+        if self._on_count is not None:
+            self._on_count(place, tokens, cost, sign)
 
     def _in_span(self, day: str | None) -> bool:
         if self.since is None and self.until is None:
             return True
         return day is not None and (self.since or day) <= day <= (self.until or day)
 
-    def as_json(self, *, breakdown: bool = False) -> dict[str, Any]:
-        """The report as ``tillerman usage --json`` prints it."""
+    def rows(self) -> dict[tuple, Row]:
+        """Each row's figures under its key (``(day,)``, ``(thread,)``, ``(model,)`` or
+        ``(thread, turn)`` as ``by`` says), summed from the cells of days in the span."""
         rows: dict[tuple, Row] = {}
-        totals = Figures()
         for (key, model, _, day), cell in self.cells.items():
             if self._in_span(day):
                 row = rows.get(key)
                 if row is None:
                     row = rows[key] = Row()
                 row.take(model, cell)
-                totals.merge(cell)
+        return rows
+
+    def as_json(self, *, breakdown: bool = False) -> dict[str, Any]:
+        """The report as ``tillerman usage --json`` prints it."""
+        rows = self.rows()
+        totals = Figures()
+        for row in rows.values():
+            totals.merge(row)
         shown = [row.as_json(self._key(key, row), breakdown=breakdown)
                  for key, row in sorted(rows.items(), key=self._order) if not row.tokens.is_zero()]
         return {"by": self.by, "since": self.since, "until": self.until,

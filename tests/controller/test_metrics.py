@@ -58,3 +58,96 @@ def test_loopback_addresses_are_served(text, address):
 def test_other_addresses_are_refused(text):
     with pytest.raises(ValueError, match="--metrics"):
         parse_address(text)
+
+
+def _usage(seq: int, thread: str, model: str, inp: int, outp: int, *, key: str | None = None) -> Entry:
+    from tillerman.ledger.events import Usage
+    from tillerman.ledger.usage import Tokens
+    return _entry(seq, Usage(thread_id=thread, turn_id="U", source_kind="codex_live", model=model,
+                             response_key=key or f"{thread}:{seq}",
+                             tokens=Tokens(input=inp, cached_input=inp // 2, output=outp, reasoning=outp // 2)),
+                  source="appserver:x")
+
+
+def test_usage_tokens_by_kind_and_cost_per_thread_and_model_counted_once():
+    from tillerman.rules.prices import bundled_table
+    from tillerman.ledger.usage import Tokens
+    metrics = Metrics()
+    for entry in [_usage(1, "T1", "gpt-5", 1000, 100), _usage(2, "T1", "gpt-5", 3000, 300),
+                  _usage(3, "T1", "gpt-5", 3000, 300, key="T1:2"),  # the rollout's copy of the second: once
+                  _usage(4, "T2", "no-such-model-anywhere", 500, 50)]:
+        metrics.fold(entry)
+    value = metrics.registry.get_sample_value
+    one = {"thread": "T1", "model": "gpt-5"}
+    assert [value("tillerman_usage_tokens", one | {"kind": k}) for k in
+            ("input", "cached_input", "cache_write", "output", "reasoning")] == [4000, 2000, 0, 400, 200]
+    table = bundled_table()
+    expected = sum(table.cost("gpt-5", Tokens(input=i, cached_input=i // 2, output=o, reasoning=o // 2)).usd
+                   for i, o in ((1000, 100), (3000, 300)))
+    assert value("tillerman_usage_cost_usd", one) == pytest.approx(expected)
+    unpriced = {"thread": "T2", "model": "no-such-model-anywhere"}
+    assert value("tillerman_usage_unpriced_responses", unpriced) == 1  # no price: not a cost of 0
+    assert value("tillerman_usage_cost_usd", unpriced) is None
+
+
+def test_thread_and_model_labels_are_bounded(monkeypatch):
+    from tillerman.controller.daemon import metrics as module
+    monkeypatch.setattr(module, "MAX_THREAD_LABELS", 2)
+    metrics = Metrics()
+    for seq, thread in enumerate(["A", "B", "C", "D"], start=1):
+        metrics.fold(_usage(seq, thread, "gpt-5", 100, 10))
+    threads = {s.labels["thread"] for m in metrics.registry.collect() if m.name == "tillerman_usage_tokens"
+               for s in m.samples}
+    assert threads == {"A", "B", "other"}
+    assert metrics.registry.get_sample_value("tillerman_usage_tokens",
+                                             {"thread": "other", "model": "gpt-5", "kind": "input"}) == 200
+
+
+def _claude(seq: int, *, output: int) -> Entry:
+    """A Claude Code entry of message m1, request r1 (its copies are one response)."""
+    from tillerman.ledger.events import Usage
+    from tillerman.ledger.usage import Tokens
+    return _entry(seq, Usage(thread_id="T", turn_id="U", source_kind="claude_transcript", model="claude-sonnet-4-5",
+                             message_id="m1", request_id="r1", tokens=Tokens(input=100, output=output)),
+                  source="file:/t.jsonl")
+
+
+def test_a_better_duplicate_moves_the_usage_gauges_to_its_figures():
+    metrics = Metrics()
+    for entry in [_claude(1, output=1), _claude(2, output=40)]:  # the streaming placeholder, then the final copy
+        metrics.fold(entry)
+    labels = {"thread": "T", "model": "claude-sonnet-4-5"}
+    assert metrics.registry.get_sample_value("tillerman_usage_tokens", labels | {"kind": "output"}) == 40
+    assert metrics.registry.get_sample_value("tillerman_usage_tokens", labels | {"kind": "input"}) == 100
+
+
+@pytest.fixture
+def price_homes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setattr(Metrics, "serve", lambda self, address: None)  # no port is opened
+    return tmp_path
+
+
+def test_run_metrics_price_usage_with_the_configs_overrides(price_homes):
+    from tillerman.controller.cli.main import serve_metrics
+    from tillerman.rules.config import load_effective
+    config = price_homes / "config.toml"
+    config.write_text('[prices."gpt-5.5"]\ninput = 100.0\noutput = 1000.0\n')
+    metrics = serve_metrics("127.0.0.1:9464", load_effective(None, config).ruleset)
+    metrics.fold(_usage(1, "T", "gpt-5.5", 100_000, 100_000))
+    # 50k uncached input at 100 and 100k output at 1000 USD per million (the 50k cached: 0.025), not the bundled price
+    assert metrics.registry.get_sample_value("tillerman_usage_cost_usd", {"thread": "T", "model": "gpt-5.5"}) \
+        == pytest.approx(5.0 + 0.025 + 100.0)
+
+
+def test_run_metrics_with_a_spoiled_imported_price_table_is_one_line_exit_2(price_homes):
+    from tillerman.controller.cli.main import serve_metrics
+    from tillerman.controller.cli.output import Fail
+    from tillerman.rules.config import load_effective
+    spoiled = price_homes / "data" / "tillerman" / "prices.json"
+    spoiled.parent.mkdir(parents=True)
+    spoiled.write_text('{"models": {"gpt-5.5": {"input": -1}}}')
+    with pytest.raises(Fail) as caught:
+        serve_metrics("127.0.0.1:9464", load_effective(None, None).ruleset)
+    assert caught.value.exit_code == 2 and str(caught.value).startswith(str(spoiled)) and "\n" not in str(caught.value)

@@ -24,6 +24,7 @@ from tillerman.controller.core.intent_requests import SOURCE, proposal_envelopes
 from tillerman.controller.replay.parallel import ReplaySettings, replay_files
 from tillerman.controller.replay.replayer import collect_files
 from tillerman.controller.report.account import account
+from tillerman.controller.report.db import account_rows
 from tillerman.controller.report.fold import fold_facts
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
@@ -32,7 +33,9 @@ from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.sqlite import SQLiteRecorder
+from tillerman.ledger.usage import Tokens
 from tillerman.rules.config import load_effective
+from tillerman.rules.prices import bundled_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = ROOT / "fixtures" / "sessions"
@@ -196,12 +199,85 @@ def test_reviewer_calls_and_cost_zero_is_a_figure() -> None:
         Envelope(event_id=f"c{n}", source=SOURCE, at=11.0 + n, event=ev.ReviewCommitted(
             thread_id="T", checkpoint_id=f"cp{n}", checkpoint="before_dispatch", reviewer="r", outcome="accepted",
             disposition="ready_for_existing_gate", cost_usd=cost, tokens=100))]
-    r = account(facts_of(review(1, 0.25), review(2, None))).reviewer
-    assert (r.calls.value, r.cost_usd.value, r.tokens.value) == (2, 0.25, 200)
-    assert "1 without one" in r.cost_usd.how
+    r = account(facts_of(review(1, 0.25), review(2, 0.5))).reviewer
+    assert (r.calls.value, r.cost_usd.value, r.tokens.value) == (2, 0.75, 200)
+    assert r.by_reviewer["r"]["cost_usd"].value == 0.75
     assert r.dispositions == {"ready_for_existing_gate": 2}
+    # a call that ran and reported no cost: the cost is unknown, never the others' sum as if complete
+    partly = account(facts_of(review(1, 0.25), review(2, None))).reviewer.cost_usd
+    assert partly.value is None and partly.why == "1 of the 2 reviews that ran recorded no cost_usd (the others: 0.25)"
     unpriced = account(facts_of(review(1, None))).reviewer.cost_usd
-    assert unpriced.value is None and "none of the 1 committed reviews" in unpriced.why
+    assert unpriced.value is None and "none of the 1 reviews that ran" in unpriced.why
+
+
+# -- what turns spent ---------------------------------------------------------------------
+
+PRICED, UNPRICED = "gpt-5", "no-such-model-anywhere"
+
+
+def turn(turn_id: str, status: str, *, at: float, usage: tuple[tuple[str, int, int], ...] = ()) -> list[Envelope]:
+    """A turn of thread T with one response per (model, input, output) in ``usage``."""
+    out = [observed(f"start:{turn_id}", ev.TurnStarted(thread_id="T", turn_id=turn_id), at)]
+    for n, (model, inp, outp) in enumerate(usage):
+        out.append(observed(f"usage:{turn_id}:{n}", ev.Usage(
+            thread_id="T", turn_id=turn_id, source_kind="codex_live", model=model, response_key=f"{turn_id}:{n}",
+            tokens=Tokens(input=inp, cached_input=inp // 2, output=outp, reasoning=outp // 4)), at + 1 + n))
+    return out + [observed(f"end:{turn_id}", ev.TurnCompleted(thread_id="T", turn_id=turn_id, status=status), at + 9)]
+
+
+def cost(model: str, inp: int, outp: int) -> float:
+    return bundled_table().cost(model, Tokens(input=inp, cached_input=inp // 2, output=outp, reasoning=outp // 4)).usd
+
+
+def test_the_spend_of_cancelled_work_and_of_the_turns_after_each_intervention() -> None:
+    stop_it = msgspec.structs.replace(intent(1, "interrupt"), expected_turn_id="U1")
+    queued = msgspec.structs.replace(intent(2, "queue", at=130.0), expected_turn_id=None)
+    facts = facts_of(
+        turn("U0", "completed", at=90.0, usage=((PRICED, 1000, 10),)),  # before any intervention: in neither
+        turn("U1", "interrupted", at=100.0, usage=((PRICED, 4000, 100), (PRICED, 6000, 300)))[:-1],
+        journey(stop_it, (S.PROPOSED, S.DISPATCH_UNKNOWN, "dispatching", 105.0)),
+        turn("U1", "interrupted", at=100.0)[-1:],
+        journey(queued, (S.PROPOSED, S.DISPATCH_UNKNOWN, "dispatching", 131.0),
+                (S.DISPATCH_UNKNOWN, S.QUEUED, "accepted", 131.5), (S.QUEUED, S.EXPIRED, "withdrawn", 132.0)),
+        turn("U2", "completed", at=140.0, usage=((PRICED, 2000, 50), (UNPRICED, 500, 5))),
+        turn("U3", "completed", at=160.0),  # no usage recorded
+    )
+    result = account(facts)
+    c = result.cancelled_work
+    assert c.spend.tokens == {"input": 10000, "cached_input": 5000, "cache_write": 0, "output": 400,
+                              "reasoning": 100, "total": 10400}
+    assert c.spend.cost_usd == pytest.approx(cost(PRICED, 4000, 100) + cost(PRICED, 6000, 300))
+    assert (c.spend.turns, c.spend.turns_without_usage) == (1, 0)
+    assert (c.spend_by_intent.tokens, c.spend_by_intent.cost_usd) == (c.spend.tokens, c.spend.cost_usd)
+    assert c.queue_withdrawn.value == 1
+    items = {item.intent_id: item for item in result.after_interventions.items}
+    assert items[stop_it.id].turn_ids == ["U1"] and items[stop_it.id].spend.tokens["total"] == 10400
+    after_queue = items[queued.id].spend
+    assert items[queued.id].turn_ids == ["U2", "U3"] and after_queue.turns_without_usage == 1
+    assert after_queue.tokens["input"] == 2500
+    assert after_queue.cost_usd is None  # a response with no price: never counted as 0
+    assert after_queue.cost_missing == [{"model": UNPRICED, "reason": "no_price"}]
+    every = result.after_interventions.spend
+    assert (every.turns, every.tokens["total"], every.cost_usd) == (3, 10400 + 2555, None)
+    assert result.prices["date"] == bundled_table().date
+    text = "\n".join(render_text(result))
+    assert "interrupted turns spent" in text and "10400 tokens (input 10000, cached 5000, output 400)" in text
+    assert f"cost n/a: no price for {UNPRICED} (no_price)" in text
+    rows = {(r["section"], r["name"]): r for r in account_rows(result)}
+    assert rows[("cancelled_work", "spend:total")]["value"] == 10400
+    assert rows[("after_interventions", "spend:cost_usd")]["why"] == f"no price for {UNPRICED} (no_price)"
+
+
+def test_turns_without_any_usage_recorded_have_no_figures_not_zeros() -> None:
+    stop_it = msgspec.structs.replace(intent(1, "interrupt"), expected_turn_id="U1")
+    result = account(facts_of(turn("U1", "interrupted", at=100.0)[:-1],
+                              journey(stop_it, (S.PROPOSED, S.DISPATCH_UNKNOWN, "dispatching", 105.0)),
+                              turn("U1", "interrupted", at=100.0)[-1:]))
+    spend = result.cancelled_work.spend
+    assert spend.why == "none of these turns recorded usage"
+    assert set(spend.tokens.values()) == {None} and spend.cost_usd is None
+    nothing = account(facts_of([])).cancelled_work.spend  # no turns: nothing spent, a figure
+    assert (nothing.turns, nothing.tokens["total"], nothing.cost_usd, nothing.why) == (0, 0, 0.0, None)
 
 
 def test_a_reviewer_that_lets_a_probe_through_is_flagged() -> None:
