@@ -104,9 +104,14 @@ class Step:
             return self._shadow(projection, finding, action, now)
         if action in DISPATCH_ACTIONS and finding.status == "active":
             try:
-                return self._propose(projection, finding, action, now)
+                proposed = self._propose(projection, finding, action, now)
             except IntentError as exc:  # e.g. a steer finding with no turn to target
                 return [self._report(finding, action, now, {"not_proposed": str(exc)})]
+            if proposed and "usage_seq" in finding.detail:
+                # A budget's crossing: the figure that crossed and its source are recorded
+                # beside the proposal (the intent holds only its text), for the report.
+                proposed.append(self._report(finding, action, now, {"proposed": intent_id_from(finding.key)}))
+            return proposed
         return [self._report(finding, action, now, {})]
 
     def _report(self, finding: Finding, action: Action, now: float, extra: dict) -> Envelope:

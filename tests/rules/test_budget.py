@@ -217,3 +217,13 @@ def test_the_dedup_survives_the_snapshot():
     restored.apply_envelope(claude_usage(100, 10, request="r1"), 2)
     restored.apply_envelope(claude_usage(100, 900, request="r1"), 3)
     assert restored.threads["t"].usage.thread.tokens.total == 1000
+
+
+def test_a_steer_rule_records_the_figure_beside_its_proposal():
+    start = ev.Envelope(event_id="s", source="appserver:x", at=DAY, event=ev.TurnStarted(thread_id="t", turn_id="u1"))
+    found = run([start, usage(600), usage(600), usage(600)], Budget(measure="tokens", over=1000), action="steer",
+                text="Wrap up.")
+    (proposed,) = [e for e in found if isinstance(e, ev.IntentProposed)]
+    (report,) = [e for e in found if isinstance(e, ev.Report)]
+    assert report.detail.items() >= {"figure": 1200, "limit": 1000.0, "source_kind": "codex_live", "action": "steer",
+                                     "proposed": proposed.intent.id}.items()
