@@ -41,7 +41,6 @@ from tillerman.rules.file_safety import read_file
 from tillerman.rules.files import default_rules, load_config, load_rules
 from tillerman.rules.notify import NotifySink
 from tillerman.rules.owner import owner_grant
-from tillerman.rules.price_config import load_price_overrides
 from tillerman.rules.prices import PriceFileError, PriceOverride
 from tillerman.rules.review import Reviewer
 from tillerman.rules.toml_source import locate, parse_toml
@@ -121,7 +120,7 @@ def check_file(text: str, source: str) -> dict[str, Any]:
         config, patterns = load_config(text, source), load_patterns(text, source)
         return {"kind": "config", "grants": len(config.grant), "owner_grant": config.defaults.owner_grant,
                 "reviewers": len(config.reviewer), "notify": len(config.notify),
-                "prices": len(load_price_overrides(text, source)),
+                "prices": len(_price_overrides(text, source)),
                 "patterns": {"critical": len(patterns.critical), "external": len(patterns.external)}}
     found = load_rules(text, source)
     statuses = {s: sum(1 for r in found if r.status == s) for s in sorted({r.status for r in found})}
@@ -157,7 +156,7 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
         text = read_file(config_path, on_unsafe=on_unsafe)
         config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
-        overrides = load_price_overrides(text, str(config_path))
+        overrides = _price_overrides(text, str(config_path))
         grants, reviewers, sinks = config.grants(), config.reviewers(), config.sinks()
         usage_report = config.defaults.usage_report
     else:  # what ``tillerman.rules.schema.NO_CONFIG`` holds, without importing the schema
@@ -234,3 +233,11 @@ def _describe(error: dict[str, Any], table: dict[str, Any], text: str, source: s
         case _:
             problem = f"{error['msg'][0].lower()}{error['msg'][1:]} (got {show(value)})"
     return line, f"{source}:{line}: patterns field {where}: {problem}"
+
+
+def _price_overrides(text: str, source: str) -> dict[str, PriceOverride]:
+    """The config's ``[prices."MODEL"]`` tables. Imported here, not at the top: their
+    schema is pydantic, which a replay with no config file never needs to import."""
+    from tillerman.rules.price_config import load_price_overrides
+
+    return load_price_overrides(text, source)
