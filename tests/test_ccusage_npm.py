@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.npm_stand_in import stand_in_npm
+
 from fixtures import ccusage_npm
 from fixtures.ccusage_npm import CcusageUnavailable, native_package, npm_ccusage
 
@@ -45,18 +47,8 @@ with tarfile.open(destination := Path(sys.argv[sys.argv.index("--pack-destinatio
 def npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """A stand-in npm on PATH and an empty compat cache; write "ok", "offline" or
     "other-native" to ``mode`` to choose how it answers."""
-    bin_dir, cache = tmp_path / "bin", tmp_path / "compat"
-    bin_dir.mkdir()
-    places = {"mode": tmp_path / "mode", "calls": tmp_path / "calls", "cache": cache}
-    places["mode"].write_text("ok")
-    places["calls"].write_text("")
-    script = bin_dir / "npm"
-    script.write_text(FAKE_NPM.format(python=sys.executable, mode=str(places["mode"]), calls=str(places["calls"]),
-                                      native=native_package()))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setenv("COMPAT_CACHE", str(cache))
-    return places
+    return stand_in_npm(tmp_path, monkeypatch, lambda places: FAKE_NPM.format(
+        python=sys.executable, mode=str(places["mode"]), calls=str(places["calls"]), native=native_package()))
 
 
 pytestmark = pytest.mark.skipif(platform.machine() not in ccusage_npm.SUFFIXES, reason="no npm build of ccusage here")

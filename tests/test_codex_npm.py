@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.npm_stand_in import stand_in_npm
+
 from fixtures import codex_npm
 from fixtures.codex_npm import CodexUnavailable, npm_codex, npm_package
 
@@ -44,18 +46,8 @@ with tarfile.open(destination / "openai-codex-0.0.1-linux.tgz", "w:gz") as archi
 def npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """A stand-in npm on PATH and an empty compat cache; write "ok", "offline" or
     "no-binary" to ``mode`` to choose how it answers."""
-    bin_dir, cache = tmp_path / "bin", tmp_path / "compat"
-    bin_dir.mkdir()
-    places = {"mode": tmp_path / "mode", "calls": tmp_path / "calls", "cache": cache}
-    places["mode"].write_text("ok")
-    places["calls"].write_text("")
-    script = bin_dir / "npm"
-    script.write_text(FAKE_NPM.format(python=sys.executable, mode=str(places["mode"]), calls=str(places["calls"]),
-                                      folder=npm_package("0.0.1")[1]))
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.setenv("COMPAT_CACHE", str(cache))
-    return places
+    return stand_in_npm(tmp_path, monkeypatch, lambda places: FAKE_NPM.format(
+        python=sys.executable, mode=str(places["mode"]), calls=str(places["calls"]), folder=npm_package("0.0.1")[1]))
 
 
 pytestmark = pytest.mark.skipif(platform.machine() not in codex_npm.TARGETS, reason="no npm build of Codex here")

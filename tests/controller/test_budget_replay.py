@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import datetime
 
-import anyio
 
-from tests.controller.test_round import SESSION
-from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
+from tests.controller.test_round import SESSION, think_each
 from tillerman.controller.replay.replayer import Replayer
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import OBSERVATION_KINDS
@@ -51,17 +49,5 @@ def test_the_daemon_and_replay_report_the_same_budget_crossings(tmp_path):
             if ev.kind_of(e.envelope.event) in OBSERVATION_KINDS or isinstance(e.envelope.event, ev.Usage)]
 
     with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
-        now = [rows[0].at]
-        daemon = Daemon(recorder, BUDGETS, DaemonOptions(), clock=lambda: now[0])
-
-        async def rounds() -> None:
-            async with anyio.create_task_group() as tg:
-                for env in rows:
-                    while daemon._due is not None and daemon._due <= env.at:
-                        now[0] = daemon._due
-                        await daemon._think(tg, [])
-                    now[0] = env.at
-                    await daemon._think(tg, [env])
-
-        anyio.run(rounds)
+        think_each(recorder, BUDGETS, rows)
         assert _budget_reports(recorder.read()) == found

@@ -224,17 +224,23 @@ def test_the_same_observations_give_the_same_findings_through_the_daemon_and_rep
     assert _reports(replayed.read())  # the rules found something to compare
 
     with SQLiteRecorder(tmp_path / "ledger.sqlite3") as recorder:
-        now = [observations[0].at]
-        daemon = Daemon(recorder, REPORTING, DaemonOptions(), clock=lambda: now[0])
-
-        async def rounds() -> None:
-            async with anyio.create_task_group() as tg:
-                for env in observations:
-                    while daemon._due is not None and daemon._due <= env.at:
-                        now[0] = daemon._due
-                        await daemon._think(tg, [])
-                    now[0] = env.at
-                    await daemon._think(tg, [env])
-
-        anyio.run(rounds)
+        think_each(recorder, REPORTING, observations)
         assert _reports(recorder.read()) == _reports(replayed.read())
+
+
+def think_each(recorder, ruleset, rows) -> None:
+    """Hand ``rows`` to a daemon one round each, on a clock at each row's time, firing
+    the timers that fall due between rows first: the daemon's side of a replay."""
+    now = [rows[0].at]
+    daemon = Daemon(recorder, ruleset, DaemonOptions(), clock=lambda: now[0])
+
+    async def rounds() -> None:
+        async with anyio.create_task_group() as tg:
+            for env in rows:
+                while daemon._due is not None and daemon._due <= env.at:
+                    now[0] = daemon._due
+                    await daemon._think(tg, [])
+                now[0] = env.at
+                await daemon._think(tg, [env])
+
+    anyio.run(rounds)
