@@ -12,8 +12,9 @@
 
 Keys: ``input``, ``cached_input``, ``cache_write`` (5-minute writes), ``cache_write_1h``,
 ``output``, ``context_window`` (tokens), ``fast`` (what fast mode multiplies a cost
-by). A key left out keeps the table's rate for the model the name matches
-(``tillerman.rules.prices.PriceTable.with_overrides``). Every error names the file, the
+by). A key left out keeps the table's base rate for the model the name matches; a
+table that gives any rate drops the table's long-context tiers for it, since the rates
+given are the user's at every size (``tillerman.rules.prices.overridden``). Every error names the file, the
 line, the model and the key, like every other config error.
 """
 

@@ -163,13 +163,17 @@ class PriceTable:
 
 
 def overridden(model: str, base: ModelPrice | None, override: PriceOverride) -> ModelPrice:
+    """The entry ``override`` makes of the table's ``base``. Rates given are the user's
+    price at every size: the table's long-context tiers go with them (a tier would
+    otherwise price a large response at the table's rates, above the user's). An
+    override of only the window or the fast factor keeps the tiers."""
     given = {name: value for name in RATE_FIELDS if (value := getattr(override.rates, name)) is not None}
     if base is None:
         if "input" not in given or "output" not in given:
             raise PriceFileError(f'[prices."{model}"]: the price table has no price for {model}; give both input and'
                                  " output")
         base = ModelPrice(rates=Rates())
-    return ModelPrice(rates=msgspec.structs.replace(base.rates, **given), tiers=base.tiers,
+    return ModelPrice(rates=msgspec.structs.replace(base.rates, **given), tiers=() if given else base.tiers,
                       context_window=override.context_window or base.context_window,
                       fast=override.fast or base.fast)
 

@@ -111,8 +111,18 @@ def test_an_override_replaces_the_rates_it_gives_and_keeps_the_rest() -> None:
     assert changed.cost("gpt-x-2026", Tokens(input=1000, output=10)).usd == pytest.approx(500e-6 + 100e-6)
     assert changed.cost("gpt-x", Tokens(input=1000)).usd == pytest.approx(1000e-6)  # the table's entry stays
     assert changed.context_window("gpt-x-2026") == 500_000
-    assert changed.models["gpt-x-2026"].tiers == GPT.tiers
     assert changed.cost("local-model", Tokens(input=1000, output=1000)).usd == pytest.approx(3000e-6)
+
+
+def test_an_override_of_rates_is_the_price_at_every_size_the_tables_tiers_go() -> None:
+    """gpt-5.5 has a tier above 272k input tokens in the table; the user's $100/$1000 a
+    million hold for a response of 1M input and 1M output too (the tier priced it $55)."""
+    bundled = bundled_table()
+    changed = bundled.with_overrides({"gpt-5.5": PriceOverride(rates=Rates(input=100e-6, output=1000e-6))})
+    assert changed.cost("gpt-5.5", Tokens(input=1_000_000, output=1_000_000)).usd == pytest.approx(1100.0)
+    assert changed.models["gpt-5.5"].tiers == ()
+    only_window = bundled.with_overrides({"gpt-5.5": PriceOverride(context_window=500_000)})
+    assert only_window.models["gpt-5.5"].tiers == bundled.models["gpt-5.5"].tiers  # no rate given: tiers kept
 
 
 def test_an_override_for_a_model_without_a_price_needs_input_and_output() -> None:
