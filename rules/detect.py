@@ -390,7 +390,9 @@ def _budget_detail(condition: Budget, crossed: Crossing, usage, snapshot: Thread
     if condition.measure == "context":
         detail |= {"last_input": usage.last_input, "context_window": usage.context_window}
     if condition.measure == "cost_usd":
-        detail |= {"price_date": crossed.price_date, "unpriced_models": list(crossed.unpriced)}
+        # a comma-separated string, as a report's detail holds scalars only (a list made
+        # the ledger row one no reader could decode)
+        detail |= {"price_date": crossed.price_date, "unpriced_models": ",".join(crossed.unpriced)}
     goal = snapshot.goal
     if condition.per == "goal" and goal is not None:
         detail |= {"goal_token_budget": goal.token_budget, "goal_tokens_used": goal.tokens_used}

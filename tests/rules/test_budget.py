@@ -116,7 +116,7 @@ def test_cost_is_priced_per_response_band_and_records_the_table_date():
     # two 150k responses are priced at the base rate, though together over 200k
     found = run([usage(150_000), usage(150_000)], Budget(measure="cost_usd", over=299.0), prices=Prices())
     assert reports(found) == [("thread", "cost per thread (thread) reached $300.00, over its limit $299.00")]
-    assert found[0].detail["price_date"] == "2026-06-01" and found[0].detail["unpriced_models"] == []
+    assert found[0].detail["price_date"] == "2026-06-01" and found[0].detail["unpriced_models"] == ""
     # one 250k response is priced wholly at the long-context rate
     assert reports(run([usage(250_000)], Budget(measure="cost_usd", over=499.0), prices=Prices()))[0][1] \
         .startswith("cost per thread (thread) reached $500.00")
@@ -125,7 +125,10 @@ def test_cost_is_priced_per_response_band_and_records_the_table_date():
 def test_an_unpriced_model_adds_nothing_and_is_named():
     found = run([usage(1000, model="mystery"), usage(1000, 500)], Budget(measure="cost_usd", over=2.0),
                 prices=Prices())
-    assert found[0].detail["figure"] == 3.0 and found[0].detail["unpriced_models"] == ["mystery"]
+    assert found[0].detail["figure"] == 3.0 and found[0].detail["unpriced_models"] == "mystery"
+    recorded = ev.Envelope(event_id="r", source="s", at=DAY, event=ev.Report(
+        thread_id="t", rule_id="spend", rule_version=1, finding="f", detail=found[0].detail))
+    assert msgspec.json.decode(msgspec.json.encode(recorded), type=ev.Envelope) == recorded  # a ledger can read it
 
 
 def test_no_price_table_no_cost_budget_fires():
