@@ -204,6 +204,7 @@ def render_text(result: Account) -> list[str]:
     o = result.owner_interruptions
     lines += ["", "Owner interruptions", _line("escalations", o.escalations), _line("reports to a person", o.reports)]
     lines += [f"  {rule}: {n}" for rule, n in o.reports_by_rule.items()]
+    lines += _budget_lines(result)
     r = result.reviewer
     lines += ["", "Reviewer", _line("calls", r.calls), _line("cost (USD)", r.cost_usd), _line("tokens", r.tokens)]
     if len(r.by_reviewer) > 1:
@@ -239,6 +240,28 @@ def _goal_lines(result: Account) -> list[str]:
         lines.append(f"  thread {thread.thread_id}: goal {' -> '.join(thread.goal_statuses) or thread.goal_status}"
                      f" (now {thread.goal_status}{budget}); turns by trigger: {turns}")
     return lines
+
+
+def _budget_lines(result: Account) -> list[str]:
+    b = result.budgets
+    lines = ["", "Budget crossings", _line("crossings", b.crossings)]
+    for c in b.items:
+        lines.append(f"  {c.rule_id}{' (shadow)' if c.shadow else ''}: {c.measure} per {c.per} ({c.instance}) reached"
+                     f" {_number(c.figure)}, limit {_number(c.limit)}; thread {c.thread_id}, turn {c.turn_id};"
+                     f" source {c.source_kind}, usage row {c.usage_seq}")
+        if c.price_date is not None:
+            unpriced = f"; no price for {c.unpriced_models} (a lower bound)" if c.unpriced_models else ""
+            lines.append(f"    priced with the table dated {c.price_date}{unpriced}")
+        if c.intent_id is not None:
+            ended = f"{c.intent_state} ({c.intent_reason})" if c.intent_state else "not in the ledger"
+            lines.append(f"    {c.action} {c.intent_id}: {ended}")
+        elif c.action is not None:
+            lines.append(f"    {c.action}: no intent")
+    return lines
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.6g}"
 
 
 def _group_lines(group: Group) -> list[str]:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
-from tillerman.controller.report.fold import STALL_FINDING, Facts
+from tillerman.controller.report.fold import STALL_FINDING, BudgetCrossing, Facts
 from tillerman.controller.report.usage import Figures
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
@@ -201,6 +201,11 @@ class Goals(msgspec.Struct, kw_only=True):
     threads: list[ThreadGoals]
 
 
+class Budgets(msgspec.Struct, kw_only=True):
+    crossings: Figure
+    items: list[BudgetCrossing]
+
+
 class Account(msgspec.Struct, kw_only=True):
     events: int
     since: float | None
@@ -217,6 +222,7 @@ class Account(msgspec.Struct, kw_only=True):
     reviewer: Reviewer
     stalls: Stalls
     goals: Goals
+    budgets: Budgets
     undecodable: int
     prices: dict[str, str]  # the price table's date, source and digest
 
@@ -262,6 +268,7 @@ def account(facts: Facts, *, since: float | None = None, until: float | None = N
         reviewer=_reviewer(facts, inside),
         stalls=_stalls(facts, inside),
         goals=_goals(facts, inside),
+        budgets=_budgets(facts, inside),
         undecodable=facts.undecodable,
         prices={"date": facts.usage.prices.date, "source": facts.usage.prices.source,
                 "digest": facts.usage.prices.digest},
@@ -488,6 +495,20 @@ def _owner(facts: Facts, inside: Callable[[float | None], bool]) -> OwnerInterru
         reports=count(len(reports), "report events for a person (not shadow, not observe-only)"),
         reports_by_rule=dict(sorted(Counter(r.rule_id for r in reports).items())),
     )
+
+
+def _budgets(facts: Facts, inside: Callable[[float | None], bool]) -> Budgets:
+    """Each budget crossing in the window, with where its intent's journey ended."""
+    items = []
+    for crossing in facts.budget_crossings:
+        if not inside(crossing.at):
+            continue
+        view = facts.projection.intents.get(crossing.intent_id) if crossing.intent_id else None
+        if view is not None:
+            crossing = msgspec.structs.replace(crossing, intent_state=str(view.state), intent_reason=final_reason(view))
+        items.append(crossing)
+    return Budgets(crossings=count(len(items), "report events of budget rules (one per crossing; shadow ones too)"),
+                   items=items)
 
 
 def _reviewer(facts: Facts, inside: Callable[[float | None], bool]) -> Reviewer:

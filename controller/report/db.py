@@ -102,7 +102,7 @@ def account_rows(result: Account) -> Iterator[dict]:
         key = ",".join(f"{k}={v}" for k, v in group.key.items()) or "all"
         yield from (row("interventions", key, name, figure) for name, figure in _group_figures(group))
     for section in ("delivery", "cancelled_work", "after_interventions", "owner_interruptions", "reviewer", "stalls",
-                    "goals"):
+                    "goals", "budgets"):
         for name, value in msgspec.structs.asdict(getattr(result, section)).items():
             if isinstance(value, Figure):
                 yield row(section, "all", name, value)

@@ -101,6 +101,33 @@ class PersonReport(msgspec.Struct, kw_only=True):
     intent_id: str | None
 
 
+class BudgetCrossing(msgspec.Struct, kw_only=True):
+    """A budget rule's report (``tillerman.rules.detect``: its detail names the usage row
+    that crossed): the figure, its limit and scope, and the intent proposed with it."""
+
+    seq: int
+    at: float | None
+    rule_id: str
+    thread_id: str | None
+    turn_id: str | None
+    measure: str | None
+    figure: float | None
+    limit: float | None
+    per: str | None
+    instance: str | None
+    source_kind: str | None
+    usage_seq: int | None
+    price_date: str | None
+    unpriced_models: str | None
+    action: str | None
+    shadow: bool
+    intent_id: str | None  # the intent proposed beside it (a shadow rule's: the one it would have been)
+    # where that intent's journey ended (``tillerman.controller.report.account`` fills
+    # them in: an intent's state moves on after the report)
+    intent_state: str | None = None
+    intent_reason: str | None = None
+
+
 class Decision(msgspec.Struct, kw_only=True):
     seq: int
     at: float | None
@@ -142,6 +169,7 @@ class Facts:
         self.calls: dict[tuple[str, str], ToolCall] = {}
         self.spans: dict[tuple[str, str, str], Span] = {}
         self.reports: list[PersonReport] = []
+        self.budget_crossings: list[BudgetCrossing] = []
         self.decisions: list[Decision] = []
         self.goal_changes: list[GoalChange] = []
         self._goal_status: dict[str, str] = {}  # thread -> its goal's status at its last change
@@ -322,6 +350,8 @@ class Facts:
             seq=seq, at=at, thread_id=e.thread_id, turn_id=e.turn_id, rule_id=e.rule_id, finding=e.finding,
             action=detail.get("action") if isinstance(detail.get("action"), str) else None,
             shadow=bool(detail.get("shadow")), intent_id=intent if isinstance(intent, str) else None))
+        if "usage_seq" in detail:
+            self.budget_crossings.append(_crossing(e, at, seq))
 
     def _decision(self, e: ev.DecisionRecorded, at, seq) -> None:
         self.decisions.append(Decision(seq=seq, at=at, thread_id=e.thread_id, intent_id=e.intent_id,
@@ -368,6 +398,23 @@ class Facts:
             if seq > after_seq:
                 return Progress(at=at, seq=seq)
         return None
+
+
+def _crossing(e: ev.Report, at: float | None, seq: int) -> BudgetCrossing:
+    """A budget report's figures, each None where the detail has no such value of its type."""
+    detail = e.detail
+
+    def of(name: str, kind: type | tuple[type, ...]):
+        value = detail.get(name)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    number = (int, float)
+    return BudgetCrossing(
+        seq=seq, at=at, rule_id=e.rule_id, thread_id=e.thread_id, turn_id=e.turn_id, measure=of("measure", str),
+        figure=of("figure", number), limit=of("limit", number), per=of("per", str), instance=of("instance", str),
+        source_kind=of("source_kind", str), usage_seq=of("usage_seq", int), price_date=of("price_date", str),
+        unpriced_models=of("unpriced_models", str) or None, action=of("action", str), shadow=bool(detail.get("shadow")),
+        intent_id=of("proposed", str) or of("would_be_intent", str))
 
 
 def _one_turn(kept: Turn | None, gone: Turn, turn_id: str) -> Turn:

@@ -434,3 +434,43 @@ def test_every_by_label_groups(by: str) -> None:
     expected = {"task_class": ["unlabeled"], "mode": ["queue", "steer"], "rule": ["(none)", "r1"],
                 "owner": ["ann", "owner:unknown"], "thread": ["T"]}[by]
     assert keys == expected
+
+
+def budget_report(key: str, at: float, **detail) -> Envelope:
+    """A budget rule's report as ``tillerman.rules.detect`` and the supervisor record it."""
+    return Envelope(event_id=f"report:{key}", source=SOURCE, at=at, event=ev.Report(
+        thread_id="T", turn_id="U", rule_id=detail.pop("rule", "spend"), rule_version=1, finding="over",
+        detail={"per": "thread", "instance": "T", "source_kind": "codex_live", "status": "active", **detail}))
+
+
+def test_the_report_lists_each_budget_crossing_with_its_figure_and_its_intents_end() -> None:
+    wrap_up = intent(1, rule_id="spend")
+    batches = [
+        journey(wrap_up, *DELIVERED, (S.QUEUED, S.ACKNOWLEDGED, "echo", 103.0)),
+        [budget_report("steer", 100.0, measure="tokens", figure=1234, limit=1000, usage_seq=7, action="steer",
+                       proposed=wrap_up.id),
+         budget_report("cost", 110.0, rule="daily", measure="cost_usd", figure=2.5, limit=2.0, per="day",
+                       instance="2026-06-13", usage_seq=9, price_date="2026-06-01", unpriced_models="mystery",
+                       action="report_overdue"),
+         # a report of another rule is no crossing
+         Envelope(event_id="report:other", source=SOURCE, at=111.0, event=ev.Report(
+             thread_id="T", rule_id="stall", rule_version=1, finding="quiet", detail={"action": "report_overdue"}))],
+    ]
+    shown = CliRunner().invoke(main, ["report", "--json", "--ledger", str(_ledger_file(batches))])
+    assert shown.exit_code == 0, shown.output
+    budgets = json.loads(shown.output)["budgets"]
+    assert budgets["crossings"]["value"] == 2
+    steer, cost = budgets["items"]
+    assert {k: steer[k] for k in ("rule_id", "thread_id", "turn_id", "measure", "figure", "limit", "per", "instance",
+                                  "source_kind", "usage_seq", "action", "intent_id", "intent_state")} == {
+        "rule_id": "spend", "thread_id": "T", "turn_id": "U", "measure": "tokens", "figure": 1234, "limit": 1000,
+        "per": "thread", "instance": "T", "source_kind": "codex_live", "usage_seq": 7, "action": "steer",
+        "intent_id": wrap_up.id, "intent_state": "acknowledged"}
+    assert steer["intent_reason"] == "echo" and steer["price_date"] is None
+    assert (cost["price_date"], cost["unpriced_models"], cost["intent_id"], cost["intent_state"]) == (
+        "2026-06-01", "mystery", None, None)
+    text = "\n".join(render_text(account(facts_of(*batches))))
+    assert "spend: tokens per thread (T) reached 1,234, limit 1,000; thread T, turn U; source codex_live," \
+           " usage row 7" in text
+    assert f"steer {wrap_up.id}: acknowledged (echo)" in text
+    assert "priced with the table dated 2026-06-01; no price for mystery (a lower bound)" in text
