@@ -73,6 +73,15 @@ def report_json(ledger: Path) -> dict:
     return json.loads(shown.output)
 
 
+def assert_report_shows(shown: dict, report: Report, settled) -> None:
+    """``tillerman report --json`` lists the one crossing with its figure and where the
+    intent proposed with it ended."""
+    (item,) = shown["budgets"]["items"]
+    assert (item["figure"], item["limit"], item["measure"], item["per"], item["source_kind"]) == (
+        report.detail["figure"], LIMIT, "tokens", "thread", "codex_live"), item
+    assert (item["intent_id"], item["intent_state"]) == (settled.intent.id, settled.state), item
+
+
 def found_keys(value, key: str):
     """Every value of ``key`` anywhere in the report's JSON."""
     if isinstance(value, dict):
@@ -98,6 +107,7 @@ async def test_a_budget_steer_fires_once_and_is_verified(app_server, workspace: 
         assert report.detail["proposed"] == settled.intent.id  # the figure recorded beside the proposal
         shown = report_json(tmp_path / "ledger.sqlite3")
         assert list(found_keys(shown, "reports_by_rule")) == [{"spend": 1}], shown
+        assert_report_shows(shown, report, settled)
 
 
 async def test_a_budget_stop_fires_once_and_the_thread_stops(app_server, workspace: Path, tmp_path: Path):
@@ -108,3 +118,4 @@ async def test_a_budget_stop_fires_once_and_the_thread_stops(app_server, workspa
         assert report.detail["figure"] >= LIMIT and report.detail["proposed"] == settled.intent.id
         assert settled.history[-1].reason == "stop_verified"
         assert s.projection().snapshot(thread).active_turn_id is None
+        assert_report_shows(report_json(tmp_path / "ledger.sqlite3"), report, settled)
