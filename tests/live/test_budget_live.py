@@ -117,5 +117,7 @@ async def test_a_budget_stop_fires_once_and_the_thread_stops(app_server, workspa
         assert settled.state == "effect_verified", (codex_version(), settled.state, settled.history)
         assert report.detail["figure"] >= LIMIT and report.detail["proposed"] == settled.intent.id
         assert settled.history[-1].reason == "stop_verified"
-        assert s.projection().snapshot(thread).active_turn_id is None
+        # the test saw the person's turn end on its own connection; the daemon's record of it may come a moment later
+        await wait_until(lambda: s.projection().snapshot(thread).active_turn_id is None,
+                         "the daemon to record the person's turn ending", timeout=30)
         assert_report_shows(report_json(tmp_path / "ledger.sqlite3"), report, settled)
