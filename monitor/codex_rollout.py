@@ -16,6 +16,7 @@ it is not turned into an event.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -55,6 +56,21 @@ from tillerman.monitor.parser import (
 )
 
 THREAD_FROM_PATH = re.compile(r"rollout-[0-9T:-]+-([0-9a-fA-F-]{36})\.jsonl")
+
+
+def rollout_thread_from_path(path: str) -> str | None:
+    """The thread a rollout's file name gives it before any ``session_meta``: the id in
+    Codex's ``rollout-<time>-<id>.jsonl``, else (a renamed or copied file) the file's own
+    name without ``.jsonl``, so that two such files are two threads, as ccusage keys them
+    by path, and not one thread with no id whose counters seem to go back between files.
+    None for a source that is no file name (standard input)."""
+    found = THREAD_FROM_PATH.search(path)
+    if found:
+        return found.group(1)
+    name = os.path.basename(path)
+    return name.removesuffix(".jsonl") if name.endswith(".jsonl") and name != ".jsonl" else None
+
+
 _EXIT_CODE = re.compile(r"(?:Exit code|exited with code)[:\s]+(-?\d+)")
 
 SHELL_TOOLS = frozenset({"shell", "exec_command", "container.exec", "shell_command", "local_shell"})
@@ -263,8 +279,7 @@ class CodexRolloutParser(Parser):
 
     def __init__(self, source: str, **options) -> None:
         super().__init__(source, **options)
-        found = THREAD_FROM_PATH.search(source)
-        self._thread: str | None = found.group(1) if found else None
+        self._thread: str | None = rollout_thread_from_path(source)
         self._turn: str | None = None  # the open turn
         self._explicit_turns = False  # the file has task_started: real turn ids
         self._calls = OpenCalls()

@@ -254,10 +254,9 @@ class _CodexFile:
     """The little the full parser keeps of a rollout to name a usage's thread, turn and model."""
 
     def __init__(self, path: str) -> None:
-        from tillerman.monitor.codex_rollout import THREAD_FROM_PATH
+        from tillerman.monitor.codex_rollout import rollout_thread_from_path
 
-        found = THREAD_FROM_PATH.search(path)
-        self.thread: str | None = found.group(1) if found else None
+        self.thread: str | None = rollout_thread_from_path(path)
         self.turn: str | None = None
         self.explicit_turns = False
         self.model: str | None = None  # the latest turn_context's

@@ -69,7 +69,7 @@ def test_a_second_user_message_in_an_open_turn_is_a_steer_not_a_turn():
         ("T1", "u1", None), ("T1", "u2", "tillerman-in-0123456789abcdef0123")]
     agent = next(e for e in evs if isinstance(e, AgentMessage))
     assert agent.ack_tokens == ("in-0123456789abcdef0123",)
-    assert evs[-1] == TurnCompleted(thread_id=None, turn_id="T1", status="completed", duration_ms=12)
+    assert evs[-1] == TurnCompleted(thread_id="test", turn_id="T1", status="completed", duration_ms=12)  # no session_meta: the file name's thread
 
 
 def test_one_input_written_both_ways_is_one_user_message():

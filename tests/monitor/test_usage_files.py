@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tillerman.ledger.events import Quarantined, Usage, UsageReported
+from tillerman.ledger.usage_account import UsageAccount
 from tillerman.monitor.file_reader import FileReader
 from tillerman.monitor.formats import PARSERS, detect_format
 from tillerman.monitor.identity import file_identity, read_first_line
@@ -192,3 +193,19 @@ def test_progress_is_told_after_each_file(tmp_path):
     told: list[tuple[int, int]] = []
     list(read_usage_files(paths, lambda done, total: told.append((done, total)), jobs=2))
     assert told == [(n, len(paths)) for n in range(1, len(paths) + 1)]
+
+
+def test_a_rollout_whose_name_and_session_meta_name_no_thread_is_a_thread_named_by_its_file():
+    """ccusage's branch-history rollouts: no id in the name, no session_meta. Each is a
+    thread of its own under its file's name (both readers), so the two files' counters
+    are checked each against its own, where one thread with no id saw the parent's counter
+    go back after the branch's (a false counter_reset)."""
+    paths = [SESSIONS / "public" / "codex-rollout" / f"ccusage-branch-history-{name}.jsonl"
+             for name in ("branch", "parent")]
+    for path in paths:
+        full, fast = _full(path)[0], _fast(path)[0]
+        assert {event.thread_id for _, event, *_ in full} == {event.thread_id for _, event, *_ in fast} == {path.stem}
+    read = [found for found in read_usage_files(paths) if found is not None]
+    account = UsageAccount().add_all(envelope for found in read for envelope in found.envelopes)
+    assert list(account.mismatches()) == []
+    assert account.thread("ccusage-branch-history-parent").tokens.input == 1000
