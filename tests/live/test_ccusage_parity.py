@@ -11,6 +11,7 @@ in ccusage (or in the generator), not in tillerman.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -151,3 +152,98 @@ def test_tillerman_counts_and_prices_the_generated_sessions_as_ccusage(ccusage, 
         assert row["cost_usd"] == pytest.approx(theirs[key][cost], abs=1e-9), key
     days = {row["date"]: _compared(figures(row), names) for row in run_ccusage(ccusage, source, "daily", home)["daily"]}
     assert {row["day"]: _tillerman_figures(row, names) for row in run_tillerman("day", folder)["rows"]} == days
+
+
+# -- the project's fixtures -------------------------------------------------------------
+
+SESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "sessions"
+#: The Claude Code transcripts and Codex rollouts under fixtures/sessions, each folder a
+#: project (Claude) or a folder of sessions (Codex), as the two programs find them.
+CLAUDE_FIXTURES = ("claude-live", "claude-transcript", "public/claude-transcript")
+CODEX_FIXTURES = ("codex-rollout", "public/codex-rollout", "replay")
+#: Sessions whose tokens differ by design, each with its cause (the parity table of
+#: docs/usage/usage-and-budgets.md names the lines): the scripted Anthropic server numbers
+#: its messages msg_fake0001… anew in each recording and Claude Code writes no requestId
+#: for it, so one message id is in several files; tillerman counts a message id without a
+#: request id once across all files, ccusage's session report once per session.
+FIXTURE_SESSION_DIFFERENCES = {
+    "claude-live-inject/transcript": "msg_fake0007 counted in claude-live-hooks",
+    "claude-live-later/transcript": "msg_fake0009 counted in claude-transcript/7f3c2a10 (its copy is larger)",
+    "claude-live-permission/transcript": "msg_fake0016 and 0017 counted in claude-live-interrupt-tool",
+    "claude-live-withdrawn/transcript": "msg_fake0014 and 0015 counted in claude-live-permission",
+}
+#: Days whose tokens differ by design: ccusage's daily report counts every line of a
+#: message without requestId (the claude-live recordings), and counts a Codex fork's
+#: copied history once where its session report (and tillerman) counts it in both files.
+FIXTURE_DAY_DIFFERENCES = {("claude", "2026-12-01"), ("codex", "2026-05-12")}
+#: Models ccusage 20.0.24's built-in price table lacks and tillerman's prices: its cost is 0.
+PRICED_ONLY_BY_TILLERMAN = {"claude-opus-5-5"}
+
+
+def lay_out_fixtures(root: Path) -> None:
+    """Copy the fixtures where ccusage looks: ``claude/projects/<folder>/…`` (the folder
+    path with ``-`` for ``/``, subagent folders kept) and ``codex/sessions/<folder>/…``."""
+    for agent, under, folders in (("claude", "projects", CLAUDE_FIXTURES), ("codex", "sessions", CODEX_FIXTURES)):
+        for folder in folders:
+            for path in sorted((SESSIONS / folder).rglob("*.jsonl")):
+                if agent == "claude" and not _transcript(path):
+                    continue
+                relative = path.relative_to(SESSIONS / folder)
+                if agent == "claude" and len(relative.parts) > 1 and relative.parts[1] != "subagents":
+                    project, relative = f"{folder}/{relative.parts[0]}", Path(*relative.parts[1:])
+                else:
+                    project = folder
+                target = root / agent / under / project.replace("/", "-") / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(path.read_bytes())
+
+
+def _transcript(path: Path) -> bool:
+    """A Claude Code transcript, not a recording's stream-json or hook log beside it."""
+    return path.name not in ("stdout.jsonl", "hooks.jsonl")
+
+
+@pytest.fixture(scope="module")
+def fixtures_laid_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fixtures")
+    lay_out_fixtures(root)
+    return root
+
+
+def _cost_agrees(ours: float | None, theirs: float, models: set[str]) -> bool:
+    if ours is None:  # a model no table prices (the scripted Codex model): null here, 0 there
+        return theirs == 0
+    if theirs == 0 and ours > 0:
+        return models <= PRICED_ONLY_BY_TILLERMAN
+    return ours == pytest.approx(theirs, abs=1e-9)
+
+
+@pytest.mark.parametrize(("source", "names"), [
+    ("claude", FIGURES), ("codex", ("input", "cached_input", "output", "reasoning"))])
+def test_tillerman_and_ccusage_on_the_project_fixtures_differ_only_by_design(ccusage, fixtures_laid_out, source,
+                                                                            names):
+    root = fixtures_laid_out
+    home = root / source
+    folder = home / ("projects" if source == "claude" else "sessions")
+    figures = claude_figures if source == "claude" else codex_figures
+    cost = "totalCost" if source == "claude" else "costUSD"
+    theirs = {(f"{row['projectPath']}/{row['sessionId']}" if source == "claude" else row["sessionId"]): row
+              for row in run_ccusage(ccusage, source, "session", home)["sessions"]}
+    ours: dict[str, dict] = collections.defaultdict(lambda: {"tokens": Counter(), "cost": 0.0, "models": set()})
+    for row in run_tillerman("session", folder)["rows"]:
+        session = ours[ccusage_session_of(row, root)]
+        session["tokens"].update(_tillerman_figures(row, names))
+        session["cost"] = None if None in (session["cost"], row["cost_usd"]) else session["cost"] + row["cost_usd"]
+        session["models"].update(row["models"])
+    for key, row in theirs.items():
+        if not any(figures(row).values()):
+            continue  # a session of no tokens (only synthetic entries): no row of ours
+        # (a session all of whose messages another file counted has no row of ours either)
+        same = _compared(ours[key]["tokens"], names) == _compared(figures(row), names)
+        assert same != (key in FIXTURE_SESSION_DIFFERENCES), (key, ours[key]["tokens"], figures(row))
+        assert _cost_agrees(ours[key]["cost"], row[cost], ours[key]["models"]), (key, ours[key], row[cost])
+    assert set(ours) <= set(theirs)
+    days = {row["date"]: _compared(figures(row), names) for row in run_ccusage(ccusage, source, "daily", home)["daily"]}
+    for row in run_tillerman("day", folder)["rows"]:
+        same = _tillerman_figures(row, names) == days[row["day"]]
+        assert same != ((source, row["day"]) in FIXTURE_DAY_DIFFERENCES), (row["day"], row, days[row["day"]])
