@@ -33,5 +33,5 @@ def test_forgetting_changes_no_decision(tmp_path):
     summary = Replayer(ChainOnlyRecorder(), ruleset).run(paths)
     assert summary == Replayer(MemoryRecorder(), ruleset).run(paths)
     assert summary.decisions_digest == PINNED_DIGEST
-    # 127 events: the folder's rollouts (the Codex 0.171 goal session's among them) and the stuck session
-    assert (summary.decisions, summary.intents, summary.events, summary.reports) == (1, {"rejected": 1}, 127, 2)
+    # 136 events: the folder's rollouts (the Codex 0.171 goal session's among them, with 9 usage events) and the stuck session
+    assert (summary.decisions, summary.intents, summary.events, summary.reports) == (1, {"rejected": 1}, 136, 2)

@@ -65,7 +65,7 @@ def test_validate_a_config_file(here):
         0, "config.toml: valid config file: 0 grants, built-in owner grant off, patterns 7 critical, 7 external\n", "")
     code, out, _ = run("validate", "config.toml", "--json")
     assert json.loads(out) == {"file": "config.toml", "valid": True, "kind": "config", "grants": 0,
-                               "owner_grant": False, "reviewers": 0, "notify": 0,
+                               "owner_grant": False, "reviewers": 0, "notify": 0, "prices": 0,
                                "patterns": {"critical": 7, "external": 7}}
 
 

@@ -47,12 +47,13 @@ def _fact(env: ev.Envelope) -> tuple:
 
 
 def replayed(path) -> list[tuple]:
-    """What offline replay records for the same file."""
+    """What offline replay records for the same file: what its source gave (observations,
+    quarantines and usage), not what the rules decided."""
     recorder = SQLiteRecorder(":memory:")
     Replayer(recorder, default_ruleset()).run([str(path)])
     return [_fact(e.envelope) for e in recorder.read() if e.envelope.source.startswith("file:")
             and (ev.kind_of(e.envelope.event) in ev.OBSERVATION_KINDS
-                 or isinstance(e.envelope.event, ev.Quarantined))]
+                 or isinstance(e.envelope.event, (ev.Quarantined, ev.Usage, ev.UsageReported)))]
 
 
 def quarantines(recorder: SQLiteRecorder) -> list[ev.Quarantined]:
