@@ -255,7 +255,8 @@ class ThreadUsage:
     """One thread's account. ``tokens`` is the sum of its responses; ``by_turn``,
     ``by_model`` and ``by_day`` split it; ``last_input`` is the latest response's input
     and ``context_window`` the latest window a source named, so ``context_use`` is how
-    full the context was at the last response."""
+    full the context was at the last response (``last_model`` names its model, for a
+    source that names no window: Claude Code's transcripts)."""
 
     thread_id: str | None
     tokens: Tokens = ZERO
@@ -264,6 +265,7 @@ class ThreadUsage:
     by_model: dict[str | None, Tokens] = field(default_factory=dict)
     by_day: dict[str | None, Tokens] = field(default_factory=dict)
     last_input: int | None = None
+    last_model: str | None = None
     context_window: int | None = None
     first_at: float | None = None
     last_at: float | None = None
@@ -367,7 +369,7 @@ class UsageAccount:
     @staticmethod
     def _latest(thread: ThreadUsage, event: Usage, at: float | None) -> None:
         thread._seen_at(at)
-        thread.last_input = event.tokens.input
+        thread.last_input, thread.last_model = event.tokens.input, event.model
         if event.context_window is not None:
             thread.context_window = event.context_window
 

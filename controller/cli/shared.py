@@ -69,12 +69,13 @@ def ledger_file(path: str | None, *, command: str | None = None, readonly: bool 
 
 
 def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = False,
-                idle_transaction_limit: float | None = None) -> Recorder:
+                idle_transaction_limit: float | None = None, or_else: str | None = None) -> Recorder:
     """``must_exist``: a reading command, which never creates a ledger (or its folders) where
     none is; a writing command creates one. ``readonly``: for the commands that only read;
     they never write (no migration, no anchor, no snapshot), so they work on a read-only
     file or a full disk. A ``postgresql://`` URL opens that database's ledger
-    (``idle_transaction_limit``: ``tillerman.ledger.backends.open_recorder``)."""
+    (``idle_transaction_limit``: ``tillerman.ledger.backends.open_recorder``). ``or_else``: the
+    command's other way in, named where there is no ledger to read."""
     if (url := ledger_url(path)) is not None:
         try:
             return open_recorder(url, readonly=readonly, must_exist=must_exist or readonly,
@@ -83,14 +84,15 @@ def open_ledger(path: str | None, *, must_exist: bool = False, readonly: bool = 
             raise Fail(str(exc)) from exc
     target = ledger_file(path, readonly=readonly)
     if (must_exist or readonly) and not target.exists():
-        raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER")
+        raise Fail(f"no ledger at {target}; give --ledger PATH or set TILLERMAN_LEDGER"
+                   + (f", or {or_else}" if or_else else ""))
     return open_recorder(target, readonly=readonly)
 
 
-def open_intact_ledger(path: str | None) -> Recorder:
+def open_intact_ledger(path: str | None, *, or_else: str | None = None) -> Recorder:
     """For a reading command that shows what the ledger holds: a file cut mid-page is
     damage (exit 1), not a partial answer."""
-    recorder = open_ledger(path, readonly=True)
+    recorder = open_ledger(path, readonly=True, or_else=or_else)
     if recorder.damage:  # a SQLite file cut mid-page
         recorder.close()
         raise Fail(f"the ledger is damaged: {recorder.damage}; `tillerman ledger verify` names the last good seq",

@@ -97,7 +97,9 @@ def usage(paths, ledger_path, by, since, until, zone, breakdown, config_path, as
         report.add_all(itertools.chain((first,) if first is not None else (), envelopes))
     else:
         report = UsageReport(price_table(config_path), by=by, tz=zone, since=since, until=until)
-        with open_intact_ledger(ledger_path) as ledger:
+        # a person who runs no daemon reads the agents' own folders instead
+        with open_intact_ledger(ledger_path, or_else="give the agents' folders: tillerman usage ~/.codex/sessions"
+                                " ~/.claude/projects") as ledger:
             report.add_all(entry.envelope for entry in ledger.read())
     shown = {"by": by, "timezone": _zone_name(zone), **report.as_json(breakdown=breakdown)}
     if as_json:

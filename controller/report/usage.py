@@ -243,10 +243,23 @@ class UsageReport:
 
     def _key(self, key: tuple, row: Row) -> dict[str, Any]:
         if self.by == "session":
-            return {"session": key[0], "source": "/".join(sorted(row.sources)) or None, "files": sorted(row.files)}
+            return {"session": key[0], "source": "/".join(sorted(row.sources)) or None, "files": sorted(row.files),
+                    **self._context(key[0])}
         if self.by == "turn":
             return {"session": key[0], "turn": key[1]}
         return {self.by: key[0]}
+
+    def _context(self, thread_id: str | None) -> dict[str, Any]:
+        """How full the thread's context was at its last response: its input over the
+        window the source named, else the price table's window for the response's model."""
+        thread = self.account.threads.get(thread_id)
+        if thread is None or thread.last_input is None:
+            return {"last_input": None, "context_window": None, "context_use": None}
+        window = thread.context_window
+        if window is None and thread.last_model is not None:
+            window = self.prices.context_window(thread.last_model)
+        return {"last_input": thread.last_input, "context_window": window,
+                "context_use": thread.last_input / window if window else None}
 
     def _order(self, item: tuple[tuple, Row]) -> tuple:
         key, row = item

@@ -147,6 +147,18 @@ def test_by_session_names_the_thread_its_agent_and_files(folders):
     assert sessions["c-1"]["input"] == 355 and sessions["c-1"]["cost_usd"] is None
 
 
+def test_by_session_says_how_full_each_context_was_at_its_last_response(folders):
+    """The rollout names no window, so the price table's for the last response's model is
+    taken; the transcript's last response is of a model with no window anywhere."""
+    sessions = {row["session"]: row for row in usage(*folders, "--by", "session", "--json")["rows"]}
+    window = bundled_table().context_window("gpt-5")
+    assert window
+    assert (sessions[THREAD]["last_input"], sessions[THREAD]["context_window"]) == (GPT_2.input, window)
+    assert sessions[THREAD]["context_use"] == pytest.approx(GPT_2.input / window)
+    assert (sessions["c-1"]["last_input"], sessions["c-1"]["context_window"], sessions["c-1"]["context_use"]) == (
+        HOUSE.input, None, None)
+
+
 def test_cost_is_summed_response_by_response(folders):
     # Priced one response at a time (a tier is decided per response), not on the sum.
     shown = usage(*folders, "--by", "model", "--json")
@@ -178,7 +190,8 @@ def test_the_json_shape(folders):
                           "quarantined"}
     table = bundled_table()
     assert shown["prices"] == {"date": table.date, "source": table.source, "digest": table.digest}
-    assert set(shown["rows"][0]) == ROW_FIELDS | {"session", "source", "files"}
+    assert set(shown["rows"][0]) == ROW_FIELDS | {"session", "source", "files", "last_input", "context_window",
+                                                  "context_use"}
     assert set(shown["totals"]) == {*FIGURES, "cost_usd", "cost_missing"}
     assert shown["mismatches"] == [] and shown["quarantined"] == [] and shown["vendor"] == []
 
@@ -264,6 +277,16 @@ def test_a_ledger_that_is_not_there_is_not_created(tmp_path):
     ledger = tmp_path / "none.sqlite3"
     output = usage("--ledger", str(ledger), code=2)
     assert "no ledger at" in output and not ledger.exists()
+
+
+def test_no_ledger_and_no_folders_names_both_ways_in(tmp_path, monkeypatch):
+    """A person who runs no daemon has no ledger: the error names the folders too."""
+    monkeypatch.delenv("TILLERMAN_LEDGER", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    output = usage(code=2)
+    assert output.startswith("Error: no ledger at") and output.count("\n") == 1
+    assert "--ledger PATH" in output and "tillerman usage ~/.codex/sessions ~/.claude/projects" in output
+    assert not (tmp_path / "state").exists()
 
 
 def test_a_file_that_is_no_ledger_is_refused(tmp_path):

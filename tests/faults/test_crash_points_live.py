@@ -83,10 +83,7 @@ async def test_killed_at_a_checkpoint_then_restarted_settles_without_resending(
             else:
                 intent_id = h.propose(thread_id=thread, mode=mode, text=text, expected_turn=turn)
 
-            with anyio.fail_after(20):  # the daemon picks the intent up and dies at the point
-                while daemon.process.poll() is None:
-                    await anyio.sleep(0.02)
-            assert daemon.process.returncode == -signal.SIGKILL, daemon.stderr_tail()
+            await _killed_at_its_point(daemon)  # the daemon picks the intent up and dies there
             client_id = _client_id(daemon.ledger, intent_id)
             sent_before = h.trace.count(mode, client_id, turn)
             assert sent_before == (0 if point in NOT_SENT else 1)
@@ -137,10 +134,7 @@ async def test_a_stop_killed_at_a_checkpoint_then_restarted_stops_the_thread_onc
                                                      "status": "active", "origin": "user"})
             intent_id = h.propose(thread_id=thread, mode="stop", text=f"CRASHTEST stop at {point}")
 
-            with anyio.fail_after(20):  # the daemon picks the stop up and dies at the point
-                while daemon.process.poll() is None:
-                    await anyio.sleep(0.02)
-            assert daemon.process.returncode == -signal.SIGKILL, daemon.stderr_tail()
+            await _killed_at_its_point(daemon)  # the daemon picks the stop up and dies there
             # dispatch_sending is passed before the first write: the goal's pause
             assert h.trace.stop_writes(thread, "thread/goal/set") == (0 if point in NOT_SENT else 1)
 
@@ -163,6 +157,14 @@ async def test_a_stop_killed_at_a_checkpoint_then_restarted_stops_the_thread_onc
     assert all(h.trace.count("interrupt", "", turn_id) == 1 for turn_id in interrupted)
     ok, problems = ledger_health(daemon.ledger)
     assert ok, problems
+
+
+async def _killed_at_its_point(daemon: DaemonProcess) -> None:
+    """Wait (20 s at most) for the daemon to kill itself at its kill point."""
+    with anyio.fail_after(20):
+        while daemon.process.poll() is None:
+            await anyio.sleep(0.02)
+    assert daemon.process.returncode == -signal.SIGKILL, daemon.stderr_tail()
 
 
 def _end(ledger: Path, intent_id: str) -> tuple[str, str | None]:
