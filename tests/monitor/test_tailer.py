@@ -48,8 +48,11 @@ def rollout(tmp_path):
 
 
 def _row(ledger, path):
+    """The generation at ``path``: the one followed there now if any (rows come in identity
+    order, and a replacement's inode may sort before its predecessor's), else the last."""
     rows = [r for r in ledger.file_offsets() if r.path == str(path)]
-    return rows[-1] if rows else None
+    following = [r for r in rows if r.state == "following"]
+    return (following or rows)[-1] if rows else None
 
 
 # -- partial lines and offsets ---------------------------------------------------------
