@@ -446,6 +446,33 @@ class NotificationFailed(Event, tag="notification_failed"):
     retry_in: float | None = None
 
 
+class OwnerLabeled(Event, tag="owner_labeled"):
+    """The owner's verdict on something tillerman did or said (``tillerman label``, the
+    dashboard): the labels rules and reviewers are measured against
+    (``tillerman.ledger.labels``). ``subject`` names it: ``intent:ID``, ``finding:EVENT_ID``
+    (a rule's ``report`` event) or ``review:CHECKPOINT_ID`` (a reviewer's answer). A later
+    label of the same subject replaces this one in the account; both stay on record."""
+
+    subject: str = ""
+    verdict: str = ""  # "useful" | "not_useful" | "harmful"
+    note: str | None = None
+    by: str = ""
+    # the subject's thread; not ``thread_id``: a label is no event of the thread, and
+    # folding it as one would make a thread known that was never seen
+    thread: str | None = None
+
+
+class NoticeResolved(Event, tag="notice_resolved"):
+    """A person said a notice needs no more attention (``tillerman overdue resolve``, the
+    dashboard): ``subject`` as the notifier names it (``overdue:INTENT``). The notifier
+    tells its sinks it is resolved and repeats it no more; the intent itself is untouched."""
+
+    subject: str = ""
+    by: str = ""
+    note: str | None = None
+    thread: str | None = None
+
+
 class Conflict(Event, tag="conflict"):
     """An append reused an existing ``event_id`` with different content."""
 
@@ -520,6 +547,8 @@ AnyEvent = (
     | ReviewCommitted
     | NotificationSent
     | NotificationFailed
+    | OwnerLabeled
+    | NoticeResolved
     | Undecodable
 )
 

@@ -29,7 +29,9 @@ CONTROLLER = {
     "codex": {"core"},
     "replay": {"core", "review"},
     "daemon": {"core", "dispatch", "claude", "review", "notify", "report"},  # report: --metrics counts usage as it does
-    "cli": {"core", "dispatch", "claude", "review", "notify", "report", "codex", "replay", "daemon"},
+    # the web page: reads as report and status do, acts through core as the CLI does
+    "dashboard": {"core", "report", "notify"},
+    "cli": {"core", "dispatch", "claude", "review", "notify", "report", "codex", "replay", "daemon", "dashboard"},
 }
 #: The only modules at controller/'s top: entry points people run by path.
 CONTROLLER_TOP = {"__init__": set(), "__main__": {"cli"}, "claude_hook": {"claude"}}

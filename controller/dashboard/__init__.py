@@ -1,0 +1,19 @@
+"""``tillerman dashboard``: every session on one live local web page, and the owner's
+actions on it. The ledger stays the one source of truth: the page reads it as
+``status``, ``report`` and ``usage`` do, and its actions append to it through the same
+library calls as the CLI (``tillerman.controller.core``), which a running daemon picks
+up as it picks up ``tillerman intent propose``.
+
+* ``fleet``: the fleet — one row per thread, those that need a person first (pure).
+* ``thread_view``: one thread's page — timeline, turns, approvals, findings, intents
+  with their journeys, reviews, usage (pure).
+* ``guard``: who may ask — the secret, its cookie, Host and Origin, CSRF tokens, the
+  Content-Security-Policy (pure checks of a request's headers).
+* ``actions``: the page's forms as the CLI's calls — steer, queue, interrupt, stop,
+  cancel, resolve a notice, label.
+* ``live``: the ledger's change feed as server-sent events.
+* ``app``: the Starlette application tying them to routes and templates.
+
+No asset comes from the network: ``static/`` holds htmx and its SSE extension, copied
+unchanged from their npm packages (licenses beside them).
+"""
