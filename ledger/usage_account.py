@@ -283,10 +283,13 @@ class ThreadUsage:
         return out_of_range(self.tokens)
 
     def _change(self, place: Place, delta: Tokens, responses: int) -> None:
+        # The three splits written out, not looped over: this runs for every response.
         self.tokens += delta
         self.responses += responses
-        for split, key in ((self.by_turn, place.turn_id), (self.by_model, place.model), (self.by_day, place.day)):
-            split[key] = split.get(key, ZERO) + delta
+        by_turn, by_model, by_day = self.by_turn, self.by_model, self.by_day
+        by_turn[place.turn_id] = by_turn.get(place.turn_id, ZERO) + delta
+        by_model[place.model] = by_model.get(place.model, ZERO) + delta
+        by_day[place.day] = by_day.get(place.day, ZERO) + delta
 
     def _seen_at(self, at: float | None) -> None:
         if at is None:
@@ -330,11 +333,12 @@ class UsageAccount:
         counts, replaced = self._dedup.admit(event, place)
         if not counts:
             return None
-        self.tokens += event.tokens - (ZERO if replaced is None else replaced.tokens)
         self._latest(thread, event, envelope.at)
         if replaced is None:
+            self.tokens += event.tokens
             thread._change(place, event.tokens, 1)
             return Counted(place=place, delta=event.tokens)
+        self.tokens += event.tokens - replaced.tokens
         if replaced.place == place:
             thread._change(place, event.tokens - replaced.tokens, 0)
             return Counted(place=place, delta=event.tokens - replaced.tokens)

@@ -118,6 +118,7 @@ class PriceTable:
         self.date, self.source, self.digest = date, source, digest
         self._matched: dict[str, str | None] = {}
         self._windowed: dict[str, str | None] = {}
+        self._rates: dict[tuple[str, int], Rates] = {}  # (key, tiers passed) -> effective rates
         self._with_window = [key for key, price in self.models.items() if price.context_window is not None]
 
     def match(self, model: str) -> str | None:
@@ -149,8 +150,20 @@ class PriceTable:
             if price.fast is None:
                 return Cost(usd=None, missing=NO_PRICE, date=self.date)
             factor = price.fast
-        usd = response_cost(effective_rates(price, tokens.input, claude=is_claude(key)), tokens)
-        return Cost(usd=usd * factor, date=self.date)
+        return Cost(usd=response_cost(self._effective(key, price, tokens.input), tokens) * factor, date=self.date)
+
+    def _effective(self, key: str, price: ModelPrice, input_tokens: int) -> Rates:
+        """``effective_rates``, derived once per model and tier rather than per response
+        (``tillerman usage`` prices tens of thousands of responses of a few models)."""
+        passed = 0
+        for tier in price.tiers:  # ascending: the rates are those of the last tier passed
+            if input_tokens <= tier.above:
+                break
+            passed += 1
+        rates = self._rates.get((key, passed))
+        if rates is None:
+            rates = self._rates[key, passed] = effective_rates(price, input_tokens, claude=is_claude(key))
+        return rates
 
     def with_overrides(self, overrides: Mapping[str, PriceOverride]) -> PriceTable:
         """This table with the config's overrides: each names a model, and its rates

@@ -56,7 +56,8 @@ class Figures:
     def merge(self, other: Figures) -> None:
         self.tokens += other.tokens
         self.usd += other.usd
-        self.unpriced.update(other.unpriced)
+        if other.unpriced:  # most cells have none, and Counter.update is slow even when empty
+            self.unpriced.update(other.unpriced)
 
     @property
     def cost_usd(self) -> float | None:
