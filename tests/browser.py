@@ -1,15 +1,25 @@
-"""Debian's chromium, headless, for the tests of the timeline page.
+"""Debian's chromium, headless, for the tests of the timeline page and the dashboard.
 
 ``chromium()`` finds ``/usr/bin/chromium``, installing the Debian package with apt-get
 when it is absent (a browser download at run time is not reachable here), and skips the
 test with the reason when that fails. Every run gets a fresh profile and no network.
+
+``Browser`` is one chromium kept open across the steps of a test and driven over the
+DevTools protocol (navigate, wait, click, fill, screenshot), recording what the page
+reports on its console: errors, uncaught exceptions and Content-Security-Policy
+violations. ``chromium_dom`` and ``chromium_screenshot`` are one-shot command-line runs.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import shutil
 import subprocess
 import tempfile
+import time
+import urllib.request
 from functools import cache
 from pathlib import Path
 
@@ -66,54 +76,195 @@ def chromium_screenshot(page: Path, png: Path, size: str = "1400,900") -> Path:
 
 
 def chromium_evaluate(page: Path, expression: str, wait_for: str, timeout: float = 60.0):
-    """The value of ``expression`` evaluated in the loaded page, over the DevTools
-    protocol (a click, then what the page shows), once an element matching the CSS
-    selector ``wait_for`` exists: the page draws after its load event, later still on a
-    loaded machine."""
-    import json
-    import time
-    import urllib.request
+    """The value of ``expression`` evaluated in the loaded page (a click, then what the
+    page shows), once an element matching the CSS selector ``wait_for`` exists: the page
+    draws after its load event, later still on a loaded machine."""
+    with Browser(timeout=timeout) as browser:
+        browser.navigate(page.resolve().as_uri())
+        browser.wait_for_selector(wait_for)
+        return browser.evaluate(expression)
 
-    from websockets.sync.client import connect
 
-    # Chromium's helper processes may still write its profile as the browser exits.
-    with tempfile.TemporaryDirectory(prefix="tillerman-chromium-", ignore_cleanup_errors=True) as profile:
-        browser = subprocess.Popen(
-            [str(chromium()), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-             "--window-size=1400,900", page.resolve().as_uri()],
+class BrowserError(AssertionError):
+    """The page or chromium did not do what the step waited for."""
+
+
+class Browser:
+    """One headless chromium with one tab, driven over the DevTools protocol.
+
+    Every call waits for its answer; the protocol's events that arrive meanwhile are
+    kept (``console_errors``, ``csp_violations``), so nothing runs behind the test's
+    back. ``timeout`` bounds each step, not the whole test."""
+
+    def __init__(self, timeout: float = 60.0, size: tuple[int, int] = (1400, 900)):
+        self.timeout = timeout
+        self.size = size
+        self.console_errors: list[str] = []
+        self.csp_violations: list[str] = []
+        self._events: list[dict] = []
+        self._next_id = 0
+
+    def __enter__(self) -> Browser:
+        from websockets.sync.client import connect
+
+        # Chromium's helper processes may still write its profile as the browser exits.
+        self._profile = tempfile.TemporaryDirectory(prefix="tillerman-chromium-", ignore_cleanup_errors=True)
+        self._connection = contextlib.ExitStack()
+        self._process = subprocess.Popen(
+            [str(chromium()), *FLAGS, f"--user-data-dir={self._profile.name}", "--remote-debugging-port=0",
+             f"--window-size={self.size[0]},{self.size[1]}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            port_file = Path(profile) / "DevToolsActivePort"
-            deadline = time.monotonic() + timeout
-            while not (port_file.exists() and port_file.read_text().strip()):
-                assert time.monotonic() < deadline, "chromium never opened its DevTools port"
+            port = self._devtools_port()
+            deadline = time.monotonic() + self.timeout
+            while not (pages := [t for t in self._targets(port) if t["type"] == "page"]):
+                self._before(deadline, "chromium never opened its tab")
                 time.sleep(0.05)
-            port = port_file.read_text().split()[0]
-            while True:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
-                    pages = [t for t in json.load(answer) if t["type"] == "page" and t["url"].startswith("file:")]
-                if pages:
-                    break
-                assert time.monotonic() < deadline, "chromium never opened the page"
+            self._ws = self._connection.enter_context(connect(pages[0]["webSocketDebuggerUrl"], max_size=None))
+            for domain in ("Page", "Runtime", "Log"):
+                self.send(f"{domain}.enable")
+            self.send("Emulation.setDeviceMetricsOverride",
+                      {"width": self.size[0], "height": self.size[1], "deviceScaleFactor": 1, "mobile": False})
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._connection.close()
+        if self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(timeout=30)
+        self._profile.cleanup()
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def _devtools_port(self) -> str:
+        port_file = Path(self._profile.name) / "DevToolsActivePort"
+        deadline = time.monotonic() + self.timeout
+        while not (port_file.exists() and port_file.read_text().strip()):
+            self._before(deadline, "chromium never opened its DevTools port")
+            time.sleep(0.05)
+        return port_file.read_text().split()[0]
+
+    @staticmethod
+    def _targets(port: str) -> list[dict]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
+            return json.load(answer)
+
+    def _before(self, deadline: float, what: str) -> None:
+        if time.monotonic() >= deadline:
+            raise BrowserError(what)
+        if self._process.poll() is not None:
+            raise BrowserError(f"{what}: chromium exited with {self._process.returncode}")
+
+    def send(self, method: str, params: dict | None = None) -> dict:
+        """One protocol command's result (an error answer raises)."""
+        self._next_id += 1
+        ask = self._next_id
+        self._ws.send(json.dumps({"id": ask, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + self.timeout
+        while True:
+            message = self._receive(deadline, f"no answer to {method}")
+            if message.get("id") == ask:
+                if "error" in message:
+                    raise BrowserError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def _receive(self, deadline: float, what: str) -> dict:
+        try:
+            message = json.loads(self._ws.recv(timeout=max(0.0, deadline - time.monotonic())))
+        except TimeoutError:
+            raise BrowserError(what) from None
+        if "method" in message:
+            self._note(message)
+        return message
+
+    def _note(self, event: dict) -> None:
+        """Keep an event; file what the page reported as an error."""
+        self._events.append(event)
+        method, params = event["method"], event.get("params", {})
+        if method == "Log.entryAdded":
+            entry = params["entry"]
+            if "Content Security Policy" in entry.get("text", ""):
+                self.csp_violations.append(entry["text"])
+            elif entry.get("level") == "error":
+                self.console_errors.append(entry.get("text", ""))
+        elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            self.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
+        elif method == "Runtime.exceptionThrown":
+            details = params["exceptionDetails"]
+            self.console_errors.append(details.get("exception", {}).get("description") or details.get("text", ""))
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def navigate(self, url: str) -> None:
+        """Open ``url`` and return once its load event has fired."""
+        self._events.clear()
+        answer = self.send("Page.navigate", {"url": url})
+        if answer.get("errorText"):
+            raise BrowserError(f"navigating to {url}: {answer['errorText']}")
+        deadline = time.monotonic() + self.timeout
+        while not any(e["method"] == "Page.loadEventFired" for e in self._events):
+            self._receive(deadline, f"{url} never finished loading")
+
+    def evaluate(self, expression: str):
+        """The value of ``expression`` in the page (a promise is awaited). An evaluation
+        sent while the page navigates finds its context destroyed: asked again then."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                answer = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                        "returnByValue": True})
+            except BrowserError as error:
+                if "context" not in str(error).lower():
+                    raise
+                self._before(deadline, f"chromium never evaluated: {error}")
                 time.sleep(0.05)
-            with connect(pages[0]["webSocketDebuggerUrl"], max_size=None) as ws:
-                # An evaluation sent while the page is still navigating finds its context
-                # destroyed and answers with an error: ask again in the new context.
-                for attempt in range(1, 1000):
-                    ws.send(json.dumps({"id": attempt, "method": "Runtime.evaluate", "params": {
-                        "expression": f"new Promise(r => {{ const poll = () => document.querySelector("
-                                      f"{json.dumps(wait_for)}) ? r() : setTimeout(poll, 50); poll(); }})"
-                                      f".then(() => ({expression}))",
-                        "awaitPromise": True, "returnByValue": True}}))
-                    while (reply := json.loads(ws.recv(timeout=timeout))).get("id") != attempt:
-                        pass
-                    if "result" in reply:
-                        break
-                    assert time.monotonic() < deadline, f"chromium never evaluated: {reply}"
-                    time.sleep(0.05)
-            result = reply["result"]
-            assert "exceptionDetails" not in result, result
-            return result["result"].get("value")
-        finally:
-            browser.terminate()
-            browser.wait(timeout=30)
+                continue
+            if "exceptionDetails" in answer:
+                raise BrowserError(f"{expression[:200]} threw: {answer['exceptionDetails']}")
+            return answer["result"].get("value")
+
+    def wait_for(self, condition: str, what: str = "") -> object:
+        """The first truthy value of the JavaScript expression ``condition``, polled in
+        the page every 50 ms (no reload: what the page shows by itself)."""
+        poll = (f"new Promise((resolve, reject) => {{ const until = Date.now() + {self.timeout * 1000:.0f};"
+                f" const poll = () => {{ let v; try {{ v = ({condition}); }} catch (e) {{ v = undefined; }}"
+                f" if (v) resolve(v); else if (Date.now() > until) reject(new Error('timed out'));"
+                f" else setTimeout(poll, 50); }}; poll(); }})")
+        try:
+            return self.evaluate(poll)
+        except BrowserError as error:
+            raise BrowserError(f"waited in vain for {what or condition}: {error}") from None
+
+    def wait_for_selector(self, selector: str) -> None:
+        self.wait_for(f"document.querySelector({json.dumps(selector)})", what=f"an element {selector!r}")
+
+    def click(self, selector: str) -> None:
+        """A real mouse click (pressed and released) at the centre of the first element
+        matching ``selector``, scrolled into view first."""
+        self.wait_for_selector(selector)
+        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+                            f" e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();"
+                            f" return {{x: r.x + r.width / 2, y: r.y + r.height / 2}}; }})()")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box["x"], "y": box["y"],
+                                                   "button": "left", "clickCount": 1})
+
+    def fill(self, selector: str, text: str) -> None:
+        """Type ``text`` into the field matching ``selector`` (cleared first), as
+        keyboard input: the page sees the input events a person's typing makes."""
+        self.wait_for_selector(selector)
+        self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+                      f" e.focus(); e.value = ''; }})()")
+        self.send("Input.insertText", {"text": text})
+
+    def screenshot(self, png: Path) -> Path:
+        """The visible page as a PNG."""
+        shot = self.send("Page.captureScreenshot", {"format": "png"})
+        png.write_bytes(base64.b64decode(shot["data"]))
+        return png
