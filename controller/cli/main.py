@@ -103,6 +103,7 @@ class LazyGroup(click.Group):
     "hook": "tillerman.controller.cli.hooks:hook",  # and what they run: hook claude
     "prices": "tillerman.controller.cli.prices:prices",
     "usage": "tillerman.controller.cli.usage:usage",  # the usage account: by day, session, model, turn
+    "label": "tillerman.controller.cli.label:label",  # the owner's verdicts rules and reviewers are measured by
 })
 @click.version_option(package_name="tillerman")
 def main() -> None:
@@ -597,18 +598,23 @@ def shim_cmd(socket_path, ignored):
 # -- overdue -----------------------------------------------------------------------
 
 
-@main.command("overdue")
+@main.group("overdue", invoke_without_command=True)
 @click.option("--now", "now_text", help="Evaluate at this ISO-8601 time instead of now.")
 @click.option("--check", is_flag=True, help="Exit 1 when anything is overdue.")
 @json_option
 @ledger_option
+@click.pass_context
 @errors_to_exit_codes
-def overdue_cmd(now_text, check, as_json, ledger_path):
+def overdue_cmd(ctx, now_text, check, as_json, ledger_path):
     """Intents past their acknowledgement or effect deadline: thread, expected turn,
-    state, age, owner and why.
+    state, age, owner and why. One whose notice a person resolved (overdue resolve) is
+    not listed, until it misses a later deadline.
 
     Example: tillerman overdue --check --json
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    from tillerman.controller.core.notice_resolution import read_resolutions
     from tillerman.controller.core.overdue import overdue as find_overdue
     from tillerman.controller.core.render import overdue_json
     from tillerman.ledger import projections
@@ -616,8 +622,9 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
     now = parse_now(now_text)
     with open_intact_ledger(ledger_path) as ledger:
         projection = projections.load(ledger)
+        resolved = {subject: r.at for subject, r in read_resolutions(ledger).items()}
     warn_undecodable(projection.undecodable)
-    found = find_overdue(projection, now)
+    found = find_overdue(projection, now, resolved)
     rows = [overdue_json(o) for o in found]
     if as_json:
         print_json(rows)
@@ -630,6 +637,35 @@ def overdue_cmd(now_text, check, as_json, ledger_path):
         )
     if check and found:
         sys.exit(EXIT_CHECK_FAILED)
+
+
+@overdue_cmd.command("resolve")
+@click.argument("intent_id")
+@click.option("--note", help="Why it needs no more attention (kept with the resolution).")
+@click.option("--by", default=local_login, show_default="the login name", help="Who resolves it.")
+@json_option
+@ledger_option
+@errors_to_exit_codes
+def overdue_resolve(intent_id, note, by, as_json, ledger_path):
+    """Resolve an overdue intent's notice: it is no longer listed as overdue, and the
+    [[notify]] sinks are told it is resolved once and hear of it no more (a deadline it
+    misses later is a new notice). The intent itself is untouched.
+
+    Example: tillerman overdue resolve in-3f2a9c0d1e2b4a5f6c7d --note "handled by hand"
+    """
+    from tillerman.controller.core import notice_resolution
+
+    with open_ledger(ledger_path, must_exist=True) as ledger:
+        try:
+            resolution = notice_resolution.resolve(ledger, intent_id, by=by, note=note, now=time.time())
+        except notice_resolution.NoticeError as exc:  # not overdue, or resolved already
+            raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
+    if as_json:
+        print_json({"subject": resolution.subject, "by": resolution.by, "at": iso(resolution.at),
+                    "note": resolution.note})
+    else:
+        print_line(f"resolved {resolution.subject}")
+    report_anchor(ledger)
 
 
 # -- ledger ------------------------------------------------------------------------

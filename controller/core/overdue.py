@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from tillerman.ledger.intent_states import State
@@ -22,6 +24,10 @@ _WHY = {
 }
 
 
+#: How the notifier and a resolution name an intent's overdue notice: ``overdue:INTENT``.
+OVERDUE_SUBJECT = "overdue:"
+
+
 class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     intent_id: str
     thread_id: str
@@ -36,11 +42,16 @@ class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     why: str
 
 
-def overdue(projection: Projection, now: float) -> list[Overdue]:
+def overdue(projection: Projection, now: float, resolved_at: Mapping[str, float] | None = None) -> list[Overdue]:
+    """The intents past a deadline and needing attention: one whose notice a person
+    resolved after that deadline passed (``resolved_at``: subject -> when, as
+    ``notice_resolution.resolutions`` reads them) is left out."""
     found = []
     for view in projection.open_intents():
         due = deadline(view)
         if due is None or now < due[1]:
+            continue
+        if resolution_covers((resolved_at or {}).get(OVERDUE_SUBJECT + view.intent.id), due[1]):
             continue
         intent, state = view.intent, view.state
         why = _WHY.get(state, state.value)
@@ -61,3 +72,9 @@ def deadline(view: IntentView) -> tuple[str, float] | None:
     if view.state in _AWAITING_EFFECT and view.intent.effect_deadline is not None:
         return "effect", view.intent.effect_deadline
     return None
+
+
+def resolution_covers(resolved_at: float | None, due_at: float) -> bool:
+    """Whether a resolution made at ``resolved_at`` covers the deadline ``due_at``: it
+    does when the deadline had passed by then; a later one is news to the person."""
+    return resolved_at is not None and resolved_at >= due_at
