@@ -38,6 +38,13 @@ class ThreadStarted(Event, tag="thread_started"):
     source_format: str | None = None
     cwd_digest: str | None = None  # the working directory the session names
     cwd: str | None = None  # the directory itself: only with --retain-payloads
+    # The directory's last part and the git branch, where the source names them, kept
+    # whatever --retain-payloads says: what a person knows a session by, far less telling
+    # than the path or any content. UNSET (a source that names neither, or a ledger
+    # written before they were read) is left out of the encoding, so those rows keep
+    # their bytes and digests.
+    project: str | None | msgspec.UnsetType = msgspec.UNSET
+    git_branch: str | None | msgspec.UnsetType = msgspec.UNSET
     # Codex's own housekeeping threads (the TUI's title generation) are ephemeral and
     # carry a threadSource other than "user"; they are recorded, never supervised.
     ephemeral: bool = False
