@@ -218,7 +218,20 @@ def render_text(result: Account) -> list[str]:
               _line("recovered after an intervention", s.recovered_after_intervention),
               _line("recovered alone", s.recovered_alone), _line("abandoned", s.abandoned),
               _line("unresolved at the end", s.unresolved)]
-    return lines + _goal_lines(result)
+    return lines + _goal_lines(result) + _label_lines(result)
+
+
+def _label_lines(result: Account) -> list[str]:
+    o = result.owner_labels
+    lines = ["", "Against the owner's labels (tillerman label)", _line("subjects labeled", o.labels)]
+    for title, table in (("rule", o.by_rule), ("reviewer", o.by_reviewer), ("mode", o.by_mode)):
+        lines += [_line(f"  {title} {name}", p.precision) + f"; {p.labeled} labeled, {p.unlabeled} unlabeled"
+                  for name, p in table.items()]
+    for name, agreed in o.reviewer_agreement.items():
+        lines.append(_line(f"  reviewer {name} agrees with the owner", agreed.agreement))
+        lines += [f"    disagrees: {d.checkpoint_id}: {d.disposition}, owner says {d.verdict}"
+                  + (f" ({d.note})" if d.note else "") for d in agreed.disagreements]
+    return lines
 
 
 def _goal_lines(result: Account) -> list[str]:

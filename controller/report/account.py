@@ -24,6 +24,7 @@ from tillerman.controller.report.fold import STALL_FINDING, BudgetCrossing, Fact
 from tillerman.controller.report.usage import Figures
 from tillerman.ledger.intent_states import State, is_terminal
 from tillerman.ledger.intents import Intent
+from tillerman.ledger.labels import VERDICTS, Labels, reviewer_agrees, subject_of
 from tillerman.ledger.projections import IntentView
 from tillerman.ledger.reviews import NEVER_RAN, is_cost
 from tillerman.ledger.snapshot import GOAL_BUDGET_LIMITED
@@ -206,6 +207,44 @@ class Budgets(msgspec.Struct, kw_only=True):
     items: list[BudgetCrossing]
 
 
+class Precision(msgspec.Struct, kw_only=True):
+    """Some subjects measured against the owner's labels: of those labeled, how many useful."""
+
+    precision: Figure  # labeled useful / labeled
+    labeled: int
+    unlabeled: int
+    verdicts: dict[str, int]  # the labeled ones by verdict
+
+
+class Disagreement(msgspec.Struct, kw_only=True):
+    checkpoint_id: str
+    intent_id: str
+    disposition: str
+    verdict: str  # the owner's, on the intent
+    note: str | None = None
+
+
+class Agreement(msgspec.Struct, kw_only=True):
+    """A reviewer's dispositions against the owner's labels of the intents they were about
+    (``tillerman.ledger.labels.reviewer_agrees``)."""
+
+    agreement: Figure  # agreeing / compared
+    compared: int
+    disagreements: list[Disagreement]
+
+
+class OwnerLabels(msgspec.Struct, kw_only=True):
+    """Precision against the owner's labels (``tillerman label``): per rule (its findings
+    and the intents it proposed), per reviewer (its answers), per mode (the intents), and
+    each reviewer's agreement with the owner. The label that stands is the latest."""
+
+    labels: Figure
+    by_rule: dict[str, Precision]
+    by_reviewer: dict[str, Precision]
+    by_mode: dict[str, Precision]
+    reviewer_agreement: dict[str, Agreement]
+
+
 class Account(msgspec.Struct, kw_only=True):
     events: int
     since: float | None
@@ -223,6 +262,7 @@ class Account(msgspec.Struct, kw_only=True):
     stalls: Stalls
     goals: Goals
     budgets: Budgets
+    owner_labels: OwnerLabels
     undecodable: int
     prices: dict[str, str]  # the price table's date, source and digest
 
@@ -269,6 +309,7 @@ def account(facts: Facts, *, since: float | None = None, until: float | None = N
         stalls=_stalls(facts, inside),
         goals=_goals(facts, inside),
         budgets=_budgets(facts, inside),
+        owner_labels=_owner_labels(facts, inside),
         undecodable=facts.undecodable,
         prices={"date": facts.usage.prices.date, "source": facts.usage.prices.source,
                 "digest": facts.usage.prices.digest},
@@ -642,3 +683,67 @@ def _thread_goals(facts: Facts, thread_id: str, triggers: Counter[str], statuses
         thread_id=thread_id, goal_status=goal.status if goal else None,
         token_budget=goal.token_budget if goal else None, tokens_used=goal.tokens_used if goal else None,
         goal_statuses=statuses, turns_by_trigger=dict(sorted(triggers.items())))
+
+
+def _owner_labels(facts: Facts, inside: Callable[[float | None], bool]) -> OwnerLabels:
+    """The subjects in the window (an intent by its proposal, a finding by its time, a
+    reviewer's answer by its call) against the labels standing at the end of the ledger."""
+    labels = facts.labels
+    intents = [v.intent for v in facts.projection.intents.values() if inside(v.intent.created_at)]
+    findings = [r for r in facts.reports if inside(r.at)]
+    answers = [c for c in facts.reviews.checkpoints.values()
+               if c.committed is not None and not c.probe and inside(c.pending_at)]
+    by_rule: dict[str, list[str]] = {}
+    for report in findings:
+        by_rule.setdefault(report.rule_id, []).append(subject_of("finding", report.event_id))
+    for intent in intents:
+        if intent.rule_id is not None:
+            by_rule.setdefault(intent.rule_id, []).append(subject_of("intent", intent.id))
+    by_mode: dict[str, list[str]] = {}
+    for intent in intents:
+        by_mode.setdefault(intent.mode, []).append(subject_of("intent", intent.id))
+    by_reviewer: dict[str, list[str]] = {}
+    for checkpoint in answers:
+        by_reviewer.setdefault(checkpoint.reviewer, []).append(subject_of("review", checkpoint.checkpoint_id))
+    return OwnerLabels(
+        labels=count(len(labels), "subjects with an owner_labeled event (the latest stands)",
+                     sum(len(labels.history(given.subject)) for given in labels.all_current())),
+        by_rule={rule: precision(labels, subjects, "the rule's findings and intents")
+                 for rule, subjects in sorted(by_rule.items())},
+        by_reviewer={name: precision(labels, subjects, "the reviewer's answers")
+                     for name, subjects in sorted(by_reviewer.items())},
+        by_mode={mode: precision(labels, subjects, "the mode's intents") for mode, subjects in sorted(by_mode.items())},
+        reviewer_agreement={name: agreement(labels, [c for c in answers if c.reviewer == name])
+                            for name in sorted(by_reviewer)},
+    )
+
+
+def precision(labels: Labels, subjects: list[str], what: str) -> Precision:
+    """``subjects`` against the labels standing on them: labeled useful / labeled."""
+    standing = [given for subject in subjects if (given := labels.current(subject)) is not None]
+    verdicts = Counter(given.verdict for given in standing)
+    return Precision(
+        precision=ratio(verdicts["useful"], len(standing), f"{what} the owner labeled useful / labeled",
+                        len(standing), f"none of {what} is labeled ({len(subjects)} unlabeled)"),
+        labeled=len(standing), unlabeled=len(subjects) - len(standing),
+        verdicts={verdict: verdicts[verdict] for verdict in VERDICTS if verdicts[verdict]})
+
+
+def agreement(labels: Labels, checkpoints: list) -> Agreement:
+    """A reviewer's accepted answers about intents the owner labeled: whether its
+    disposition said what the owner's verdict says (``reviewer_agrees``)."""
+    compared, disagreements = 0, []
+    for checkpoint in checkpoints:
+        disposition = checkpoint.committed.disposition
+        owner = labels.current(subject_of("intent", checkpoint.intent_id)) if checkpoint.intent_id else None
+        if disposition is None or owner is None:
+            continue
+        compared += 1
+        if not reviewer_agrees(disposition, owner.verdict):
+            disagreements.append(Disagreement(checkpoint_id=checkpoint.checkpoint_id, intent_id=checkpoint.intent_id,
+                                              disposition=disposition, verdict=owner.verdict, note=owner.note))
+    return Agreement(
+        agreement=ratio(compared - len(disagreements), compared,
+                        "answers whose disposition agrees with the owner's label of their intent / compared",
+                        compared, "the owner labeled none of the intents this reviewer answered about"),
+        compared=compared, disagreements=disagreements)

@@ -7,7 +7,9 @@ later run recognises it and replaces it whole; nothing else is ever replaced by 
 Tables: ``account`` (one row per figure), ``intents``, ``journeys`` (each intent's
 states, decisions and evidence, in seq order), ``turns``, ``tool_calls``,
 ``interventions`` (the decisions about intents), ``notifications`` (the reports made
-for a person), ``goal_changes`` (each change of a thread's Codex goal); a turn's row says
+for a person), ``goal_changes`` (each change of a thread's Codex goal), ``labels`` (every
+owner's label, ``standing`` the one that counts; a finding's label names the ``event_id``
+of its ``notifications`` row); a turn's row says
 what started it (``trigger``, ``trigger_inferred``). Labels and reasons are searchable (FTS on ``intents`` and ``journeys``).
 """
 
@@ -70,6 +72,11 @@ def _tables(db: sqlite_utils.Database, facts: Facts, result: Account) -> None:
     _fill(db, "interventions", (msgspec.structs.asdict(d) for d in facts.decisions), _DECISION_COLUMNS, "seq")
     _fill(db, "notifications", (msgspec.structs.asdict(r) for r in facts.reports), _REPORT_COLUMNS, "seq")
     _fill(db, "goal_changes", (msgspec.structs.asdict(c) for c in facts.goal_changes), _GOAL_CHANGE_COLUMNS, "seq")
+    _fill(db, "labels", ({"seq": given.seq, "at": given.at, "subject": given.subject, "verdict": given.verdict,
+                          "note": given.note, "by": given.by, "thread": given.thread,
+                          "standing": given == standing}
+                         for standing in facts.labels.all_current() for given in facts.labels.history(standing.subject)),
+          _LABEL_COLUMNS, "seq")
     for table, columns in (("journeys", ["intent_id"]), ("turns", ["status"]), ("tool_calls", ["turn_id"]),
                            ("interventions", ["intent_id"]), ("notifications", ["thread_id"]),
                            ("intents", ["task_class"]), ("intents", ["thread_id"]),
@@ -110,6 +117,17 @@ def account_rows(result: Account) -> Iterator[dict]:
                 yield from (row(section, "all", f"{name}:{part}", figure) for part, figure in _spend_figures(value))
     for trigger, figure in result.goals.turns_by_trigger.items():
         yield row("goals", "all", f"turns_by_trigger:{trigger}", figure)
+    labels = result.owner_labels
+    yield row("owner_labels", "all", "labels", labels.labels)
+    for dimension in ("rule", "reviewer", "mode"):
+        for name, measured in getattr(labels, f"by_{dimension}").items():
+            yield row("owner_labels", f"{dimension}={name}", "precision", measured.precision)
+            yield row("owner_labels", f"{dimension}={name}", "labeled",
+                      Figure(value=measured.labeled, how="subjects with a standing label", events=measured.labeled))
+            yield row("owner_labels", f"{dimension}={name}", "unlabeled",
+                      Figure(value=measured.unlabeled, how="subjects with no label", events=measured.unlabeled))
+    for name, agreed in labels.reviewer_agreement.items():
+        yield row("owner_labels", f"reviewer={name}", "agreement", agreed.agreement)
 
 
 def _spend_figures(spend: Spend) -> Iterator[tuple[str, Figure]]:
@@ -149,6 +167,8 @@ _CALL_COLUMNS = {"thread_id": str, "turn_id": str, "item_id": str, "item_type": 
 _DECISION_COLUMNS = {"seq": int, "at": float, "thread_id": str, "intent_id": str, "action": str, "reason": str,
                      "rule_id": str, "shadow": int}
 _REPORT_COLUMNS = {"seq": int, "at": float, "thread_id": str, "turn_id": str, "rule_id": str, "finding": str,
-                   "action": str, "shadow": int, "intent_id": str}
+                   "action": str, "shadow": int, "intent_id": str, "event_id": str}
+_LABEL_COLUMNS = {"seq": int, "at": float, "subject": str, "verdict": str, "note": str, "by": str, "thread": str,
+                  "standing": int}
 _GOAL_CHANGE_COLUMNS = {"seq": int, "at": float, "thread_id": str, "status": str, "by": str, "token_budget": int,
                         "tokens_used": int, "turn_id": str}

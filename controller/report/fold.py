@@ -5,7 +5,8 @@
 states and journeys) and ``tillerman.ledger.reviews`` for the reviewer's calls, and
 adds what neither keeps: every turn with its start and end, every tool call with its
 run time, approval waits, queue entries, the reports made for a person, the decisions,
-the echoes of our own messages (to count deliveries), each change of a thread's Codex
+the echoes of our own messages (to count deliveries), the owner's labels
+(``tillerman.ledger.labels``), each change of a thread's Codex
 goal and what started each turn (``Turn.trigger``: read from a rollout, or inferred by
 the ledger's fold), and where the ledger's time ends. Usage goes through the usage
 report (``tillerman.controller.report.usage``), priced with the table given, so
@@ -23,6 +24,7 @@ from tillerman.controller.report.usage import Figures, UsageReport
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Entry
 from tillerman.ledger.intents import client_id_to_intent_id
+from tillerman.ledger.labels import Labels
 from tillerman.ledger.projections import Projection
 from tillerman.ledger.reviews import Reviews
 from tillerman.rules.prices import PriceTable, bundled_table
@@ -99,6 +101,7 @@ class PersonReport(msgspec.Struct, kw_only=True):
     action: str | None
     shadow: bool
     intent_id: str | None
+    event_id: str  # what a label of the finding names (``finding:EVENT_ID``)
 
 
 class BudgetCrossing(msgspec.Struct, kw_only=True):
@@ -163,6 +166,7 @@ class Facts:
     def __init__(self, prices: PriceTable | None = None) -> None:
         self.projection = Projection()
         self.reviews = Reviews()
+        self.labels = Labels()
         # each turn's tokens and cost, counted once; days in UTC, as the report's times
         self.usage = UsageReport(prices or bundled_table(), by="turn", tz=dt.timezone.utc)
         self.turns: dict[tuple[str, str], Turn] = {}
@@ -202,6 +206,7 @@ class Facts:
         for turn_id in linked:
             self._relink(event.thread_id, turn_id)
         self.reviews.apply(entry)
+        self.labels.apply(entry)
         self.events += 1
         kind = ev.kind_of(event)
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
@@ -211,6 +216,8 @@ class Facts:
         step = _STEPS.get(type(event))
         if step is not None:
             step(self, event, at, entry.seq)
+        elif isinstance(event, ev.Report):  # the one step that needs the event's id: a label names it
+            self._report(event, at, entry.seq, env.event_id)
         if isinstance(event, ev.Usage | ev.UsageReported):
             self.usage.add(env)
 
@@ -343,13 +350,14 @@ class Facts:
             if kind == "queue" and thread == e.thread_id and key not in present and span.end is None:
                 span.end = at
 
-    def _report(self, e: ev.Report, at, seq) -> None:
+    def _report(self, e: ev.Report, at, seq, event_id: str) -> None:
         detail = e.detail
         intent = detail.get("intent_id")
         self.reports.append(PersonReport(
             seq=seq, at=at, thread_id=e.thread_id, turn_id=e.turn_id, rule_id=e.rule_id, finding=e.finding,
             action=detail.get("action") if isinstance(detail.get("action"), str) else None,
-            shadow=bool(detail.get("shadow")), intent_id=intent if isinstance(intent, str) else None))
+            shadow=bool(detail.get("shadow")), intent_id=intent if isinstance(intent, str) else None,
+            event_id=event_id))
         if "usage_seq" in detail:
             self.budget_crossings.append(_crossing(e, at, seq))
 
@@ -440,7 +448,6 @@ _STEPS = {
     ev.ApprovalRequested: Facts._approval_requested,
     ev.ApprovalResolved: Facts._approval_resolved,
     ev.QueueChanged: Facts._queue_changed,
-    ev.Report: Facts._report,
     ev.DecisionRecorded: Facts._decision,
     ev.Undecodable: Facts._undecodable,
     ev.GoalUpdated: Facts._goal,
