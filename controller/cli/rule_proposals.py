@@ -18,6 +18,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -31,6 +32,9 @@ from tillerman.rules.file_safety import read_file
 from tillerman.rules.files import load_rules
 from tillerman.rules.lifecycle import Lifecycle, rule_digest, rule_toml
 from tillerman.rules.ruleset import Rule
+
+if TYPE_CHECKING:
+    from tillerman.controller.report.account import Precision
 
 OnUnsafe = Callable[[str], None]
 
@@ -125,6 +129,16 @@ def promote(ledger: Recorder, rule_id: str, *, to: str, by: str, evaluation: str
         os.replace(staged, os.path.realpath(rules_path))
     return Promotion(life=lifecycles(ledger)[rule_id], rule=rule, from_status=life.status, block=block,
                      installed=staged is not None)
+
+
+def labeled_records(ledger: Recorder) -> dict[str, Precision]:
+    """Each rule's record against the owner's labels (``tillerman label``): its findings'
+    and its intents' labels, the evidence ``rules diff`` and ``rules promote`` show. It is
+    shown beside a promotion, never a condition of one: a label grants nothing."""
+    from tillerman.controller.report.account import LABELED_KINDS, rule_records
+    from tillerman.controller.report.fold import Facts
+
+    return rule_records(Facts().fold(ledger.history(kinds=LABELED_KINDS)))
 
 
 def stage_rule_file(path: Path, rule_id: str, block: str, *, on_unsafe: OnUnsafe | None = None) -> Path:

@@ -27,6 +27,7 @@ from tillerman.controller.cli.output import (
 from tillerman.controller.cli.rule_proposals import (
     PromotionRefused,
     check_promotion_request,
+    labeled_records,
     lifecycles,
     promote,
     propose,
@@ -36,6 +37,7 @@ from tillerman.controller.cli.shared import (
     CONFIG_HELP,
     ledger_option,
     load_rules_or_fail,
+    open_intact_ledger,
     open_ledger,
     parse_now,
     report_anchor,
@@ -202,7 +204,8 @@ def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json)
     """The disagreement set: replay a ledger or recorded sessions with the active rule
     set and with the candidate (same grants and patterns), in memory, and list where
     one would have acted differently: rule, file, thread, turn, time, and what each
-    would have done. Nothing is dispatched or written.
+    would have done. Nothing is dispatched or written. With --ledger, also each rule's
+    labeled record there (tillerman label): labeled useful / labeled, and how many are not.
 
     Example: tillerman rules diff --against candidate.toml ~/.codex/sessions/2026/11/
     """
@@ -219,10 +222,37 @@ def rules_diff(against, rules_path, config_path, ledger_path, sessions, as_json)
         report = diff(active, candidate, [ledger_path] if ledger_path else list(sessions))
     except ReplayError as exc:
         raise Fail(str(exc), exc.exit_code) from exc
+    records = _diff_records(ledger_path, {r.id for r in (*active.ruleset.rules, *candidate.ruleset.rules)})
     if as_json:
-        print_json(_diff_json(report))
+        print_json(_diff_json(report) | {"labeled_records": records})
         return
     _print_diff(report, rules_path, against)
+    if ledger_path:
+        click.echo("")
+        click.echo("labeled record (tillerman label) of the rules in either set:")
+        for line in _record_lines(records):
+            print_line(line)
+
+
+def _diff_records(ledger_path: str | None, rule_ids: set[str]) -> dict:
+    """The rules' labeled records in the ledger the diff replays (recorded sessions carry no labels)."""
+    if not ledger_path:
+        return {}
+    with open_intact_ledger(ledger_path) as ledger:
+        return {rule: record for rule, record in labeled_records(ledger).items() if rule in rule_ids}
+
+
+def _record_lines(records: dict) -> list[str]:
+    if not records:
+        return ["  none: no finding or intent of these rules is in the ledger"]
+    return [f"  {rule}: {_record_text(record)}" for rule, record in records.items()]
+
+
+def _record_text(record) -> str:
+    figure = record.precision
+    shown = f"{figure.value} ({figure.how})" if figure.value is not None else f"n/a ({figure.why})"
+    verdicts = ", ".join(f"{verdict} {n}" for verdict, n in record.verdicts.items())
+    return f"precision {shown}; {record.labeled} labeled ({verdicts or 'none'}), {record.unlabeled} unlabeled"
 
 
 def _act_json(act) -> dict | None:
@@ -311,7 +341,8 @@ def rules_propose(file, evidence, signature, by, ledger_path, as_json):
 def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path, as_json):
     """Promote a proposed rule: proposed → shadow → active (active → shadow rolls
     back). Records who, the evaluation and the rollback trigger, bound to the rule's
-    digest; with --rules, writes the rule into that file (validated first).
+    digest; with --rules, writes the rule into that file (validated first). Shows the
+    rule's labeled record (tillerman label) as evidence; a label never allows a promotion.
 
     Example: tillerman rules promote quiet-steer --to shadow --by ann --evaluation "rules diff 2026-11-30: 1 catch, 1 false" --rollback-trigger "any steer on a healthy build" --rules rules.toml
     """
@@ -324,11 +355,13 @@ def rules_promote(rule_id, to, by, evaluation, rollback, rules_path, ledger_path
             raise Fail(str(exc), EXIT_CHECK_FAILED) from exc
         except RuleSetError as exc:
             raise Fail(str(exc)) from exc
+        record = labeled_records(ledger).get(rule_id)  # evidence shown, never a condition of the promotion
     if as_json:
-        print_json(_life_json(done.life))
+        print_json(_life_json(done.life) | {"labeled_record": record})
     else:
         print_line(f"promoted {rule_id} v{done.rule.version} {done.from_status} -> {to} by {by}"
                    f" ({done.life.rule_digest})")
+        print_line(f"labeled record: {_record_text(record) if record else 'none: no finding or intent of it is on record'}")
         if done.installed:
             print_line(f"installed in {rules_path}; a running daemon reloads it and records the new digest")
         else:

@@ -685,6 +685,17 @@ def _thread_goals(facts: Facts, thread_id: str, triggers: Counter[str], statuses
         goal_statuses=statuses, turns_by_trigger=dict(sorted(triggers.items())))
 
 
+#: The kinds the measures against the owner's labels are folded from (``rule_records``).
+LABELED_KINDS = frozenset({"report", "intent_proposed", "review_pending", "review_committed", "owner_labeled"})
+
+
+def rule_records(facts: Facts) -> dict[str, Precision]:
+    """Each rule's labeled record over the whole ledger: what ``rules diff`` and ``rules
+    promote`` show as evaluation evidence. ``facts`` may be folded from ``LABELED_KINDS``
+    only."""
+    return _owner_labels(facts, lambda at: True).by_rule
+
+
 def _owner_labels(facts: Facts, inside: Callable[[float | None], bool]) -> OwnerLabels:
     """The subjects in the window (an intent by its proposal, a finding by its time, a
     reviewer's answer by its call) against the labels standing at the end of the ledger."""

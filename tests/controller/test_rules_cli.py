@@ -287,6 +287,7 @@ def test_propose_and_promote(here):
     assert run("promote", "quiet-steer", "--to", "shadow", "--by", "ann", "--evaluation", "diff: 1 catch, 1 false",
                "--rollback-trigger", "a steer on a healthy build", "--rules", "rules.toml") == (0, (
         f"promoted quiet-steer v1 proposed -> shadow by ann ({digest})\n"
+        "labeled record: none: no finding or intent of it is on record\n"
         "installed in rules.toml; a running daemon reloads it and records the new digest\n"), "")
     installed = {r.id: r for r in load_rules((here / "rules.toml").read_text(), "rules.toml")}
     assert installed["quiet-steer"].status == "shadow" and len(installed) == 6
@@ -454,3 +455,43 @@ def test_show_gives_a_reviewers_daily_budget(here):
     assert code == 0 and json.loads(out)["reviewers"][0]["budget_usd_per_day"] == 2.5
     code, out, _ = run("show", "--config", "config.toml")
     assert "reviewer claude: claude -p (timeout 1m, 2 per intent, 6 per thread per hour, 2.5 USD a day)" in out
+
+
+def test_diff_over_a_ledger_shows_each_rules_labeled_record(here):
+    ledger = here / "replayed.sqlite3"
+    assert CliRunner().invoke(main, ["replay", "--ledger", str(ledger), str(DIS / "stuck")]).exit_code == 0
+    with SQLiteRecorder(ledger) as rec:
+        (finding,) = [e.envelope.event_id for e in rec.history(kinds=("report",))]
+        (intent,) = [e.envelope.event.intent.id for e in rec.history(kinds=("intent_proposed",))]
+    for subject, verdict in ((f"finding:{finding}", "useful"), (intent, "not_useful")):
+        assert CliRunner().invoke(main, ["label", subject, verdict, "--ledger", str(ledger)]).exit_code == 0
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", "--ledger", ledger, "--json")
+    records = json.loads(out)["labeled_records"]
+    assert code == 0
+    assert {rule: (r["precision"]["value"], r["labeled"], r["unlabeled"]) for rule, r in records.items()} == {
+        "repeated-failure": (0.0, 1, 0), "stall": (1.0, 1, 0)}
+    code, out, _ = run("diff", "--against", DIS / "candidate.toml", "--ledger", ledger)
+    assert code == 0 and "labeled record (tillerman label) of the rules in either set:" in out
+    assert "  stall: precision 1.0 (the rule's findings and intents the owner labeled useful / labeled: 1/1);" \
+           " 1 labeled (useful 1), 0 unlabeled" in out
+
+
+def test_promote_shows_the_labeled_record_and_a_label_grants_no_promotion(here):
+    assert run("propose", "proposal.toml")[0] == 0
+    with SQLiteRecorder(here / "ledger.sqlite3") as rec:
+        rec.append([ev.Envelope(event_id=f"f{n}", source="rules", at=float(n), event=ev.Report(
+            thread_id="T1", turn_id="U1", rule_id="quiet-steer", rule_version=1, finding=f"quiet {n}",
+            detail={"shadow": True})) for n in (1, 2, 3)])
+    for finding in ("f1", "f2"):
+        assert CliRunner().invoke(main, ["label", f"finding:{finding}", "useful"]).exit_code == 0
+    # every labeled finding useful, and still: proposed cannot go to active
+    code, _, err = run("promote", "quiet-steer", "--to", "active", "--by", "ann", "--evaluation", "e",
+                       "--rollback-trigger", "r")
+    assert code == 1 and "cannot go to active" in err
+    code, out, _ = run("promote", "quiet-steer", "--to", "shadow", "--by", "ann", "--evaluation", "e",
+                       "--rollback-trigger", "r", "--json")
+    record = json.loads(out)["labeled_record"]
+    assert code == 0 and (record["precision"]["value"], record["labeled"], record["unlabeled"]) == (1.0, 2, 1)
+    code, out, _ = run("promote", "quiet-steer", "--to", "active", "--by", "ann", "--evaluation", "e",
+                       "--rollback-trigger", "r")
+    assert code == 0 and "labeled record: precision 1.0" in out and "2 labeled (useful 2), 1 unlabeled" in out
