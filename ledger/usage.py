@@ -85,6 +85,8 @@ ZERO = Tokens()
 def count(value: Any, field: str, *, limit: int = MAX_RESPONSE_TOKENS) -> int:
     """A token count as a source wrote it, or ``UsageRefused``: an ``int`` (JSON integer;
     not a bool, a float such as ``5.0`` or ``NaN``, nor a numeric string) in 0..limit."""
+    if value.__class__ is int and 0 <= value <= limit:  # the usual case first: every figure of every response
+        return value
     if value is None:
         raise UsageRefused("usage_missing_field", field, value)
     if isinstance(value, bool) or not isinstance(value, int):

@@ -213,8 +213,9 @@ class _CounterChain:
     def link(self, envelope: Envelope, tokens: Tokens, total: Tokens) -> None:
         before = total - tokens
         first = self.last_event is None
-        linked = before in self.seen or (before.is_zero() and not self.started)
-        if before.is_zero():
+        at_start = before.is_zero()
+        linked = before in self.seen or (at_start and not self.started)
+        if at_start:
             self.started = True
         if not linked:
             self.unlinked.setdefault(before, []).append(_Unlinked(

@@ -270,9 +270,11 @@ class UsageReport:
 
     def _vendor(self) -> list[dict[str, Any]]:
         """Each vendor's own cumulative figure for a thread beside ours (all days), and the difference."""
+        reported = {thread_id for thread_id, thread in self.account.threads.items() if thread.reported}
         ours: dict[str | None, Figures] = {}
         for (_, _, thread_id, _), cell in self.cells.items():
-            _figures_of(ours, thread_id).merge(cell)
+            if thread_id in reported:  # summed only where there is a vendor figure to set it beside
+                _figures_of(ours, thread_id).merge(cell)
         shown = []
         for thread_id, thread in self.account.threads.items():
             cost = ours.get(thread_id, Figures()).cost_usd

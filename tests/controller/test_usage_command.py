@@ -3,6 +3,7 @@ a ledger, with its filters, its JSON shape, its costs and its errors."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -89,6 +90,15 @@ def usage(*args: str, code: int = 0) -> dict | str:
     result = CliRunner().invoke(main, ["usage", *args])
     assert result.exit_code == code, result.output
     return json.loads(result.output) if "--json" in args and code == 0 else result.output
+
+
+def test_the_collector_is_as_it_was_after_a_report(folders):
+    """The command relaxes the garbage collector while it reads and folds (its objects
+    live until it ends), and leaves the process's collector as it found it, on failure too."""
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    usage(*folders, "--json")
+    usage(*folders, str(folders[0]) + "-gone", code=2)  # a missing path, found once reading starts
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
 
 
 def _cost(model: str, tokens: Tokens) -> float:

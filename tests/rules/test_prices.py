@@ -17,8 +17,11 @@ from tillerman.rules.prices import (
     Tier,
     best_key,
     bundled_table,
+    effective_rates,
+    is_claude,
     load_prices,
     model_price,
+    response_cost,
 )
 from tillerman.rules.prices_trim import encode
 
@@ -86,6 +89,18 @@ PRICES = table(**{"gpt-x": GPT, "claude-y": CLAUDE, "claude-z": EXPLICIT})
 def test_a_response_costs_each_part_at_its_rate(model, tokens, speed, usd) -> None:
     cost = PRICES.cost(model, tokens, speed=speed)
     assert cost.usd == pytest.approx(usd, rel=1e-12) and cost.missing is None and cost.date == "2026-12-01"
+
+
+def test_the_rates_kept_per_model_and_tier_price_each_response_at_its_own_tier() -> None:
+    """One table prices responses on both sides of a tier in any order, each as if it
+    were the first: the rates it keeps are per tier passed, not per model."""
+    prices = table(**{"gpt-x": GPT, "claude-y": CLAUDE})
+    small, large = Tokens(input=1000, cached_input=10, output=5), Tokens(input=300_000, cached_input=10, output=5)
+    for model, tokens in [("gpt-x", small), ("gpt-x", large), ("gpt-x", small), ("claude-y", large),
+                          ("claude-y", small), ("claude-y", large)]:
+        price = prices.models[model]
+        alone = response_cost(effective_rates(price, tokens.input, claude=is_claude(model)), tokens)
+        assert prices.cost(model, tokens).usd == alone
 
 
 @pytest.mark.parametrize(("model", "speed", "missing"), [
