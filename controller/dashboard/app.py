@@ -1,0 +1,266 @@
+"""The dashboard's Starlette application: routes, templates and the guard in front.
+
+``make_app`` takes an open recorder (the ``tillerman dashboard`` command opens it as the
+CLI does) and returns an ASGI app; a test drives it with Starlette's ``TestClient``, the
+command serves it with uvicorn. Every route reads the one projection ``Live`` keeps up
+to date; only ``POST /action/{name}`` writes, through ``actions.perform`` (the CLI's
+library calls). Templates escape everything (autoescape on for every file): agent text
+(commands, messages, paths, titles) is never marked safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from tillerman.controller.core.overdue import overdue
+from tillerman.controller.core.timefmt import iso
+from tillerman.controller.dashboard import guard as guards
+from tillerman.controller.dashboard.actions import ACTIONS, ActionResult, perform
+from tillerman.controller.dashboard.fleet import STATES, SORT_KEYS, Sightings, filter_rows, fleet_rows, sort_rows
+from tillerman.controller.dashboard.live import Live
+from tillerman.controller.report.usage import UsageReport
+from tillerman.ledger.events import Entry
+from tillerman.ledger.labels import VERDICTS
+from tillerman.ledger.recorder import Recorder
+from tillerman.rules.durations import format_duration
+from tillerman.rules.prices import bundled_table
+
+HERE = Path(__file__).parent
+PAGE_SIZE = 50  # fleet rows per page: the page's DOM stays bounded whatever the fleet's size
+MAX_PAGE_SIZE = 200
+INTENTS_SHOWN = 30
+FORM_TYPE = "application/x-www-form-urlencoded"
+MAX_FORM = 64 * 1024  # a steer's text is at most actions.TEXT_LIMIT characters  # a thread's intents on its page, newest first
+
+Perform = Callable[..., ActionResult]
+
+
+class FleetFolds:
+    """What the fleet shows beside the projection, folded one row at a time: how each
+    thread is seen (``Sightings``) and today's usage by session. A new day starts a new
+    usage account, folded once from the ledger (today's responses may be anywhere in it)."""
+
+    def __init__(self, recorder: Recorder, today: str) -> None:
+        self.recorder = recorder
+        self.sightings = Sightings()
+        self.day = today
+        self.usage = self._usage(today)
+
+    @staticmethod
+    def _usage(day: str) -> UsageReport:
+        return UsageReport(bundled_table(), by="session", since=day, until=day)
+
+    def apply(self, entry: Entry) -> None:
+        self.sightings.apply(entry)
+        self.usage.add(entry.envelope)
+
+    def usage_for(self, today: str, last_seq: int) -> UsageReport:
+        if today != self.day:
+            self.day, self.usage = today, self._usage(today)
+            for entry in self.recorder.read(after_seq=0):
+                if entry.seq > last_seq:
+                    break
+                self.usage.add(entry.envelope)
+        return self.usage
+
+
+def _today(now: float) -> str:
+    return dt.datetime.fromtimestamp(now).date().isoformat()  # the owner's zone, as usage's default
+
+
+def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_names: tuple[str, ...] = (),
+             owner: str, perform_action: Perform = perform, clock: Callable[[], float] = time.time,
+             live: Live | None = None) -> Starlette:
+    """The dashboard for ``recorder``, answering as ``host:port`` (and ``remote_names``)
+    to a browser holding ``secret``; its actions are proposed as ``owner``."""
+    folds = FleetFolds(recorder, _today(clock()))
+    live = live or Live(recorder, folds=(folds,))
+    guard = guards.Guard(secret=secret, port=port, hosts=guards.allowed_hosts(host, port, remote_names))
+    csrf = guards.csrf_token(secret)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["part"] = lambda text: quote(text, safe="")  # one path segment of a link
+    env.filters["iso"] = lambda t: iso(t) if t is not None else ""
+    env.filters["ago"] = lambda t: format_duration(max(0, int(clock() - t))) if t is not None else ""
+    env.filters["percent"] = lambda x: f"{x:.0%}" if x is not None else ""
+    env.filters["usd"] = lambda x: f"${x:.2f}" if x is not None else "unknown"
+
+    def render(name: str, status: int = 200, **context) -> HTMLResponse:
+        return HTMLResponse(env.get_template(name).render(csrf=csrf, csrf_header=guards.CSRF_HEADER, owner=owner,
+                                                          seq=live.seq, verdicts=VERDICTS, **context), status_code=status)
+
+    def rows(now: float):
+        live.refresh()
+        usage = folds.usage_for(_today(now), live.seq)
+        return fleet_rows(live.projection, usage, now, folds.sightings.threads)
+
+    def fleet_context(request: Request) -> dict:
+        query = request.query_params
+        state = query.get("state") if query.get("state") in STATES else None
+        agent = query.get("agent") or None
+        text = query.get("q") or None
+        sort = query.get("sort") if query.get("sort") in SORT_KEYS else "attention"
+        size = _whole(query.get("size"), PAGE_SIZE, 1, MAX_PAGE_SIZE)
+        shown = sort_rows(filter_rows(rows(clock()), state=state, agent=agent, text=text), sort)
+        pages = max(1, math.ceil(len(shown) / size))
+        page = _whole(query.get("page"), 1, 1, pages)
+        keep = {k: v for k, v in (("state", state), ("agent", agent), ("q", text), ("sort", sort), ("size", size))
+                if v not in (None, "attention", PAGE_SIZE)}
+        return {"rows": shown[(page - 1) * size:page * size], "total": len(shown), "page": page, "pages": pages,
+                "filters": {"state": state or "", "agent": agent or "", "q": text or "", "sort": sort},
+                "states": STATES, "sort_keys": list(SORT_KEYS),
+                "query": urlencode(keep), "prev": _page_query(keep, page - 1) if page > 1 else None,
+                "next": _page_query(keep, page + 1) if page < pages else None}
+
+    async def fleet_page(request: Request) -> Response:
+        return render("fleet.html", **fleet_context(request))
+
+    async def fleet_fragment(request: Request) -> Response:
+        return render("_fleet_table.html", **fleet_context(request))
+
+    def thread_context(thread_id: str) -> dict | None:
+        now = clock()
+        row = next((r for r in rows(now) if r.thread_id == thread_id), None)
+        if row is None:
+            return None
+        views = [v for v in live.projection.intents.values() if v.intent.thread_id == thread_id]
+        views.sort(key=lambda v: v.updated_at or 0.0, reverse=True)
+        snap = live.projection.snapshot(thread_id)
+        late = {o.intent_id for o in overdue(live.projection, now) if o.thread_id == thread_id}
+        return {"row": row, "intents": views[:INTENTS_SHOWN], "intents_total": len(views), "overdue": late,
+                "active_turn": snap.active_turn_id}
+
+    async def thread_page(request: Request) -> Response:
+        context = thread_context(request.path_params["thread_id"])
+        if context is None:
+            return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
+        return render("thread.html", **context)
+
+    async def thread_fragment(request: Request) -> Response:
+        context = thread_context(request.path_params["thread_id"])
+        if context is None:
+            return PlainTextResponse("no such thread in the ledger\n", status_code=404)
+        return render("_thread_live.html", **context)
+
+    async def intent_fragment(request: Request) -> Response:
+        live.refresh()
+        view = live.projection.intents.get(request.path_params["intent_id"])
+        if view is None:
+            return PlainTextResponse("no such intent in the ledger\n", status_code=404)
+        late = {o.intent_id for o in overdue(live.projection, clock())}
+        return render("_intent.html", view=view, overdue=late)
+
+    async def action(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ACTIONS:
+            return PlainTextResponse(f"no action {name[:40]!r}; one of {', '.join(ACTIONS)}\n", status_code=404)
+        body = await request.body()
+        if len(body) > MAX_FORM or request.headers.get("content-type", "").split(";")[0] != FORM_TYPE:
+            return PlainTextResponse(f"an action is a form ({FORM_TYPE}) of at most {MAX_FORM} bytes\n",
+                                     status_code=400)
+        # htmx posts url-encoded forms: read here, without a multipart parser to depend on
+        fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        result = perform_action(recorder, name, fields, owner=owner, now=clock())
+        live.refresh()
+        view = live.projection.intents.get(result.intent_id) if result.intent_id else None
+        late = {o.intent_id for o in overdue(live.projection, clock())}
+        return render("_action_result.html", status=200 if result.ok else 409, result=result, view=view,
+                      overdue=late)
+
+    async def events(request: Request) -> Response:
+        return StreamingResponse(live.events(), media_type="text/event-stream",
+                                 headers={"x-accel-buffering": "no"})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        import anyio
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(live.run)
+            yield
+            tg.cancel_scope.cancel()
+
+    app = Starlette(routes=[
+        Route("/", fleet_page),
+        Route("/fleet", fleet_fragment),
+        # ids are the agent's: any character, "/" too, percent-encoded in the page's links
+        Route("/thread/{thread_id:path}", thread_page),
+        Route("/live/thread/{thread_id:path}", thread_fragment),
+        Route("/intent/{intent_id:path}", intent_fragment),
+        Route("/action/{name:str}", action, methods=["POST"]),
+        Route("/events", events),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ], lifespan=lifespan)
+    app.state.live = live
+    return GuardMiddleware(app, guard)
+
+
+class GuardMiddleware:
+    """``guard.Guard`` in front of every HTTP request: a refusal is answered here (no route
+    runs, nothing is written), a login sets the cookie; every response gets the security
+    headers."""
+
+    def __init__(self, app: Starlette, guard: guards.Guard) -> None:
+        self.app, self.guard = app, guard
+
+    @property
+    def state(self):
+        return self.app.state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def secured(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []),
+                                      *((k.encode(), v.encode()) for k, v in guards.SECURITY_HEADERS.items())]
+            await send(message)
+
+        request = Request(scope)
+        decision = self.guard.check(guards.Request(
+            method=scope["method"], path=scope["path"], query=scope.get("query_string", b"").decode("latin-1"),
+            headers=_headers(scope), cookies=request.cookies))
+        if isinstance(decision, guards.Refuse):
+            response: Response = PlainTextResponse(decision.reason + "\n", status_code=decision.status)
+        elif isinstance(decision, guards.Login):
+            response = RedirectResponse(decision.location, status_code=303)
+            response.set_cookie(self.guard.cookie, self.guard.secret, httponly=True, samesite="strict", path="/")
+        else:
+            return await self.app(scope, receive, secured)
+        await response(scope, receive, secured)
+
+
+def _headers(scope) -> Mapping[str, str]:
+    """The request's headers by lower-case name; a repeated one counts as absent if its
+    values differ (two Hosts: which would the browser have meant?)."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = value if headers.get(name, value) == value else ""
+    return headers
+
+
+def _whole(text: str | None, default: int, low: int, high: int) -> int:
+    """A page number or size from the query, kept within bounds."""
+    try:
+        return min(max(int(text), low), high) if text else default
+    except ValueError:
+        return default
+
+
+def _page_query(keep: dict, page: int) -> str:
+    return urlencode({**keep, "page": page})

@@ -1,0 +1,168 @@
+"""The ledger's change feed as server-sent events.
+
+One ``Live`` per server process follows the ledger's change feed (``Recorder.change_feed``:
+the SQLite WAL watcher, PostgreSQL LISTEN/NOTIFY), as the daemon does, and on each commit
+reads only the rows after the last seq it folded into ONE projection, kept up to date
+(``Projection.apply``): the pages render from it, and no change refolds the ledger. What
+changed (which threads, which intents) is gathered and sent to every open page at most
+every ``COALESCE`` seconds, as one SSE message carrying the last seq folded (so a test or a
+benchmark can measure commit → delivery); the page then fetches again the fragments of
+what changed (htmx's SSE extension).
+
+Everything runs on the event loop's thread: the projection is read by the routes and
+written by the follower without a lock, and a burst of commits costs one read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+import anyio
+import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
+
+from tillerman.ledger import projections
+from tillerman.ledger.errors import OperationalError
+from tillerman.ledger.events import Entry
+from tillerman.ledger.projections import Projection
+from tillerman.ledger.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+COALESCE = 0.1  # at most one message per page this often: a busy fleet is not a message per row
+KEEPALIVE = 15.0  # a comment this often keeps proxies and the browser from closing a quiet stream
+RETRY_FEED = 1.0  # a lost feed (a database connection dropped) is followed again after this
+READ_BATCH = 5000  # rows folded per read: a long backlog is read in slices, the loop served between
+SUBSCRIBER_BUFFER = 8  # messages a slow page may fall behind; past that it misses some (each names the last seq)
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """What one SSE message tells a page: the last seq folded and what changed since the
+    previous message."""
+
+    seq: int
+    threads: tuple[str, ...] = ()
+    intents: tuple[str, ...] = ()
+
+
+class Fold(Protocol):
+    """A view kept beside the projection, folded one row at a time (the fleet's sightings
+    and today's usage)."""
+
+    def apply(self, entry: Entry) -> None: ...
+
+
+class Live:
+    """``folds``: views folded from the ledger's first row (the projection itself starts
+    from its saved snapshot), then with every row the feed announces."""
+
+    def __init__(self, recorder: Recorder, *, folds: Sequence[Fold] = (), coalesce: float = COALESCE) -> None:
+        self.recorder = recorder
+        self.coalesce = coalesce
+        self.folds = folds
+        self.projection: Projection = projections.load(recorder)
+        if folds:
+            for entry in recorder.read(after_seq=0):
+                if entry.seq > self.projection.seq:
+                    break
+                for fold in folds:
+                    fold.apply(entry)
+        self._threads: set[str] = set()
+        self._intents: set[str] = set()
+        self._pages: set[MemoryObjectSendStream[Change]] = set()
+        self._woken = anyio.Event()
+
+    @property
+    def seq(self) -> int:
+        return self.projection.seq
+
+    def catch_up(self) -> bool:
+        """Fold the rows committed since the last one folded; whether there were any."""
+        read = False
+        while True:
+            entries = list(self.recorder.read(after_seq=self.projection.seq, limit=READ_BATCH))
+            for entry in entries:
+                event = entry.envelope.event
+                self.projection.apply(entry)
+                for fold in self.folds:
+                    fold.apply(entry)
+                if (intent_id := getattr(event, "intent_id", None)) is not None:
+                    self._intents.add(intent_id)
+                    if (view := self.projection.intents.get(intent_id)) is not None:
+                        self._threads.add(view.intent.thread_id)
+                if (thread_id := getattr(event, "thread_id", None)) is not None:
+                    self._threads.add(thread_id)
+            read = read or bool(entries)
+            if len(entries) < READ_BATCH:
+                return read
+
+    def refresh(self) -> None:
+        """Before a page renders: what was committed and not yet announced, folded now
+        (the feed wakes the publisher a moment later; it sends what this folded)."""
+        if self.catch_up():
+            self._woken.set()
+
+    async def run(self) -> None:
+        """Follow the ledger until cancelled: the feed wakes the publisher, which folds
+        and sends at most every ``coalesce`` seconds."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._publish)
+            await self._follow()
+
+    async def _follow(self) -> None:
+        while True:
+            feed = await anyio.to_thread.run_sync(self.recorder.change_feed)
+            if feed is None:  # a ledger no other process writes: nothing to follow
+                return
+            try:
+                async for _ in feed:
+                    self._woken.set()
+            except OperationalError as exc:
+                log.warning("ledger change feed lost (%s); following it again", exc)
+            finally:
+                feed.close()
+            await anyio.sleep(RETRY_FEED)
+            self._woken.set()  # what was committed meanwhile, unannounced
+
+    async def _publish(self) -> None:
+        while True:
+            await self._woken.wait()
+            self._woken = anyio.Event()
+            if self.catch_up():
+                self._send()
+            await anyio.sleep(self.coalesce)
+
+    def _send(self) -> None:
+        change = Change(seq=self.projection.seq, threads=tuple(sorted(self._threads)),
+                        intents=tuple(sorted(self._intents)))
+        self._threads.clear()
+        self._intents.clear()
+        for page in list(self._pages):
+            with contextlib.suppress(anyio.WouldBlock):  # a page behind: the next message names the seq
+                page.send_nowait(change)
+
+    async def events(self, *, keepalive: float = KEEPALIVE) -> AsyncIterator[str]:
+        """One page's stream, as ``text/event-stream`` text: first the seq it starts from,
+        then a ``change`` event per message, and a comment when quiet."""
+        send, receive = anyio.create_memory_object_stream[Change](SUBSCRIBER_BUFFER)
+        self._pages.add(send)
+        try:
+            yield sse("hello", Change(seq=self.projection.seq))
+            while True:
+                with anyio.move_on_after(keepalive if keepalive > 0 else math.inf) as scope:
+                    change = await receive.receive()
+                yield ": keepalive\n\n" if scope.cancelled_caught else sse("change", change)
+        finally:
+            self._pages.discard(send)
+            send.close()
+            receive.close()
+
+
+def sse(event: str, change: Change) -> str:
+    """One server-sent event; its ``id`` is the seq, its data the change as JSON (one line)."""
+    return f"event: {event}\nid: {change.seq}\ndata: {json.dumps(msgspec.to_builtins(change))}\n\n"

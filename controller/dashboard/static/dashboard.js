@@ -1,0 +1,29 @@
+// The page's live updates: one EventSource on /events; each message names the threads
+// and intents that changed and the last ledger seq folded. Only the fragments showing
+// them fetch again (htmx, triggered by name): a busy fleet does not reload a quiet
+// thread's page. No inline script anywhere: the Content-Security-Policy forbids it.
+"use strict";
+(function () {
+  function refresh(change) {
+    document.body.dataset.seq = String(change.seq);
+    const threads = new Set(change.threads || []), intents = new Set(change.intents || []);
+    document.querySelectorAll("[data-live]").forEach(function (el) {
+      const kind = el.dataset.live;
+      if (kind === "any" && (threads.size || intents.size)) {
+        htmx.trigger(el, "live-any");
+      } else if (kind === "thread" && threads.has(el.dataset.thread)) {
+        htmx.trigger(el, "live-thread");
+      } else if (kind === "intent" && intents.has(el.dataset.intent)) {
+        htmx.trigger(el, "live-intent");
+      }
+    });
+  }
+  function connect() {
+    const status = document.getElementById("live-status");
+    const source = new EventSource(document.body.dataset.events);
+    source.addEventListener("hello", function () { status.textContent = "live"; status.className = "live on"; });
+    source.addEventListener("change", function (event) { refresh(JSON.parse(event.data)); });
+    source.onerror = function () { status.textContent = "reconnecting…"; status.className = "live off"; };
+  }
+  document.addEventListener("DOMContentLoaded", connect);
+})();
