@@ -120,3 +120,67 @@ def test_try_says_a_daemon_would_not_call_a_reviewer_whose_budget_is_spent(ledge
                     "--config", str(cfg), "--json")
     assert code == 0, out  # try itself calls: it is how a person tests the command
     assert json.loads(out)["ledger"].startswith("review_failed:budget: reviewer script spent 1.0000 USD today")
+
+
+def labeled_config(tmp_path) -> str:
+    """A reviewer that holds the intent whose text mentions tests and lets the others through."""
+    script = tmp_path / "by_text.py"
+    script.write_text("import json, sys\npacket = json.load(sys.stdin)\n"
+                      "held = 'tests' in packet['intended_outcome']\n"
+                      f"answer = {GOOD!r}\n"
+                      "answer['disposition'] = 'hold' if held else 'ready_for_existing_gate'\n"
+                      "sys.stdout.write(json.dumps(answer))\n")
+    path = tmp_path / "config.toml"
+    path.write_text(grant("reviewer:script", ["steer"]) + reviewer("script", [sys.executable, str(script)]))
+    return str(path)
+
+
+def test_try_labeled_measures_the_reviewers_agreement_with_the_owner(ledger, tmp_path):
+    ids = {}
+    for text in ("Read src/ instead.", "Run the tests first.", "Stop the grep."):
+        code, out = run("intent", "propose", "--thread", "T1", "--expected-turn", "active", "--mode", "steer",
+                        "--text", text, "--json")
+        ids[text] = json.loads(out)["id"]
+    # the owner: the first useful, the second harmful (the reviewer holds it: agrees), the third
+    # not_useful (the reviewer lets it through: disagrees); relabeled, the latest label counts
+    for text, verdict in (("Read src/ instead.", "useful"), ("Run the tests first.", "harmful"),
+                          ("Stop the grep.", "useful"), ("Stop the grep.", "not_useful")):
+        assert run("label", ids[text], verdict)[0] == 0
+    with SQLiteRecorder(ledger) as rec:
+        before = rec.max_seq()
+    cfg = labeled_config(tmp_path)
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--labeled",
+                    "--config", cfg, "--json")
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["compared"] == 3 and data["agreement"]["value"] == round(2 / 3, 4)
+    assert {item["intent_id"]: (item["verdict"], item["disposition"], item["agrees"]) for item in data["items"]} == {
+        ids["Read src/ instead."]: ("useful", "ready_for_existing_gate", True),
+        ids["Run the tests first."]: ("harmful", "hold", True),
+        ids["Stop the grep."]: ("not_useful", "ready_for_existing_gate", False)}
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--labeled",
+                    "--config", cfg)
+    assert code == 0 and "agreement: 0.6667 (2 of 3 compared; 0 failed closed)" in out
+    assert f"{ids['Stop the grep.']}: owner not_useful, script ready_for_existing_gate  DISAGREES" in out
+    with SQLiteRecorder(ledger) as rec:
+        assert rec.max_seq() == before  # a try records nothing
+
+
+def test_try_labeled_counts_a_failed_answer_apart_and_exits_1(ledger, tmp_path):
+    assert run("label", intent_id(), "useful")[0] == 0
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--labeled",
+                    "--config", config(tmp_path, json.dumps(GOOD | {"disposition": "merge"})), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["compared"] == 0 and data["agreement"]["value"] is None
+    assert data["items"][0]["failed"] == "review_failed:verdict_not_disposition"
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    ((), "give --intent ID, or --labeled"),
+    (("--intent", "in-x", "--labeled"), "give --intent ID, or --labeled"),
+    (("--labeled",), "the owner labeled no intent in this ledger"),
+])
+def test_try_needs_one_intent_or_the_labeled_ones(ledger, tmp_path, args, error):
+    code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "rescue", *args,
+                    "--config", config(tmp_path, "{}"))
+    assert code == 2 and error in out, out
