@@ -157,3 +157,55 @@ def test_with_no_labels_precision_says_why_not_zero(ledger):
     rule = result.owner_labels.by_rule["R1"]
     assert rule.precision.value is None and "unlabeled" in rule.precision.why and rule.unlabeled == 2
     assert result.owner_labels.reviewer_agreement["rv"].agreement.value is None
+
+
+def labeled_history(with_labels: bool, first=None):
+    """``test_recheck.supervised``'s daemon history, with the owner labeling both intents
+    between the rounds (and a finding-less relabel) when ``with_labels``."""
+    from tests.controller.test_recheck import decide_round, loaded, observe, propose, rules
+    from tillerman.controller.core.supervisor import Step
+    from tillerman.ledger import events as ev
+    from tillerman.ledger.memory import MemoryRecorder
+
+    recorder, ruleset = MemoryRecorder(), rules()
+    recorder.append([loaded(first or ruleset, digest=ruleset.digest)])
+    step = Step(ruleset, replay=False)
+    observe(recorder, 1.0, ev.ThreadStarted(thread_id="T"), ev.TurnStarted(thread_id="T", turn_id="U"))
+    ids = [propose(recorder, "ann", 2.0), propose(recorder, "bob", 2.0)]
+    if with_labels:
+        label(recorder, ids[0], "useful", by="ann", now=2.5)
+        label(recorder, ids[1], "harmful", by="ann", now=2.5)
+    decide_round(recorder, step, 3.0)
+    observe(recorder, 4.0, ev.TurnCompleted(thread_id="T", turn_id="U"))
+    if with_labels:
+        label(recorder, ids[1], "not_useful", note="second thoughts", by="ann", now=4.5)
+    decide_round(recorder, step, 5.0)
+    return recorder
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_replay_check_is_unaffected_by_labels(changed):
+    from tests.controller.test_recheck import rules, run_check
+
+    first = rules(grants="[defaults]\nowner_grant = false\n") if changed else None
+    plain, labeled = run_check(labeled_history(False, first)), run_check(labeled_history(True, first))
+    if not changed:
+        assert labeled.entries == plain.entries + 3
+        assert (labeled.ok, labeled.decisions, labeled.shadow_decisions, labeled.rulesets) == \
+               (plain.ok, plain.decisions, plain.shadow_decisions, plain.rulesets) == (True, 3, 0, 1)
+        return
+    # the check stops at the difference: the same decision, found again (its seq moved by the labels before it)
+    assert not labeled.ok and not plain.ok
+    differs = [(d.at, d.recorded, d.redecided) for d in (labeled.first_difference, plain.first_difference)]
+    assert differs[0] == differs[1]
+
+
+def test_ledger_export_carries_the_labels(ledger):
+    path, intent = ledger
+    assert run("label", intent, "useful", "--note", "kept\nas written")[0] == 0
+    code, out = run("ledger", "export")
+    assert code == 0
+    (row,) = [json.loads(line) for line in out.splitlines() if '"owner_labeled"' in line]
+    assert row["envelope"]["event"] | {"by": None} == {"kind": "owner_labeled", "thread_id": None, "turn_id": None, "subject": f"intent:{intent}",
+                                                      "verdict": "useful", "note": "kept\nas written", "by": None,
+                                                      "thread": "T1"}
