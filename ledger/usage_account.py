@@ -295,8 +295,11 @@ class ThreadUsage:
     def _seen_at(self, at: float | None) -> None:
         if at is None:
             return
-        self.first_at = at if self.first_at is None else min(self.first_at, at)
-        self.last_at = at if self.last_at is None else max(self.last_at, at)
+        # compared, not min()/max(): this runs for every response
+        if self.first_at is None or at < self.first_at:
+            self.first_at = at
+        if self.last_at is None or at > self.last_at:
+            self.last_at = at
 
 
 def out_of_range(tokens: Tokens) -> tuple[str, ...]:
