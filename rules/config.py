@@ -58,6 +58,7 @@ class Effective(msgspec.Struct, frozen=True, kw_only=True):
     reviewers: tuple[Reviewer, ...] = ()
     sinks: tuple[NotifySink, ...] = ()  # [[notify]]: read at start, not reloaded
     usage_report: bool = True  # [defaults] usage_report: the built-in usage notices, read at start
+    dashboard_url: str | None = None  # [dashboard] url: notices link to a thread's page there
 
     def reviewer(self, name: str) -> Reviewer | None:
         return next((r for r in self.reviewers if r.name == name), None)
@@ -107,7 +108,7 @@ def load_patterns(text: str, source: str) -> CommandPatterns:
 
 
 #: The tables only a config file holds (``check_file`` tells the two kinds apart by them).
-CONFIG_TABLES = ("grant", "patterns", "defaults", "reviewer", "notify", "prices")
+CONFIG_TABLES = ("grant", "patterns", "defaults", "reviewer", "notify", "prices", "dashboard")
 
 
 def check_file(text: str, source: str) -> dict[str, Any]:
@@ -151,14 +152,14 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
     rules_text = read_file(rules_path, on_unsafe=on_unsafe) if rules_path is not None else None
     rules = load_rules(rules_text, str(rules_path)) if rules_text is not None else default_rules()
     overrides: dict[str, PriceOverride] = {}
-    usage_report = True
+    usage_report, dashboard_url = True, None
     if config_path is not None:
         text = read_file(config_path, on_unsafe=on_unsafe)
         config = load_config(text, str(config_path))
         patterns = load_patterns(text, str(config_path))
         overrides = _price_overrides(text, str(config_path))
         grants, reviewers, sinks = config.grants(), config.reviewers(), config.sinks()
-        usage_report = config.defaults.usage_report
+        usage_report, dashboard_url = config.defaults.usage_report, config.dashboard.url
     else:  # what ``tillerman.rules.schema.NO_CONFIG`` holds, without importing the schema
         grants, reviewers, sinks, patterns = (owner_grant(),), (), (), DEFAULT_PATTERNS
     check_review_names(rules, rules_text or "", str(rules_path or "rules/defaults.toml"),
@@ -169,7 +170,7 @@ def load_effective(rules_path: Path | None, config_path: Path | None, *,
         raise RuleSetError(str(exc)) from None
     return Effective(ruleset=build_ruleset(rules, grants, prices, overrides), patterns=patterns,
                      patterns_digest=patterns_digest(patterns), reviewers=reviewers, sinks=sinks,
-                     usage_report=usage_report)
+                     usage_report=usage_report, dashboard_url=dashboard_url)
 
 
 def check_review_names(rules: Sequence[Rule], text: str, source: str, names: set[str],

@@ -47,6 +47,22 @@ def check_webhook(url: str, allow_remote: bool) -> str:
     return url
 
 
+def check_dashboard_url(url: str) -> str:
+    """The dashboard's address as notices link to it (``[dashboard] url``): an http(s)
+    URL with a host and no credentials, query or fragment, since a link in a notice
+    travels to a phone or a chat and the page's secret belongs in its cookie, never in
+    an address. ``ValueError`` saying what to write."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f'invalid dashboard url {show(url)}; write the address the page is reached at,'
+                         ' e.g. url = "http://127.0.0.1:8765"')
+    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+        raise ValueError(f"dashboard url {show(url)} carries credentials, a query or a fragment; notices"
+                         " would hand them on: write only scheme, host, port and path (the page's secret"
+                         " is kept in its cookie)")
+    return url
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
-from tillerman.rules.notify import NoticeKind, NOTICE_KINDS, NotifySink, check_webhook
+from tillerman.rules.notify import NoticeKind, NOTICE_KINDS, NotifySink, check_dashboard_url, check_webhook
 
 from tillerman.rules.decision import Action
 from tillerman.rules.detect import TEMPLATE_FIELDS
@@ -274,6 +274,17 @@ class DefaultsSpec(_Spec):
     usage_report: bool = Field(default=True, strict=True)
 
 
+class DashboardSpec(_Spec):
+    """``[dashboard]``: where the page is reached, so that notices link to a thread's page."""
+
+    url: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _a_plain_address(cls, url: str | None) -> str | None:
+        return None if url is None else check_dashboard_url(url)
+
+
 class ConfigFile(BaseModel):
     # The config file also holds command patterns and client settings, which their
     # own loaders validate; the [[grant]] tables and [defaults] are ours.
@@ -282,6 +293,7 @@ class ConfigFile(BaseModel):
     defaults: DefaultsSpec = DefaultsSpec()
     reviewer: list[ReviewerSpec] = []  # names checked unique by tillerman.rules.files.load_config
     notify: list[NotifySpec] = []  # names checked unique by tillerman.rules.files.load_config
+    dashboard: DashboardSpec = DashboardSpec()
 
     def sinks(self) -> tuple[NotifySink, ...]:
         return tuple(spec.to_sink() for spec in self.notify)
@@ -307,7 +319,7 @@ class PatternsSpec(BaseModel):
     critical: list[str] | None = None
     external: list[str] | None = None
 #: The config file's plain tables (``[name]``, not ``[[name]]``) validated here.
-TABLES: dict[str, type[BaseModel]] = {"defaults": DefaultsSpec}
+TABLES: dict[str, type[BaseModel]] = {"defaults": DefaultsSpec, "dashboard": DashboardSpec}
 
 
 def check_placeholders(text: str, kind: str) -> None:

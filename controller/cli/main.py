@@ -103,6 +103,7 @@ class LazyGroup(click.Group):
     "hook": "tillerman.controller.cli.hooks:hook",  # and what they run: hook claude
     "prices": "tillerman.controller.cli.prices:prices",
     "usage": "tillerman.controller.cli.usage:usage",  # the usage account: by day, session, model, turn
+    "dashboard": "tillerman.controller.cli.dashboard:dashboard",  # the fleet on a local live web page
     "label": "tillerman.controller.cli.label:label",  # the owner's verdicts rules and reviewers are measured by
 })
 @click.version_option(package_name="tillerman")
@@ -414,7 +415,7 @@ def run_cmd(url, no_codex, spawn_codex, codex_bin, watch_dirs, allow_remote, cli
                             watch=tuple(os.path.abspath(d) for d in watch_dirs), sinks=effective.sinks,
                             metrics=serve_metrics(metrics_address, effective.ruleset) if metrics_address else None,
                             lease=lease,
-                            usage_report=usage_report)
+                            usage_report=usage_report, dashboard_url=effective.dashboard_url)
     try:
         if database:  # several daemons may share a database: each thread by lease, no lock file
             # A transaction of this daemon frozen past its lease is ended by the server:

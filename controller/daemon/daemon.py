@@ -134,6 +134,7 @@ class DaemonOptions:
     metrics: Metrics | None = None  # --metrics: counted, and served by the caller
     lease: float | None = None  # --lease: threads shared by lease with other daemons on a database ledger
     usage_report: UsageReport | None = None  # the built-in usage notices; None: [defaults] usage_report = false
+    dashboard_url: str | None = None  # [dashboard] url: each notice links to its thread's page there
 
     def notify_sinks(self) -> tuple[NotifySink, ...]:
         """The [[notify]] sinks, and ``--on-overdue`` as one more: overdue notices only,
@@ -171,7 +172,7 @@ class Daemon:
         self._beat_now = False  # the connection changed: write the heartbeat at the next round
         self._fold_ahead = False  # a round failed after folding rows it did not write
         sinks = options.notify_sinks()
-        self.notifier = Notifier(sinks, options.usage_report)
+        self.notifier = Notifier(sinks, options.usage_report, options.dashboard_url)
         self.sink_runner = SinkRunner(sinks, self.recorder, clock=clock, wake=self.wake)
         self.checkpoints = Checkpoints(options.reviewers)  # fed by the round's fold; reviews run as tasks
         # The decision round replay drives too (``tillerman.controller.core.round``): the

@@ -13,10 +13,13 @@ rule (``tillerman.controller.notify.usage_report``). Each is a
 the event that changed the goal's status) with a *step* (the deadline missed, the
 escalation's reason, ``1`` for a report, the goal's status). A sink gets each step
 once, and once more (``resolved``) when the subject settles: the intent reaches a final
-state, the report's turn ends or the thread moves again, the goal's status changes.
+state or a person resolves its notice (``NoticeResolved``, settled ``owner_resolved``:
+a deadline missed after that is a new notice), the report's turn ends or the thread
+moves again, the goal's status changes.
 Without a sink taking goals, each such goal change is logged once, and its settling. Notices of one thread that fall due
 within the sink's ``group_window`` go in one hand-over; with ``repeat``, an unresolved
-step is sent again that often.
+step is sent again that often. With the dashboard's address configured (``[dashboard]
+url``), each notice carries ``link``, its thread's page there.
 
 Pure: ``fold`` reads ledger rows (reports, escalations, and the sinks' own
 ``notification_sent`` / ``notification_failed`` rows), ``due`` says which hand-overs are
@@ -30,10 +33,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from urllib.parse import quote
 
 import msgspec
 
-from tillerman.controller.core.overdue import Overdue, overdue
+from tillerman.controller.core.overdue import OVERDUE_SUBJECT, Overdue, overdue, resolution_covers
 from tillerman.controller.core.render import overdue_json
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.notify.usage_report import UsageReport, describe
@@ -50,6 +54,7 @@ log = logging.getLogger("tillerman")
 
 SNAPSHOT_NAME = "notify"
 RESOLVED = "resolved"
+OWNER_RESOLVED = "owner_resolved"  # how an overdue notice a person resolved settled
 #: Report rows meant for a person (``observe`` is only recorded).
 _PERSON_ACTIONS = frozenset({"report_overdue", "escalate"})
 
@@ -95,6 +100,15 @@ class _State(msgspec.Struct, kw_only=True):
     sent: dict[str, dict[str, float]] = {}  # sink -> key -> last sent (or given up) at
     goals: dict[str, str] = {}  # thread -> its goal's last status: a report with the same one is no change
     usage_marks: dict[str, str] = {}  # the usage crossings already reported (``UsageReport.crossings``)
+    resolved: dict[str, Resolved] = {}  # overdue subject -> a person's latest resolution of it
+
+
+class Resolved(msgspec.Struct, frozen=True, kw_only=True):
+    """A person's resolution of an overdue notice (``NoticeResolved``)."""
+
+    at: float
+    by: str
+    note: str | None = None
 
 
 def key_of(subject: str, step: str) -> str:
@@ -102,8 +116,10 @@ def key_of(subject: str, step: str) -> str:
 
 
 class Notifier:
-    def __init__(self, sinks: Iterable[NotifySink], usage_report: UsageReport | None = None) -> None:
+    def __init__(self, sinks: Iterable[NotifySink], usage_report: UsageReport | None = None,
+                 dashboard_url: str | None = None) -> None:
         self.sinks = tuple(sinks)
+        self.dashboard_url = dashboard_url  # None: no link in the notices
         self.usage_report = usage_report  # None: [defaults] usage_report = false
         self._usage_moved: set[str] = set()  # threads with usage folded since the last ``due``
         self.kinds = frozenset(kind for sink in self.sinks for kind in sink.kinds)  # what any sink takes
@@ -125,6 +141,9 @@ class Notifier:
             self._fold_goal(entry, event)  # logged without a sink too
         if isinstance(event, ev.Usage) and self.usage_report is not None and event.thread_id is not None:
             self._usage_moved.add(event.thread_id)  # judged from the fold's figures when notices are due
+        if isinstance(event, ev.NoticeResolved) and event.subject.startswith(OVERDUE_SUBJECT):
+            # kept without a sink too: a resolved intent is not counted as overdue
+            self.state.resolved[event.subject] = Resolved(at=entry.envelope.at or 0.0, by=event.by, note=event.note)
         if not self.sinks:
             return
         at = entry.envelope.at or 0.0
@@ -199,7 +218,7 @@ class Notifier:
     def due(self, projection: Projection, now: float) -> list[Handover]:
         """The hand-overs due now; each of their keys counts as in flight until its
         ``notification_sent`` (or a final ``notification_failed``) is folded."""
-        found = overdue(projection, now)
+        found = overdue(projection, now, {subject: r.at for subject, r in self.state.resolved.items()})
         self.overdue_now = len(found)
         self._log(found, projection)
         self._log_goals(projection)
@@ -243,7 +262,7 @@ class Notifier:
         escalation is the news itself (a refusal settles at once): it is sent resolved."""
         for subject, alert in list(self.state.alerts.items()):
             if alert.kind == "escalation" or (subject in current if alert.kind == "overdue"
-                                              else self._settled(alert, projection) is None):
+                                              else self._settled(alert, projection, subject) is None):
                 continue
             step_key = key_of(subject, alert.step)
             if not any(step_key in self.state.sent.get(n, {}) or step_key in self.in_flight[n] for n in self.in_flight):
@@ -264,9 +283,14 @@ class Notifier:
         if resolved_key in sent or resolved_key in flying or step_key in flying:
             return None
         body = {"kind": alert.kind, "step": alert.step, **self._body(alert, subject, projection, current)}
-        settled = self._settled(alert, projection)
+        if self.dashboard_url is not None:
+            body["link"] = thread_link(self.dashboard_url, alert.thread_id)
+        settled = self._settled(alert, projection, subject)
         if settled is not None:  # a step not sent yet goes with its resolution, in one notice
             keys = (resolved_key,) if step_key in sent else (step_key, resolved_key)
+            if settled == OWNER_RESOLVED:
+                resolution = self.state.resolved[subject]
+                body.update(resolved_by=resolution.by, resolution_note=resolution.note)
             return Notice(subject=subject, keys=keys, body={**body, "resolved": True, "settled": settled})
         if alert.kind == "overdue" and subject not in current:
             return None  # between steps (acknowledged, no effect deadline missed yet)
@@ -298,7 +322,7 @@ class Notifier:
             facts["reported_at"] = iso(alert.at)
         return facts
 
-    def _settled(self, alert: Alert, projection: Projection) -> str | None:
+    def _settled(self, alert: Alert, projection: Projection, subject: str) -> str | None:
         """How the subject settled (an intent's final state, a report's turn ending or
         its thread moving on), or None while it is still open."""
         if alert.kind == "goal":
@@ -315,6 +339,8 @@ class Notifier:
         view = projection.intents.get(str(alert.facts.get("intent")))
         if view is not None and is_terminal(view.state, view.intent):
             return str(view.state)
+        if view is not None and _covered(view.intent, alert.step, self.state.resolved.get(subject)):
+            return OWNER_RESOLVED
         return None
 
     def _log(self, found: list[Overdue], projection: Projection) -> None:
@@ -388,12 +414,25 @@ class Notifier:
         history."""
         told = {key.rpartition("@")[0] for sent in self.state.sent.values() for key in sent}
         for subject, alert in list(self.state.alerts.items()):
-            if subject not in told and self._settled(alert, projection) is not None:
+            if subject not in told and self._settled(alert, projection, subject) is not None:
                 del self.state.alerts[subject]
 
     def save(self, recorder: Recorder) -> None:
         if self.sinks:
             recorder.save_snapshot(SNAPSHOT_NAME, self.state.seq, _encoder.encode(self.state))
+
+
+def thread_link(dashboard_url: str, thread_id: str) -> str:
+    """The thread's page on the dashboard (its route ``/thread/{id}``); the id quoted, as
+    it is the agent's to choose."""
+    return f"{dashboard_url.rstrip('/')}/thread/{quote(thread_id, safe='')}"
+
+
+def _covered(intent, step: str, resolution: Resolved | None) -> bool:
+    """Whether ``resolution`` covers the overdue notice's step: the deadline it names had
+    passed when the person resolved it."""
+    due_at = intent.ack_deadline if step == "ack" else intent.effect_deadline
+    return resolution is not None and due_at is not None and resolution_covers(resolution.at, due_at)
 
 
 def _goal_settled(alert: Alert, projection: Projection) -> str | None:
