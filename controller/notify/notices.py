@@ -348,8 +348,9 @@ class Notifier:
         for item in found:
             if item.intent_id not in self._logged:
                 self._logged.add(item.intent_id)
-                log.warning("overdue: intent %s on thread %s (%s, %s deadline): %s", item.intent_id,
-                            item.thread_id, item.state, item.deadline, item.why)
+                log.warning("overdue: intent %s on thread %s (%s, %s deadline): %s%s", item.intent_id,
+                            item.thread_id, item.state, item.deadline, item.why,
+                            f" ({thread_link(self.dashboard_url, item.thread_id)})" if self.dashboard_url else "")
         for intent_id in list(self._logged):
             view = projection.intents.get(intent_id)
             if view is not None and is_terminal(view.state, view.intent):

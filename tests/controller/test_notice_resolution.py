@@ -4,6 +4,7 @@ repeats it no more, also after a restart, and a deadline missed later is a new n
 Notices link to the thread's page when the dashboard's address is configured."""
 
 import json
+import logging
 
 import pytest
 from click.testing import CliRunner
@@ -167,6 +168,14 @@ def test_a_notice_links_to_its_threads_page_when_the_dashboard_is_configured(url
     notifier = Notifier([SINK], dashboard_url=url)
     (handover,) = _told(rec, notifier, 20.0)
     assert handover.payload()["notices"][0].get("link") == link
+
+
+def test_the_overdue_log_line_carries_the_link(caplog):
+    rec = MemoryRecorder()
+    _overdue(rec)
+    with caplog.at_level(logging.WARNING, logger="tillerman"):
+        _look(rec, Notifier([], dashboard_url="http://127.0.0.1:8765"), 20.0)
+    assert "(http://127.0.0.1:8765/thread/T)" in caplog.text
 
 
 CONFIG_HEAD = '[[notify]]\nname = "pager"\ncommand = ["true"]\n\n[dashboard]\n'

@@ -87,7 +87,6 @@ def test_every_action_has_a_case():
 
 
 def test_a_label_records_what_tillerman_label_records(tmp_path):
-    pytest.importorskip("tillerman.controller.core.labeling")
     page, cli = tmp_path / "page.sqlite3", tmp_path / "cli.sqlite3"
     after = seeded(page)
     seeded(cli)
