@@ -37,6 +37,8 @@ from urllib.parse import quote
 
 import msgspec
 
+from tillerman.controller.core.notice_resolution import KIND as RESOLUTION_KIND
+from tillerman.controller.core.notice_resolution import Resolution, resolutions
 from tillerman.controller.core.overdue import OVERDUE_SUBJECT, Overdue, overdue, resolution_covers
 from tillerman.controller.core.render import overdue_json
 from tillerman.controller.core.timefmt import iso
@@ -100,15 +102,7 @@ class _State(msgspec.Struct, kw_only=True):
     sent: dict[str, dict[str, float]] = {}  # sink -> key -> last sent (or given up) at
     goals: dict[str, str] = {}  # thread -> its goal's last status: a report with the same one is no change
     usage_marks: dict[str, str] = {}  # the usage crossings already reported (``UsageReport.crossings``)
-    resolved: dict[str, Resolved] = {}  # overdue subject -> a person's latest resolution of it
-
-
-class Resolved(msgspec.Struct, frozen=True, kw_only=True):
-    """A person's resolution of an overdue notice (``NoticeResolved``)."""
-
-    at: float
-    by: str
-    note: str | None = None
+    resolved: dict[str, Resolution] = {}  # overdue subject -> a person's latest resolution of it
 
 
 def key_of(subject: str, step: str) -> str:
@@ -142,8 +136,7 @@ class Notifier:
         if isinstance(event, ev.Usage) and self.usage_report is not None and event.thread_id is not None:
             self._usage_moved.add(event.thread_id)  # judged from the fold's figures when notices are due
         if isinstance(event, ev.NoticeResolved) and event.subject.startswith(OVERDUE_SUBJECT):
-            # kept without a sink too: a resolved intent is not counted as overdue
-            self.state.resolved[event.subject] = Resolved(at=entry.envelope.at or 0.0, by=event.by, note=event.note)
+            self.state.resolved.update(resolutions((entry,)))  # without a sink too: no longer counted as overdue
         if not self.sinks:
             return
         at = entry.envelope.at or 0.0
@@ -397,8 +390,11 @@ class Notifier:
     # -- the snapshot ----------------------------------------------------------------
 
     def load(self, recorder: Recorder) -> None:
-        """The fold as of the ledger's end: the saved snapshot, then the rows after it."""
+        """The fold as of the ledger's end: the saved snapshot, then the rows after it.
+        Without a sink, only the resolutions (the overdue count leaves them out): the
+        kind index finds them."""
         if not self.sinks:
+            self.state.resolved = resolutions(recorder.history(kinds=(RESOLUTION_KIND,)))
             return
         saved = recorder.load_snapshot(SNAPSHOT_NAME)
         if saved is not None and saved[0] <= recorder.max_seq():
@@ -429,7 +425,7 @@ def thread_link(dashboard_url: str, thread_id: str) -> str:
     return f"{dashboard_url.rstrip('/')}/thread/{quote(thread_id, safe='')}"
 
 
-def _covered(intent, step: str, resolution: Resolved | None) -> bool:
+def _covered(intent, step: str, resolution: Resolution | None) -> bool:
     """Whether ``resolution`` covers the overdue notice's step: the deadline it names had
     passed when the person resolved it."""
     due_at = intent.ack_deadline if step == "ack" else intent.effect_deadline

@@ -87,6 +87,17 @@ def test_a_resolution_survives_a_restart(tmp_path):
         assert [h.keys for h in handovers] == ([(f"overdue:{intent.id}@resolved",)] if restart == 0 else [])
 
 
+def test_without_a_sink_a_resolved_intent_is_not_counted_overdue_after_a_restart(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as rec:
+        intent = _overdue(rec)
+        notice_resolution.resolve(rec, intent.id, by="ana", now=40.0)
+        notifier = Notifier([])
+        notifier.load(rec)
+        notifier.due(projections.load(rec), 50.0)
+    assert notifier.overdue_now == 0
+
+
 def test_a_notice_resolved_before_any_sink_was_told_is_not_sent():
     rec = MemoryRecorder()
     intent = _overdue(rec)
