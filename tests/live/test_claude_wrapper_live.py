@@ -90,9 +90,15 @@ def thread(ledger: Path, thread_id: str) -> ThreadState:
 
 
 def steerable_turn(ledger: Path, thread_id: str, turn_id: str) -> bool:
+    """The session is steerable and runs ``turn_id``'s turn, under whichever id the thread
+    knows it by: beside the hooks, the hook's start may come first and the wrapper's id
+    becomes its alias."""
     with SQLiteRecorder(ledger) as recorder:
-        snapshot = projections.load(recorder).snapshot(thread_id)
-    return snapshot.steerable and snapshot.active_turn_id == turn_id
+        projection = projections.load(recorder)
+    snapshot = projection.snapshot(thread_id)
+    known = projection.threads.get(thread_id)
+    return (snapshot.steerable and known is not None and snapshot.active_turn_id is not None
+            and snapshot.active_turn_id == known.canonical_turn(turn_id))
 
 
 def propose_intent(ledger: Path, **request: Any) -> str:
