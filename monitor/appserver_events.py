@@ -45,7 +45,7 @@ from tillerman.monitor.claude_transcript import MAX_COST_USD, cost_usd
 from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
 from tillerman.monitor.digest import digest, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8
-from tillerman.monitor.parser import ack_tokens, integer, items, obj, text, workdir
+from tillerman.monitor.parser import ack_tokens, git_branch, integer, items, obj, text, workdir
 
 # Server→client requests that make the turn wait for a person, and what they wait for.
 APPROVAL_METHODS = {
@@ -169,7 +169,8 @@ class AppServerEvents:
         return [ThreadStarted(thread_id=text(thread, "id"), parent_thread_id=text(thread, "parentThreadId"),
                               cli_version=text(thread, "cliVersion"), source_format="appserver",
                               ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"),
-                              **workdir(text(thread, "cwd"), retain=self.retain_payloads))]
+                              **workdir(text(thread, "cwd"), retain=self.retain_payloads,
+                                        branch=git_branch(thread.get("gitInfo"))))]
 
     # The hot handlers read through ``r``: the checking readers for a dict, ``getattr``
     # for the typed Structs below (whose decode already checked every field they read).

@@ -159,6 +159,7 @@ class _Line(_Fields, tag_field="type"):
     uuid: Any = UNSET
     parentUuid: Any = UNSET
     cwd: Any = UNSET
+    gitBranch: Any = UNSET
 
 
 class _Said(_Line):
@@ -323,7 +324,8 @@ class ClaudeTranscriptParser(Parser):
             return []
         self._threads[thread_id] = state
         return [ThreadStarted(thread_id=thread_id, parent_thread_id=parent, source_format=self.format,
-                              **workdir(text(record, "cwd"), retain=self.retain_payloads))]
+                              **workdir(text(record, "cwd"), retain=self.retain_payloads,
+                                        branch=record.get("gitBranch")))]
 
     def _end(self, thread_id: str | None, state: _Thread, status: str, duration_ms: int | None = None) -> list[Event]:
         if state.turn is None:

@@ -48,6 +48,7 @@ from tillerman.monitor.parser import (
     as_obj,
     as_text,
     command_text,
+    git_branch,
     integer,
     iso_time,
     obj,
@@ -234,6 +235,7 @@ class _SessionMetaBody(msgspec.Struct):
     originator: Any = None
     cli_version: Any = None
     cwd: Any = None
+    git: Any = None  # {"commit_hash", "branch", "repository_url"}
 
 
 class _Line(_Tagged):
@@ -335,7 +337,8 @@ class CodexRolloutParser(Parser):
         return [ThreadStarted(
             thread_id=self._thread, parent_thread_id=parent, originator=as_text(body.originator, "originator"),
             cli_version=as_text(body.cli_version, "cli_version"), source_format=self.format,
-            **workdir(as_text(body.cwd, "cwd"), retain=self.retain_payloads),
+            **workdir(as_text(body.cwd, "cwd"), retain=self.retain_payloads,
+                      branch=git_branch(body.git)),
         )]
 
     def _start_turn(self, turn_id: str, trigger: str | msgspec.UnsetType = msgspec.UNSET) -> list[Event]:

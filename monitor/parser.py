@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import re
 from datetime import datetime, timezone
+from pathlib import PurePath
 from typing import Any, ClassVar, NamedTuple
 
 import msgspec
@@ -69,12 +70,24 @@ def ack_tokens(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_INTENT_ID.findall(text)))
 
 
-def workdir(path: str | None, *, retain: bool) -> dict[str, str | None]:
+def workdir(path: str | None, *, retain: bool, branch: Any = None) -> dict[str, str | None]:
     """A session's working directory as ``ThreadStarted`` fields: its digest always, the
-    path itself only when payloads are retained (a path can name a customer or a person)."""
+    path itself only when payloads are retained (a path can name a customer or a person);
+    its last part (the project) and the git ``branch`` always, where known: what a person
+    knows a session by on the dashboard, far less telling than the path. A branch that is
+    not a name is left out, never a reason to refuse the line that starts the session."""
+    fields: dict[str, str | None] = {}
+    if isinstance(branch, str) and branch:
+        fields["git_branch"] = branch
     if not path:
-        return {}
-    return {"cwd_digest": digest(path), "cwd": path if retain else None}
+        return fields
+    project = PurePath(path).name or None
+    return {"cwd_digest": digest(path), "cwd": path if retain else None, "project": project, **fields}
+
+
+def git_branch(git: Any) -> Any:
+    """The branch of a Codex ``git`` / ``gitInfo`` object (``workdir`` checks it is a name)."""
+    return git.get("branch") if isinstance(git, dict) else None
 
 
 class Parser:
