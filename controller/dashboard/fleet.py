@@ -88,7 +88,8 @@ class Seen(msgspec.Struct, kw_only=True):
     ended_at: float | None = None  # when its source said the session ended
     last_at: float | None = None
     last_kind: str | None = None
-    stalled_turn: str | None = None  # the turn a rule last reported stalled (``turn_quiet``)
+    stalled_turn: str | None = None  # the turn a rule last reported stalled (``turn_quiet``), and when
+    stalled_at: float | None = None
 
 
 class Sightings:
@@ -123,7 +124,7 @@ class Sightings:
         elif isinstance(event, ev.StatusChanged):
             seen.ended_at = at if event.status in DONE_STATUSES else None
         elif isinstance(event, ev.Report) and event.turn_id is not None and STALL_FINDING.match(event.finding):
-            seen.stalled_turn = event.turn_id
+            seen.stalled_turn, seen.stalled_at = event.turn_id, at
 
 
 def _started(seen: Seen, event: ev.ThreadStarted) -> None:
@@ -177,8 +178,8 @@ def state_of(t: ThreadState, seen: Seen, projection: Projection, now: float,
              stall_after: float = STALL_AFTER) -> tuple[str, float | None]:
     """The thread's state (``STATES``) and since when. A session that ended is done
     whatever was left open in it; an approval waiting is asked of the owner even on a
-    stopped thread; a running turn is stalled when a rule reported it so or nothing moved
-    in it for ``stall_after`` seconds."""
+    stopped thread; a running turn is stalled when a rule reported it so (and nothing moved
+    since) or nothing moved in it for ``stall_after`` seconds."""
     if seen.ended_at is not None:
         return "done", seen.ended_at
     if t.approvals:
@@ -188,7 +189,9 @@ def state_of(t: ThreadState, seen: Seen, projection: Projection, now: float,
         return "stopped", stop.updated_at if stop is not None else None
     if t.active_turn_id is not None:
         quiet_since = t.last_progress_at or t.active_turn_started_at
-        if seen.stalled_turn == t.active_turn_id or (quiet_since is not None and now - quiet_since >= stall_after):
+        reported = seen.stalled_turn == t.active_turn_id and (
+            quiet_since is None or seen.stalled_at is None or seen.stalled_at >= quiet_since)
+        if reported or (quiet_since is not None and now - quiet_since >= stall_after):
             return "stalled", quiet_since
         return "working", t.active_turn_started_at
     return "idle", t.last_turn_ended_at or t.last_event_at

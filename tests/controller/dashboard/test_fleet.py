@@ -67,6 +67,11 @@ STATE_CASES = {
         [(started(), NOW - 50), (turn(), NOW - 40),
          (ev.Report(thread_id=UUID, turn_id="t1", rule_id="quiet", rule_version=1,
                     finding="turn t1 made no progress for 30s"), NOW - 10)], NOW - 40),
+    "working, moving again after a reported stall": (
+        [(started(), NOW - 50), (turn(), NOW - 40),
+         (ev.Report(thread_id=UUID, turn_id="t1", rule_id="quiet", rule_version=1,
+                    finding="turn t1 made no progress for 30s"), NOW - 10),
+         (ev.AgentMessage(thread_id=UUID, turn_id="t1", digest="d", size=1), NOW - 5)], NOW - 40),
     "idle": ([(started(), NOW - 50), (turn(), NOW - 40), (ev.TurnCompleted(thread_id=UUID, turn_id="t1"), NOW - 20)],
              NOW - 20),
     "stopped": ([(started(), NOW - 50), (turn(), NOW - 40),
@@ -106,7 +111,8 @@ def test_the_order_puts_what_needs_a_person_first():
     rows = rows_of(entries(*found))
     assert [(r.thread_id, r.state) for r in rows] == [
         ("waiting", "waiting"), ("stalled", "stalled"), ("stalled-as-a-rule-reported", "stalled"),
-        ("late", "idle"), ("working", "working"), ("idle", "idle"), ("stopped", "stopped"), ("done", "done")]
+        ("late", "idle"), ("working", "working"), ("working-moving-again-after-a-reported-stall", "working"),
+        ("idle", "idle"), ("stopped", "stopped"), ("done", "done")]
     late = rows[3]
     assert (late.open_intents, late.overdue) == (1, 1)
     assert {r.state for r in rows} == set(STATES)
