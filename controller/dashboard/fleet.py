@@ -46,13 +46,13 @@ class FleetRow(msgspec.Struct, frozen=True, kw_only=True):
     overdue: int
     last_event_at: float | None
     last_event: str | None  # its kind, as a person reads it
-    # (added) when the thread was first seen, and the stop intent that stopped it
+    # When the thread was first seen, and the stop intent holding it (``state`` "stopped").
     started_at: float | None = None
     stopped_by: str | None = None
 
 
 #: How long a running turn may go without progress before the fleet calls it stalled,
-#: when the rules reported no stall of it first (``turn_quiet``'s own default window).
+#: when the rules reported no stall of it first (the built-in rules' ``turn_quiet`` window).
 STALL_AFTER = 600.0
 #: A first prompt shown as the name is cut to this many characters.
 NAME_LENGTH = 60
@@ -234,10 +234,10 @@ def context_use(usage: UsageReport, thread_id: str) -> float | None:
     return thread.last_input / window if window else None
 
 
-#: The fleet's order, what needs a person first: an approval waiting, then a stalled
-#: turn, then any thread with an overdue intent, then the rest by ``STATES``; within one,
-#: the longest in its state first.
 def attention(row: FleetRow) -> tuple:
+    """The fleet's order, what needs a person first: an approval waiting, then a stalled
+    turn, then any thread with an overdue intent, then the rest by ``STATES``; within
+    one, the longest in its state first."""
     rank = STATES.index(row.state)
     if row.overdue and row.state not in ("waiting", "stalled", "done"):
         rank = 1.5  # after the stalled, before the working
