@@ -161,12 +161,12 @@ class Browser:
         if self._process.poll() is not None:
             raise BrowserError(f"{what}: chromium exited with {self._process.returncode}")
 
-    def send(self, method: str, params: dict | None = None) -> dict:
+    def send(self, method: str, params: dict | None = None, *, timeout: float | None = None) -> dict:
         """One protocol command's result (an error answer raises)."""
         self._next_id += 1
         ask = self._next_id
         self._ws.send(json.dumps({"id": ask, "method": method, "params": params or {}}))
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             message = self._receive(deadline, f"no answer to {method}")
             if message.get("id") == ask:
@@ -192,7 +192,7 @@ class Browser:
             if "Content Security Policy" in entry.get("text", ""):
                 self.csp_violations.append(entry["text"])
             elif entry.get("level") == "error":
-                self.console_errors.append(entry.get("text", ""))
+                self.console_errors.append(" ".join(filter(None, (entry.get("text"), entry.get("url")))))
         elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
             self.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
         elif method == "Runtime.exceptionThrown":
@@ -207,18 +207,22 @@ class Browser:
         answer = self.send("Page.navigate", {"url": url})
         if answer.get("errorText"):
             raise BrowserError(f"navigating to {url}: {answer['errorText']}")
+        self._loaded(url)
+
+    def _loaded(self, what: str) -> None:
+        """Wait for the load event of the page opened since ``_events`` was cleared."""
         deadline = time.monotonic() + self.timeout
         while not any(e["method"] == "Page.loadEventFired" for e in self._events):
-            self._receive(deadline, f"{url} never finished loading")
+            self._receive(deadline, f"{what} never finished loading")
 
-    def evaluate(self, expression: str):
+    def evaluate(self, expression: str, *, timeout: float | None = None):
         """The value of ``expression`` in the page (a promise is awaited). An evaluation
         sent while the page navigates finds its context destroyed: asked again then."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
                 answer = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
-                                                        "returnByValue": True})
+                                                        "returnByValue": True}, timeout=timeout)
             except BrowserError as error:
                 if "context" not in str(error).lower():
                     raise
@@ -230,30 +234,46 @@ class Browser:
             return answer["result"].get("value")
 
     def wait_for(self, condition: str, what: str = "") -> object:
-        """The first truthy value of the JavaScript expression ``condition``, polled in
-        the page every 50 ms (no reload: what the page shows by itself)."""
+        """The first truthy value of the JavaScript expression ``condition`` (a promise's,
+        once settled), polled in the page every 50 ms (no reload: what the page shows by
+        itself)."""
         poll = (f"new Promise((resolve, reject) => {{ const until = Date.now() + {self.timeout * 1000:.0f};"
-                f" const poll = () => {{ let v; try {{ v = ({condition}); }} catch (e) {{ v = undefined; }}"
+                f" const poll = async () => {{ let v; try {{ v = await ({condition}); }} catch (e) {{ v = undefined; }}"
                 f" if (v) resolve(v); else if (Date.now() > until) reject(new Error('timed out'));"
                 f" else setTimeout(poll, 50); }}; poll(); }})")
-        try:
-            return self.evaluate(poll)
+        try:  # the page gives up first, so its answer says what was waited for
+            return self.evaluate(poll, timeout=self.timeout + 10)
         except BrowserError as error:
             raise BrowserError(f"waited in vain for {what or condition}: {error}") from None
 
     def wait_for_selector(self, selector: str) -> None:
-        self.wait_for(f"document.querySelector({json.dumps(selector)})", what=f"an element {selector!r}")
+        self.wait_for(f"!!document.querySelector({json.dumps(selector)})", what=f"an element {selector!r}")
 
-    def click(self, selector: str) -> None:
+    def click(self, selector: str, *, navigates: bool = False) -> None:
         """A real mouse click (pressed and released) at the centre of the first element
-        matching ``selector``, scrolled into view first."""
-        self.wait_for_selector(selector)
-        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
-                            f" e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect();"
-                            f" return {{x: r.x + r.width / 2, y: r.y + r.height / 2}}; }})()")
+        matching ``selector`` (of its first line, when it wraps), once it is in view, has
+        kept its place for 50 ms and is what the pointer would hit there (a live page may
+        redraw it meanwhile);
+        ``navigates``: the click opens another page, waited for until it has loaded."""
+        box = self.wait_for(f"""new Promise(resolve => {{
+            const e = document.querySelector({json.dumps(selector)});
+            if (!e) return resolve(null);
+            e.scrollIntoView({{block: 'center'}});
+            const first = e.getClientRects()[0];  // a link wrapped over lines: its first line's box
+            if (!first) return resolve(null);
+            setTimeout(() => {{
+                const r = e.getClientRects()[0], x = r.x + r.width / 2, y = r.y + r.height / 2;
+                const hit = document.elementFromPoint(x, y);
+                const still = e.isConnected && r && r.x === first.x && r.y === first.y && r.width > 0;
+                resolve(still && hit && (hit === e || e.contains(hit)) ? {{x, y}} : null);
+            }}, 50);
+        }})""", what=f"{selector!r} in view, still and not covered")
+        self._events.clear()
         for kind in ("mousePressed", "mouseReleased"):
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": box["x"], "y": box["y"],
                                                    "button": "left", "clickCount": 1})
+        if navigates:
+            self._loaded(f"the page {selector} opens")
 
     def fill(self, selector: str, text: str) -> None:
         """Type ``text`` into the field matching ``selector`` (cleared first), as

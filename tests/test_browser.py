@@ -16,6 +16,7 @@ PAGE = b"""<!doctype html><html><head><title>driver</title>
 <script src="/page.js"></script></head><body>
 <form id="f"><input id="text" name="text"><button id="go" type="submit">Go</button></form>
 <p id="shown"></p><script>window.inlineRan = true;</script>
+<p style="width: 6em"><a id="next" href="/next">a link long enough to wrap over two lines</a></p>
 </body></html>"""
 
 SCRIPT = b"""window.addEventListener('DOMContentLoaded', () => {
@@ -62,6 +63,8 @@ def test_a_form_filled_and_clicked_and_what_the_page_reported(site, tmp_path):
         browser.wait_for("true")  # one more round trip: the console event has arrived
         assert browser.console_errors == ["the page says so"]
         png = browser.screenshot(tmp_path / "page.png")
+        browser.click("#next", navigates=True)  # its first line's centre: the box's centre is between lines
+        assert browser.evaluate("location.pathname") == "/next"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
