@@ -1,0 +1,81 @@
+"""``tillerman dashboard``: the fleet on a local web page (``tillerman.controller.dashboard``).
+
+Binds 127.0.0.1 unless told otherwise; another address needs ``--allow-remote``, and even
+then the docs' advice holds (an SSH tunnel or a private network, never plain HTTP on a
+public interface). Prints the URL with the secret, as Jupyter does; Ctrl-C ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import click
+
+from tillerman.controller.cli.output import Fail, errors_to_exit_codes, json_option, print_json, print_line
+from tillerman.controller.cli.shared import ledger_file, ledger_option, ledger_url, open_ledger
+from tillerman.controller.dashboard.guard import is_loopback, login_url, new_secret
+from tillerman.ledger.location import shown
+from tillerman.rules.owner import local_login
+
+DEFAULT_PORT = 8765
+SAFE_WAY = ("reach a remote machine's dashboard through an SSH tunnel (ssh -L 8765:127.0.0.1:8765 HOST)"
+            " or a private network (WireGuard, Tailscale), never plain HTTP on a public interface")
+
+
+@click.command("dashboard")
+@ledger_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; one that is not loopback needs --allow-remote.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="Port to listen on (0: any free port; the URL printed says which).")
+@click.option("--allow-remote", is_flag=True,
+              help="Listen on a non-loopback --host. The page is plain HTTP: use it on a private network only.")
+@click.option("--name", "names", multiple=True,
+              help="With --allow-remote: another name the page is reached by (a Tailscale name), accepted as Host.")
+@click.option("--owner", default=local_login,
+              help="Who the page's actions are proposed as (default: the login name of the user running tillerman).")
+@json_option
+@errors_to_exit_codes
+def dashboard(ledger_path, host, port, allow_remote, names, owner, as_json):
+    """Serve every session on one live local web page, with the owner's actions on it.
+
+    Prints the URL to open (it carries a secret; keep it to yourself). The page reads
+    the ledger and writes to it as `tillerman intent propose` does: a running daemon
+    delivers what the page proposes.
+
+    Example: tillerman dashboard --ledger ledger.sqlite3
+    """
+    import uvicorn
+
+    from tillerman.controller.dashboard.app import make_app
+
+    if not is_loopback(host) and not allow_remote:
+        raise Fail(f"--host {host} is not a loopback address; add --allow-remote to listen there, or {SAFE_WAY}")
+    if names and not allow_remote:
+        raise Fail("--name is for --allow-remote; a loopback dashboard answers to 127.0.0.1 and localhost")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise Fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give another --port, or 0 for any free one")
+    port = sock.getsockname()[1]  # the one bound, when --port 0
+    secret = new_secret()
+    url_given = ledger_url(ledger_path)
+    where = shown(url_given) if url_given else str(ledger_file(ledger_path))
+    with open_ledger(ledger_path, must_exist=True) as ledger:
+        app = make_app(ledger, secret=secret, host=host.strip("[]"), port=port, remote_names=names, owner=owner)
+        url = login_url(host.strip("[]"), port, secret)
+        if as_json:
+            print_json({"url": url, "ledger": where, "owner": owner})
+        else:
+            print_line(f"tillerman dashboard: {url}")
+            print_line(f"ledger: {where}; actions proposed as {owner}; Ctrl-C stops")
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
+        # uvicorn shuts down on SIGINT/SIGTERM (closing the open streams), then raises the
+        # signal again: Ctrl-C comes back as KeyboardInterrupt, the end asked for
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=[sock])

@@ -1,0 +1,103 @@
+"""The dashboard's live feed: a commit by another connection reaches the open pages as
+one SSE message naming the thread and the seq, folded into the projection without a
+refold; and the command serving it, end to end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import anyio
+import httpx
+from click.testing import CliRunner
+
+from tillerman.controller.cli.main import main
+from tillerman.controller.dashboard.live import Live
+from tillerman.ledger import events as ev
+from tillerman.ledger.backends import open_recorder
+from tillerman.ledger.events import Envelope
+
+
+def started(thread_id: str, n: int = 0) -> Envelope:
+    return Envelope(event_id=f"{thread_id}:{n}", event=ev.ThreadStarted(thread_id=thread_id, cwd="/work"),
+                    source="appserver", at=1_700_000_000.0 + n)
+
+
+class CountingFold:
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+
+    def apply(self, entry) -> None:
+        self.seqs.append(entry.seq)
+
+
+def test_a_commit_from_another_connection_reaches_the_stream(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    reader, writer = open_recorder(path), open_recorder(path)
+    writer.append([started("old")])
+    fold = CountingFold()
+    live = Live(reader, folds=(fold,), coalesce=0.01)
+    assert fold.seqs == [1] and live.seq == 1
+
+    async def scenario() -> list[str]:
+        got: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(live.run)
+            stream = live.events(keepalive=0)
+            got.append(await anext(stream))  # hello, at the seq it starts from
+            await anyio.sleep(0.3)  # the watcher is watching
+            writer.append([started("new", 1)])
+            with anyio.fail_after(10):
+                got.append(await anext(stream))
+            await stream.aclose()
+            tg.cancel_scope.cancel()
+        return got
+
+    hello, change = anyio.run(scenario)
+    assert hello.startswith("event: hello\nid: 1\n")
+    assert change.startswith("event: change\nid: 2\n")
+    data = json.loads(change.split("data: ", 1)[1])
+    assert data == {"seq": 2, "threads": ["new"], "intents": []}
+    assert fold.seqs == [1, 2]  # the new row only: no refold
+    assert "new" in live.projection.threads
+    reader.close()
+    writer.close()
+
+
+def test_non_loopback_host_needs_allow_remote(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--host", "0.0.0.0"])
+    assert result.exit_code == 2
+    assert "--allow-remote" in result.output and "ssh -L" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_the_command_serves_live_events(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    writer = open_recorder(path)
+    writer.append([started("old")])
+    proc = subprocess.Popen([sys.executable, "-c", "from tillerman.controller.cli.main import main; main()",
+                             "dashboard", "--ledger", str(path), "--port", "0", "--json"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        printed = []
+        while (line := proc.stdout.readline()) and line != "}\n":  # the startup object, printed indented
+            printed.append(line)
+        startup = json.loads("".join(printed) + "}")
+        url = startup["url"]
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url
+        with httpx.Client(timeout=10, follow_redirects=True) as client:
+            login = client.get(url)  # follows the redirect, keeps the cookie
+            assert login.status_code == 200 and "?token" not in str(login.url)
+            with client.stream("GET", str(login.url.join("/events"))) as events:
+                lines = events.iter_lines()
+                assert next(lines) == "event: hello"
+                writer.append([started("new", 1)])
+                seen = [next(lines) for _ in range(6)]
+        assert "event: change" in seen and "id: 2" in seen
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0  # Ctrl-C ends it cleanly
+        writer.close()
