@@ -104,7 +104,6 @@ class LazyGroup(click.Group):
     "prices": "tillerman.controller.cli.prices:prices",
     "usage": "tillerman.controller.cli.usage:usage",  # the usage account: by day, session, model, turn
     "dashboard": "tillerman.controller.cli.dashboard:dashboard",  # the fleet on a local live web page
-    "dashboard": "tillerman.controller.cli.dashboard:dashboard",  # the fleet on a local live web page
     "label": "tillerman.controller.cli.label:label",  # the owner's verdicts rules and reviewers are measured by
 })
 @click.version_option(package_name="tillerman")
