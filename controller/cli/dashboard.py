@@ -61,7 +61,7 @@ def dashboard(ledger_path, host, port, allow_remote, names, owner, as_json):
         sock.bind((host.strip("[]"), port))
     except OSError as exc:
         sock.close()
-        raise Fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give another --port, or 0 for any free one")
+        raise Fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give another --port, or 0 for any free one") from None
     port = sock.getsockname()[1]  # the one bound, when --port 0
     secret = new_secret()
     url_given = ledger_url(ledger_path)
