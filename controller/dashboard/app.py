@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -31,6 +31,8 @@ from tillerman.controller.dashboard import guard as guards
 from tillerman.controller.dashboard.actions import ACTIONS, ActionResult, perform
 from tillerman.controller.dashboard.fleet import STATES, SORT_KEYS, Sightings, filter_rows, fleet_rows, sort_rows
 from tillerman.controller.dashboard.live import Live
+from tillerman.controller.report.fold import fold_facts
+from tillerman.controller.report import timeline
 from tillerman.controller.report.usage import UsageReport
 from tillerman.ledger.events import Entry
 from tillerman.ledger.labels import VERDICTS
@@ -163,6 +165,18 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         late = {o.intent_id for o in overdue(live.projection, clock())}
         return render("_intent.html", view=view, overdue=late)
 
+    async def timeline_page(request: Request) -> Response:
+        """The thread's timeline, the report's page with its script and style linked:
+        folded from the ledger when asked for (a page load, not every change)."""
+        thread_id = request.path_params["thread_id"]
+        data = timeline.timeline_data(fold_facts(recorder.read()), thread_id=thread_id)
+        if not data["threads"]:
+            return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
+        return HTMLResponse(timeline.render_html(data, assets_url="/timeline-assets/"))
+
+    async def timeline_asset(request: Request) -> Response:
+        return FileResponse(timeline.ASSETS / request.url.path.rsplit("/", 1)[1])
+
     async def action(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in ACTIONS:
@@ -200,6 +214,8 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         Route("/thread/{thread_id:path}", thread_page),
         Route("/live/thread/{thread_id:path}", thread_fragment),
         Route("/intent/{intent_id:path}", intent_fragment),
+        Route("/timeline/{thread_id:path}", timeline_page),
+        *(Route(f"/timeline-assets/{name}", timeline_asset) for name in (timeline.STYLE, timeline.SCRIPT)),
         Route("/action/{name:str}", action, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

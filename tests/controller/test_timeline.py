@@ -170,3 +170,18 @@ def test_clicking_an_intent_marker_shows_its_journey_with_evidence(tmp_path: Pat
     assert journey["id"] == "in-00000000000000000000"
     assert [(s["kind"], s["state"], s["reason"]) for s in journey["steps"]] == [
         ("proposed", "proposed", "owner:unknown"), ("transition", "dispatch_unknown", "dispatching")]
+
+
+def test_one_script_inlined_standalone_and_linked_by_the_dashboard() -> None:
+    """``timeline.js`` and ``timeline.css`` are the page's only script and style: inlined
+    in the standalone page (it opens from file://), linked where a CSP forbids inline
+    script; no inline style attribute either way."""
+    from tillerman.controller.report.timeline import ASSETS, SCRIPT, STYLE
+
+    data = timeline_data(fold_facts(iter(())))
+    standalone, linked = render_html(data), render_html(data, assets_url="/assets/")
+    assert (ASSETS / SCRIPT).read_text() in standalone and (ASSETS / STYLE).read_text() in standalone
+    assert '<script src="/assets/timeline.js"></script>' in linked
+    assert '<link rel="stylesheet" href="/assets/timeline.css">' in linked
+    assert "<style" not in linked and re.findall(r"<script>", linked) == []
+    assert " style=" not in standalone and " style=" not in linked

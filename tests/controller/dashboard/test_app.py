@@ -63,7 +63,8 @@ def test_no_secret_refused_and_token_login_sets_a_strict_cookie(ledger):
     assert client.get("/").status_code == 200  # the cookie, kept by the client, is enough now
 
 
-@pytest.mark.parametrize("path", ["/", "/fleet", "/static/dashboard.css", "/nowhere", "/?token=wrong"])
+@pytest.mark.parametrize("path", ["/", "/fleet", "/static/dashboard.css", "/timeline-assets/timeline.js",
+                                  "/timeline/nope", "/nowhere", "/?token=wrong"])
 def test_security_headers_on_every_response(ledger, path):
     for client in (client_for(ledger), client_for(ledger, signed_in=False)):
         response = client.get(path)
@@ -122,6 +123,13 @@ def test_agent_text_is_escaped_everywhere(ledger):
         assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/static/htmx-2.0.11.min.js">',
                                                             '<script src="/static/dashboard.js">']
         assert " style=" not in page.text and page.text.count("</textarea>") <= 1
+    timelines = [client.get(f"/timeline/{href}") for href in re.findall(r'href="/thread/([^"]+)"', pages[0].text)]
+    for page in timelines:  # the report's timeline, its script linked: data only in a JSON block
+        assert page.status_code == 200
+        assert re.findall(r"<script[^>]*>", page.text) == ['<script type="application/json" id="timeline-data">',
+                                                            '<script src="/timeline-assets/timeline.js">']
+        assert "<style" not in page.text and " style=" not in page.text
+        assert "<!--<script" not in page.text and "</script><script>window" not in page.text
     shown = "".join(page.text for page in pages)
     for text in hostile.values():  # each was shown, escaped
         assert str(escape(text)) in shown
