@@ -1,0 +1,176 @@
+"""``tillerman dashboard`` in Debian's headless chromium (``tests.browser``) beside a daemon
+supervising the REAL Codex app-server with the scripted model: the fleet lists the live
+threads by a name a person recognises and takes new ones without a reload; a steer from
+the thread page's form is delivered exactly once and the page shows it acknowledged; a
+label click records one OwnerLabeled; requests without the secret, with a foreign Origin
+or Host, or without the CSRF token are refused and write nothing; a thread whose command
+and answer carry script and markup shows them as text and runs nothing.
+
+The dashboard is its own process (``python -m tillerman dashboard --port 0``), as a
+person runs it, logged in through the token URL it prints. ``TILLERMAN_UPDATE_DOCS=1``
+copies the screenshots to ``docs/dashboard-live.png`` and ``docs/dashboard-thread.png``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fixtures.codex_server import AppServer
+from fixtures.scripted_model import ScriptedModel
+from tests.browser import Browser
+from tests.live.daemon_support import OWNER, OWNER_GRANT, SETTLED, ruleset_from, session, wait_until
+from tillerman.ledger import events as ev
+from tillerman.ledger.sqlite import SQLiteRecorder
+
+pytestmark = [pytest.mark.live, pytest.mark.anyio]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+#: The agent's command (and so its answer, "done: <cmd>") carries markup that would run.
+MARKUP = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
+SCRIPT = MARKUP[:MARKUP.index("<img")]
+STEER = "Write the notes down before the next command."
+STEER_FORM = 'form[hx-post="/action/steer"]'
+
+
+@contextlib.contextmanager
+def dashboard(ledger: Path) -> Iterator[str]:
+    """``tillerman dashboard`` on a free port: the login URL it prints."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    server = subprocess.Popen([sys.executable, "-m", "tillerman", "dashboard", "--ledger", str(ledger),
+                               "--port", "0", "--owner", OWNER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    said: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [said.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        while not (found := re.search(r"(http://\S+\?token=\S+)", said.get(timeout=60))):
+            pass
+        yield found.group(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def head_seq(ledger: Path) -> int:
+    with SQLiteRecorder(ledger) as recorder:
+        return max((entry.seq for entry in recorder.read()), default=0)
+
+
+def page_csrf(page: str) -> dict[str, str]:
+    """The CSRF header the page's script sends with every POST (htmx's ``hx-headers``)."""
+    return json.loads(html.unescape(re.search(r"hx-headers='([^']*)'", page).group(1)))
+
+
+def refusals(base: str, login: str, form: dict[str, str]) -> dict[str, int]:
+    """Each request the guard must refuse, of a label it would otherwise record (``form``):
+    the status each got."""
+    signed_in = httpx.Client()
+    csrf = page_csrf(signed_in.get(login, follow_redirects=True).text)  # the cookie, as the browser holds it
+    anonymous = httpx.Client()
+    asks = {
+        "no secret": lambda: anonymous.post(f"{base}/action/label", data=form,
+                                            headers={"origin": base, **csrf}),
+        "no secret (GET)": lambda: anonymous.get(f"{base}/"),
+        "foreign Origin": lambda: signed_in.post(f"{base}/action/label", data=form,
+                                                 headers={"origin": "http://evil.example", **csrf}),
+        "foreign Host": lambda: signed_in.post(f"{base}/action/label", data=form,
+                                               headers={"host": "evil.example", "origin": "http://evil.example",
+                                                        **csrf}),
+        "no CSRF token": lambda: signed_in.post(f"{base}/action/label", data=form, headers={"origin": base}),
+        "wrong CSRF token": lambda: signed_in.post(f"{base}/action/label", data=form,
+                                                   headers={"origin": base, **{k: "x" + v for k, v in csrf.items()}}),
+    }
+    try:
+        return {what: ask().status_code for what, ask in asks.items()}
+    finally:
+        signed_in.close()
+        anonymous.close()
+
+
+async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
+    app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    async with session(app_server, tmp_path) as s:
+        # payloads kept: a thread's name is its first prompt, the hostile one's markup included
+        await s.start_daemon(ruleset_from(s.tmp_path, "", OWNER_GRANT), retain_payloads=True)
+        hostile, hostile_turn = await s.start_command(workspace, f"RUN: echo '{MARKUP}'")
+        assert await s.turn_completed(hostile, hostile_turn) == "completed"
+        with dashboard(ledger) as login, Browser(timeout=30) as browser:
+            base = login.split("/?", 1)[0]
+            browser.navigate(login)
+            browser.wait_for_selector(f'a[href="/thread/{hostile}"]')
+            browser.evaluate("window.sameDocument = true")  # gone if the page reloads
+
+            # (a, b) a thread started while the page is open appears on it, by its name
+            thread, turn = await s.start_command(workspace, "RUN: sleep 6")
+            name = browser.wait_for(f"document.querySelector('a[href=\"/thread/{thread}\"]')?.textContent.trim()",
+                                    what="the new thread's row")
+            assert browser.evaluate("window.sameDocument") is True
+            assert thread not in name and (workspace.name in name or "sleep" in name), name
+            browser.wait_for(f"document.querySelector('a[href=\"/thread/{thread}\"]').closest('tr')"
+                             f".textContent.includes('working')", what="the thread shown working")
+            fleet_shot = browser.screenshot(tmp_path / "dashboard-live.png")
+
+            # (c) a steer from the thread page's form: delivered once, shown acknowledged
+            browser.click(f'a[href="/thread/{thread}"]', navigates=True)
+            browser.wait_for_selector(STEER_FORM)
+            browser.fill(f"{STEER_FORM} textarea[name=text]", STEER)
+            browser.click(f"{STEER_FORM} button[type=submit]:not([hx-post])")
+            proposed = await wait_until(lambda: [e.intent for e in s.events(ev.IntentProposed)
+                                                 if e.intent.text == STEER], "the page's steer in the ledger")
+            assert len(proposed) == 1 and proposed[0].owner == OWNER and proposed[0].thread_id == thread
+            intent = proposed[0].id
+            assert (await s.wait_state(intent, SETTLED)).state == "acknowledged"
+            browser.wait_for("document.getElementById('result').textContent.includes('acknowledged')",
+                             what="the steer shown acknowledged")
+            # the only steer of the session, sent once (the trace keeps no message text)
+            assert [m["params"]["expectedTurnId"] for m in s.sent("turn/steer")] == [turn]
+            assert len([m for m in s.user_messages(thread) if STEER in json.dumps(m["item"])]) == 1
+
+            # (d) one click on a verdict records one label of that intent
+            browser.click('#result form[hx-post="/action/label"] button[value="useful"]')
+            labels = await wait_until(lambda: s.events(ev.OwnerLabeled), "the label in the ledger")
+            assert [(label.subject, label.verdict) for label in labels] == [(f"intent:{intent}", "useful")]
+            await s.turn_completed(thread, turn)
+            thread_shot = browser.screenshot(tmp_path / "dashboard-thread.png")
+
+            # (f) the hostile thread's markup is text; nothing of it ran
+            browser.navigate(f"{base}/thread/{hostile}")
+            browser.wait_for(f"document.querySelector('h1').textContent.includes({json.dumps(SCRIPT)})",
+                             what="the markup as text")
+            shown = browser.evaluate("({pwned: typeof window.pwned, images: document.querySelectorAll('img').length,"
+                                     " scripts: [...document.scripts].filter(e => !e.src).length})")
+            assert shown == {"pwned": "undefined", "images": 0, "scripts": 0}
+            print("CSP violations reported:", browser.csp_violations)
+            print("console errors:", browser.console_errors)
+
+    # (e) with the daemon stopped only the dashboard could write: refused requests write nothing
+    with dashboard(ledger) as login:
+        base = login.split("/?", 1)[0]
+        before = head_seq(ledger)
+        label = {"subject": f"intent:{intent}", "verdict": "harmful"}
+        statuses = refusals(base, login, label)
+        assert statuses == dict.fromkeys(statuses, 403), statuses
+        assert head_seq(ledger) == before
+        with httpx.Client() as owner:  # the same label, asked rightly, is recorded
+            csrf = page_csrf(owner.get(login, follow_redirects=True).text)
+            taken = owner.post(f"{base}/action/label", headers={"origin": base, **csrf}, data=label)
+        assert taken.status_code == 200 and head_seq(ledger) == before + 1, taken.text
+    if os.environ.get("TILLERMAN_UPDATE_DOCS"):  # how the docs' screenshots are made
+        shutil.copyfile(fleet_shot, DOCS / "dashboard-live.png")
+        shutil.copyfile(thread_shot, DOCS / "dashboard-thread.png")
