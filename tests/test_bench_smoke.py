@@ -48,8 +48,11 @@ def test_quick_run_prints_one_table_and_writes_json(tmp_path):
         assert row["ratio"] is None or isinstance(row["ratio"], float)
     brain = next(r for r in rows if "in-process brain" in r["benchmark"])
     assert brain["detail"]["decision_samples"] > 0  # its rounds ran and decided (not a coroutine left unawaited)
+    sse = next(r for r in rows if "commit → SSE message" in r["benchmark"])
+    assert sse["detail"]["commits"] > 0 and sse["detail"]["undelivered"] == 0  # every commit reached the stream
     names = " ".join(r["benchmark"] for r in rows)
-    for expected in ("vs raw executemany", "vs eventsourcing", "replay", "peak RSS", "notification", "picked up"):
+    for expected in ("vs raw executemany", "vs eventsourcing", "replay", "peak RSS", "notification", "picked up",
+                     "commit → SSE message"):
         assert expected in names
     # one table: a data line per row, in the order of the JSON
     assert len([ln for ln in lines[1:] if ln.strip() and not ln.startswith(tuple("0123456789"))]) == len(rows)
