@@ -14,6 +14,7 @@ up as it picks up ``tillerman intent propose``.
 * ``live``: the ledger's change feed as server-sent events.
 * ``app``: the Starlette application tying them to routes and templates.
 
-No asset comes from the network: ``static/`` holds htmx and its SSE extension, copied
-unchanged from their npm packages (licenses beside them).
+No asset comes from the network: ``static/`` holds htmx, copied unchanged from its npm
+package (its license beside it), and the page's own script, which follows ``/events``
+and asks htmx for the fragments of what changed.
 """
