@@ -156,6 +156,20 @@ def fleet_rows(projection: Projection, usage: UsageReport, now: float, seen: dic
     return sorted(rows, key=attention)
 
 
+def fleet_row(projection: Projection, usage: UsageReport, now: float, seen: dict[str, Seen], thread_id: str, *,
+              stall_after: float = STALL_AFTER) -> FleetRow | None:
+    """``thread_id``'s row of ``fleet_rows`` (None: no such supervised thread), without
+    building the others: a thread's page needs only its own."""
+    t = projection.threads.get(thread_id)
+    if t is None or not t.supervised:
+        return None
+    open_intents = sum(1 for view in projection.open_intents() if view.intent.thread_id == thread_id)
+    overdue_items = sum(1 for o in overdue(projection, now) if o.thread_id == thread_id)
+    today = usage.rows().get((thread_id,))
+    return _row(t, seen.get(thread_id) or Seen(), projection, usage, today, now, stall_after, open_intents,
+                overdue_items)
+
+
 def _row(t: ThreadState, seen: Seen, projection: Projection, usage: UsageReport, today: Figures | None, now: float,
          stall_after: float, open_intents: int, overdue_items: int) -> FleetRow:
     state, since = state_of(t, seen, projection, now, stall_after)

@@ -13,7 +13,7 @@ import re
 
 import msgspec
 
-from tillerman.controller.dashboard.fleet import FleetRow, Seen, fleet_rows
+from tillerman.controller.dashboard.fleet import FleetRow, Seen, fleet_row
 from tillerman.controller.report.fold import STALL_FINDING, Facts
 from tillerman.controller.report.timeline import timeline_data
 from tillerman.controller.report.usage import Figures, UsageReport
@@ -53,7 +53,8 @@ class Approval(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
-    seq: int  # its ``report`` row (a label names the finding by that row's event id)
+    seq: int  # its ``report`` row
+    event_id: str  # that row's event id: a label names the finding by it (``finding:EVENT_ID``)
     at: float | None
     kind: str  # "stall" | "loop" | "budget" | "other"
     rule_id: str
@@ -123,14 +124,14 @@ class ThreadView(msgspec.Struct, frozen=True, kw_only=True):
 def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, thread_id: str, now: float, *,
                 page: int = 0, limit: int = LIMIT) -> ThreadView:
     """The page of ``thread_id``. ``facts``: the ledger folded (``fold_facts``);
-    ``seen`` and ``usage_today``: what ``fleet_rows`` reads (``Sightings.threads``, the
+    ``seen`` and ``usage_today``: what ``fleet_row`` reads (``Sightings.threads``, the
     usage report of today by session). ``page`` counts from 0, newest first; ``limit`` is
     held to ``MAX_LIMIT``."""
     limit = max(1, min(limit, MAX_LIMIT))
     page = max(0, page)
     projection = facts.projection
     thread = projection.threads.get(thread_id)
-    header = next((r for r in fleet_rows(projection, usage_today, now, seen) if r.thread_id == thread_id), None)
+    header = fleet_row(projection, usage_today, now, seen, thread_id)
     turns = sorted((t for t in facts.turns.values() if t.thread_id == thread_id),
                    key=lambda t: (t.started_at or t.ended_at or 0.0, t.seq), reverse=True)
     calls = sorted((c for c in facts.calls.values() if c.thread_id == thread_id), key=lambda c: c.seq, reverse=True)
@@ -152,8 +153,8 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
                                  exit_code=c.exit_code) for c in _page(calls, page, limit)),
         approvals=tuple(Approval(item_id=item, since=since) for item, since in
                         sorted((thread.approvals if thread is not None else {}).items(), key=lambda a: a[1] or 0.0)),
-        findings=tuple(Finding(seq=r.seq, at=r.at, kind=_finding_kind(r.finding, r.seq in budget_seqs),
-                               rule_id=r.rule_id, turn_id=r.turn_id, finding=r.finding, action=r.action,
+        findings=tuple(Finding(seq=r.seq, event_id=r.event_id, at=r.at,
+                               kind=_finding_kind(r.finding, r.seq in budget_seqs), rule_id=r.rule_id, turn_id=r.turn_id, finding=r.finding, action=r.action,
                                shadow=r.shadow, intent_id=r.intent_id) for r in _page(findings, page, limit)),
         intents=tuple(IntentRow(intent_id=v.intent.id, mode=v.intent.mode, state=str(v.state),
                                 producer=v.intent.producer, created_at=v.intent.created_at, updated_at=v.updated_at,

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from tillerman.controller.dashboard.fleet import Sightings
+from tillerman.controller.dashboard.fleet import Sightings, fleet_row, fleet_rows
 from tillerman.controller.dashboard.thread_view import MAX_LIMIT, thread_view
 from tillerman.controller.report.fold import fold_facts
 from tillerman.controller.report.usage import UsageReport
@@ -112,3 +112,21 @@ def test_lists_are_paged(case):
 def test_a_thread_never_seen_is_an_empty_page():
     shown = view(*session(), thread="nobody")
     assert shown.header is None and shown.turns == () and shown.usage.tokens == 0
+
+
+def test_the_header_is_the_fleets_row_built_alone():
+    found = entries(*session(), (started("other", project="api"), NOW - 30),
+                    (ev.IntentProposed(intent=intent("other", ack_deadline=NOW - 1)), NOW - 29))
+    usage = UsageReport(bundled_table(), by="session", tz=dt.timezone.utc, since=TODAY, until=TODAY)
+    usage.add_all(e.envelope for e in found)
+    projection, seen = fold_facts(found).projection, Sightings().fold(found).threads
+    rows = fleet_rows(projection, usage, NOW, seen)
+    assert len(rows) == 2 and rows[1].overdue == 1
+    assert [fleet_row(projection, usage, NOW, seen, r.thread_id) for r in rows] == rows
+    assert fleet_row(projection, usage, NOW, seen, "nobody") is None
+
+
+def test_a_finding_names_its_report_event_for_a_label():
+    found = entries(*session())
+    reports = {e.seq: e.envelope.event_id for e in found if isinstance(e.envelope.event, ev.Report)}
+    assert {(f.seq, f.event_id) for f in view(*session()).findings} == set(reports.items())
