@@ -30,8 +30,9 @@ from tillerman.controller.core.timefmt import iso
 from tillerman.controller.dashboard import guard as guards
 from tillerman.controller.dashboard.actions import ACTIONS, ActionResult, perform
 from tillerman.controller.dashboard.fleet import STATES, SORT_KEYS, Sightings, filter_rows, fleet_rows, sort_rows
+from tillerman.controller.dashboard.thread_view import LIMIT, thread_view
 from tillerman.controller.dashboard.live import Live
-from tillerman.controller.report.fold import fold_facts
+from tillerman.controller.report.fold import Facts
 from tillerman.controller.report import timeline
 from tillerman.controller.report.usage import UsageReport
 from tillerman.ledger.events import Entry
@@ -43,9 +44,8 @@ from tillerman.rules.prices import bundled_table
 HERE = Path(__file__).parent
 PAGE_SIZE = 50  # fleet rows per page: the page's DOM stays bounded whatever the fleet's size
 MAX_PAGE_SIZE = 200
-INTENTS_SHOWN = 30
 FORM_TYPE = "application/x-www-form-urlencoded"
-MAX_FORM = 64 * 1024  # a steer's text is at most actions.TEXT_LIMIT characters  # a thread's intents on its page, newest first
+MAX_FORM = 64 * 1024  # a steer's text is at most actions.TEXT_LIMIT characters
 
 Perform = Callable[..., ActionResult]
 
@@ -79,6 +79,24 @@ class FleetFolds:
         return self.usage
 
 
+class FactsOnDemand:
+    """The ledger folded into ``Facts`` (what a thread's page, its timeline and the labels
+    beside an intent read), caught up to a seq when a page asks: the whole ledger once,
+    then only what was appended since. The fleet's live updates never pay for it."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder, self.facts, self.seq = recorder, Facts(), 0
+
+    def upto(self, seq: int) -> Facts:
+        if seq > self.seq:
+            for entry in self.recorder.read(after_seq=self.seq):
+                if entry.seq > seq:
+                    break
+                self.facts.apply(entry)
+                self.seq = entry.seq
+        return self.facts
+
+
 def _today(now: float) -> str:
     return dt.datetime.fromtimestamp(now).date().isoformat()  # the owner's zone, as usage's default
 
@@ -90,6 +108,7 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
     to a browser holding ``secret``; its actions are proposed as ``owner``."""
     folds = FleetFolds(recorder, _today(clock()))
     live = live or Live(recorder, folds=(folds,))
+    folded = FactsOnDemand(recorder)
     guard = guards.Guard(secret=secret, port=port, hosts=guards.allowed_hosts(host, port, remote_names))
     csrf = guards.csrf_token(secret)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
@@ -98,11 +117,20 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
     env.filters["iso"] = lambda t: iso(t) if t is not None else ""
     env.filters["ago"] = lambda t: format_duration(max(0, int(clock() - t))) if t is not None else ""
     env.filters["percent"] = lambda x: f"{x:.0%}" if x is not None else ""
-    env.filters["usd"] = lambda x: f"${x:.2f}" if x is not None else "unknown"
+    env.filters["usd"] = lambda x: f"${x:.2f}" if x is not None else "unknown price"  # never 0
+    env.filters["tokens"] = lambda n: f"{n:,}"
 
     def render(name: str, status: int = 200, **context) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(csrf=csrf, csrf_header=guards.CSRF_HEADER, owner=owner,
                                                           seq=live.seq, verdicts=VERDICTS, **context), status_code=status)
+
+    def facts() -> Facts:
+        live.refresh()
+        return folded.upto(live.seq)
+
+    def labels() -> dict:
+        """The verdict standing on each labeled subject, shown beside it."""
+        return {label.subject: label for label in facts().labels.all_current()}
 
     def rows(now: float):
         live.refresh()
@@ -113,17 +141,22 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         query = request.query_params
         state = query.get("state") if query.get("state") in STATES else None
         agent = query.get("agent") or None
+        project = query.get("project") or None
         text = query.get("q") or None
         sort = query.get("sort") if query.get("sort") in SORT_KEYS else "attention"
         size = _whole(query.get("size"), PAGE_SIZE, 1, MAX_PAGE_SIZE)
-        shown = sort_rows(filter_rows(rows(clock()), state=state, agent=agent, text=text), sort)
+        every = rows(clock())
+        shown = sort_rows(filter_rows(every, state=state, agent=agent, project=project, text=text), sort)
         pages = max(1, math.ceil(len(shown) / size))
         page = _whole(query.get("page"), 1, 1, pages)
-        keep = {k: v for k, v in (("state", state), ("agent", agent), ("q", text), ("sort", sort), ("size", size))
+        keep = {k: v for k, v in (("state", state), ("agent", agent), ("project", project), ("q", text),
+                                  ("sort", sort), ("size", size))
                 if v not in (None, "attention", PAGE_SIZE)}
         return {"rows": shown[(page - 1) * size:page * size], "total": len(shown), "page": page, "pages": pages,
-                "filters": {"state": state or "", "agent": agent or "", "q": text or "", "sort": sort},
+                "filters": {"state": state or "", "agent": agent or "", "project": project or "", "q": text or "",
+                            "sort": sort},
                 "states": STATES, "sort_keys": list(SORT_KEYS),
+                "projects": sorted({r.project for r in every if r.project}, key=str.casefold),
                 "query": urlencode(keep), "prev": _page_query(keep, page - 1) if page > 1 else None,
                 "next": _page_query(keep, page + 1) if page < pages else None}
 
@@ -133,26 +166,36 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
     async def fleet_fragment(request: Request) -> Response:
         return render("_fleet_table.html", **fleet_context(request))
 
-    def thread_context(thread_id: str) -> dict | None:
+    def thread_context(request: Request) -> dict | None:
+        """``thread_view`` of the thread, at the page the query asks (``page`` from 1,
+        each list newest first), with the labels standing and the projection's view of
+        each intent shown (what ``_intent.html`` draws)."""
+        thread_id = request.path_params["thread_id"]
         now = clock()
-        row = next((r for r in rows(now) if r.thread_id == thread_id), None)
-        if row is None:
+        current = facts()
+        usage = folds.usage_for(_today(now), live.seq)
+        page = _whole(request.query_params.get("page"), 1, 1, 1 << 30)
+        view = thread_view(current, folds.sightings.threads, usage, thread_id, now, page=page - 1, limit=LIMIT)
+        if view.header is None:
             return None
-        views = [v for v in live.projection.intents.values() if v.intent.thread_id == thread_id]
-        views.sort(key=lambda v: v.updated_at or 0.0, reverse=True)
-        snap = live.projection.snapshot(thread_id)
-        late = {o.intent_id for o in overdue(live.projection, now) if o.thread_id == thread_id}
-        return {"row": row, "intents": views[:INTENTS_SHOWN], "intents_total": len(views), "overdue": late,
-                "active_turn": snap.active_turn_id}
+        pages = max(1, math.ceil(max(view.counts.values(), default=0) / view.limit))
+        late = {o.intent_id for o in overdue(current.projection, now) if o.thread_id == thread_id}
+        return {"thread": view, "row": view.header, "intents": [current.projection.intents[r.intent_id]
+                                                                for r in view.intents],
+                "turn_usage": {line.key: line for line in view.usage.by_turn}, "overdue": late,
+                "labels": {label.subject: label for label in current.labels.all_current()},
+                "page": page, "pages": pages,
+                "prev": _page_query({}, page - 1) if page > 1 else None,
+                "next": _page_query({}, page + 1) if page < pages else None}
 
     async def thread_page(request: Request) -> Response:
-        context = thread_context(request.path_params["thread_id"])
+        context = thread_context(request)
         if context is None:
             return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
         return render("thread.html", **context)
 
     async def thread_fragment(request: Request) -> Response:
-        context = thread_context(request.path_params["thread_id"])
+        context = thread_context(request)
         if context is None:
             return PlainTextResponse("no such thread in the ledger\n", status_code=404)
         return render("_thread_live.html", **context)
@@ -163,13 +206,13 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         if view is None:
             return PlainTextResponse("no such intent in the ledger\n", status_code=404)
         late = {o.intent_id for o in overdue(live.projection, clock())}
-        return render("_intent.html", view=view, overdue=late)
+        return render("_intent.html", view=view, overdue=late, labels=labels())
 
     async def timeline_page(request: Request) -> Response:
         """The thread's timeline, the report's page with its script and style linked:
-        folded from the ledger when asked for (a page load, not every change)."""
+        the facts caught up when asked for (a page load, not every change)."""
         thread_id = request.path_params["thread_id"]
-        data = timeline.timeline_data(fold_facts(recorder.read()), thread_id=thread_id)
+        data = timeline.timeline_data(facts(), thread_id=thread_id)
         if not data["threads"]:
             return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
         return HTMLResponse(timeline.render_html(data, assets_url="/timeline-assets/"))
@@ -192,7 +235,7 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         view = live.projection.intents.get(result.intent_id) if result.intent_id else None
         late = {o.intent_id for o in overdue(live.projection, clock())}
         return render("_action_result.html", status=200 if result.ok else 409, result=result, view=view,
-                      overdue=late)
+                      overdue=late, labels=labels())
 
     async def events(request: Request) -> Response:
         return StreamingResponse(live.events(), media_type="text/event-stream",

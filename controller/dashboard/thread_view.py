@@ -154,8 +154,9 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
         approvals=tuple(Approval(item_id=item, since=since) for item, since in
                         sorted((thread.approvals if thread is not None else {}).items(), key=lambda a: a[1] or 0.0)),
         findings=tuple(Finding(seq=r.seq, event_id=r.event_id, at=r.at,
-                               kind=_finding_kind(r.finding, r.seq in budget_seqs), rule_id=r.rule_id, turn_id=r.turn_id, finding=r.finding, action=r.action,
-                               shadow=r.shadow, intent_id=r.intent_id) for r in _page(findings, page, limit)),
+                               kind=_finding_kind(r.finding, r.seq in budget_seqs), rule_id=r.rule_id,
+                               turn_id=r.turn_id, finding=r.finding, action=r.action, shadow=r.shadow,
+                               intent_id=r.intent_id) for r in _page(findings, page, limit)),
         intents=tuple(IntentRow(intent_id=v.intent.id, mode=v.intent.mode, state=str(v.state),
                                 producer=v.intent.producer, created_at=v.intent.created_at, updated_at=v.updated_at,
                                 open=v.intent.id in projection.open_ids, journey=tuple(v.history))

@@ -12,10 +12,13 @@ from starlette.testclient import TestClient
 
 from tests.hostile import HTML, hostile_session
 from tillerman.controller.dashboard.app import PAGE_SIZE, make_app
+from tillerman.controller.dashboard.thread_view import LIMIT
 from tillerman.controller.dashboard.guard import CSP, CSRF_HEADER, cookie_name, csrf_token
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.events import Envelope
+from tillerman.ledger.intents import Intent, text_digest
+from tillerman.ledger.usage import Tokens
 
 SECRET = "the-secret"
 PORT = 8765
@@ -33,6 +36,12 @@ def threads(n: int, at: float = NOW) -> list[Envelope]:
                 Envelope(event_id=f"{t}:turn", event=ev.TurnStarted(thread_id=t, turn_id=f"turn-{i}"),
                          source="appserver", at=at + i + 0.5)]
     return out
+
+
+def steer_intent() -> Intent:
+    return Intent(id="in-steer-1", thread_id="thread-000", mode="queue", text="run the tests",
+                  text_digest=text_digest("run the tests"), created_at=NOW + 9, ack_deadline=NOW + 600,
+                  expires_at=NOW + 3600)
 
 
 @pytest.fixture
@@ -107,9 +116,26 @@ def test_wrong_host_refused_on_get(ledger):
     assert client_for(ledger).get("/", headers={"host": "attacker.example"}).status_code == 403
 
 
+def reviewed_and_waiting(thread: str, s: str, at: float) -> list[Envelope]:
+    """What the hostile session lacks for a thread's page: a reviewer's call and answer, an
+    approval still waiting and a label of the thread's stall finding, each carrying ``s``."""
+    def env(key: str, event: ev.Event, offset: float) -> Envelope:
+        return Envelope(event_id=f"{thread}:{key}", event=event, source="appserver", at=at + offset)
+
+    return [env("asked", ev.ReviewPending(thread_id=thread, checkpoint_id=f"k-{s}", checkpoint=f"cp-{s}",
+                                          reviewer=f"rev-{s}"), 10),
+            env("answered", ev.ReviewCommitted(thread_id=thread, checkpoint_id=f"k-{s}", checkpoint=f"cp-{s}",
+                                               reviewer=f"rev-{s}", outcome=f"out-{s}", disposition=f"disp-{s}",
+                                               recommended_action=f"do-{s}"), 11),
+            env("waiting", ev.ApprovalRequested(thread_id=thread, item_id=f"wait-{s}"), 12),
+            env("label", ev.OwnerLabeled(thread_id=thread, subject=f"review:k-{s}", verdict="harmful", by="ann",
+                                         note=s), 13)]
+
+
 def test_agent_text_is_escaped_everywhere(ledger):
     hostile = {**HTML, "textarea": "</textarea><b>bold</b>"}
     ledger.append(hostile_session(hostile))
+    ledger.append([e for s in hostile.values() for e in reviewed_and_waiting(f"thread-{s}", s, NOW)])
     client = client_for(ledger)
     pages = [client.get("/?size=200")]
     pages += [client.get(f"/thread/{href}") for href in re.findall(r'href="/thread/([^"]+)"', pages[0].text)]
@@ -133,6 +159,11 @@ def test_agent_text_is_escaped_everywhere(ledger):
     shown = "".join(page.text for page in pages)
     for text in hostile.values():  # each was shown, escaped
         assert str(escape(text)) in shown
+        # in the thread page's sections: the finding, the tool call, the approval waiting, the reviewer's answer
+        for seen in (f"made no progress for 600s {text}", f"bash {text}", f"wait-{text}", f"rev-{text}",
+                     f"out-{text}: disp-{text}".replace("_", " "), f"recommends do-{text}"):
+            assert str(escape(seen)) in shown
+    assert shown.count("labeled harmful") == len(hostile)  # each review's label, beside it
 
 
 def test_fleet_pages_are_bounded(ledger):
@@ -149,3 +180,85 @@ def test_fleet_pages_are_bounded(ledger):
 
 def test_unknown_thread_is_404(ledger):
     assert client_for(ledger).get("/thread/nope").status_code == 404
+
+
+def labeled_thread() -> list[Envelope]:
+    """thread-000 with a stall finding, a reviewer's answer, an intent, a response of an
+    unpriced model, and the owner's labels of the finding and the answer."""
+    def env(key: str, event: ev.Event, at: float) -> Envelope:
+        return Envelope(event_id=key, event=event, source="appserver", at=at)
+
+    return [*threads(1),
+            env("stall-1", ev.Report(thread_id="thread-000", turn_id="turn-0", rule_id="quiet", rule_version=1,
+                                     finding="turn turn-0 made no progress for 600s"), NOW + 2),
+            env("asked", ev.ReviewPending(thread_id="thread-000", checkpoint_id="k1", checkpoint="before_dispatch",
+                                          reviewer="rev"), NOW + 3),
+            env("answered", ev.ReviewCommitted(thread_id="thread-000", checkpoint_id="k1",
+                                               checkpoint="before_dispatch", reviewer="rev", outcome="accepted",
+                                               disposition="ready_for_existing_gate"), NOW + 4),
+            env("used", ev.Usage(thread_id="thread-000", turn_id="turn-0", source_kind="codex_rollout",
+                                 model="no-such-model", tokens=Tokens(input=1200, output=34)), NOW + 5),
+            env("l1", ev.OwnerLabeled(thread_id="thread-000", subject="finding:stall-1", verdict="not_useful",
+                                      by="ann"), NOW + 6),
+            env("l2", ev.OwnerLabeled(thread_id="thread-000", subject="review:k1", verdict="useful", by="ann"), NOW + 7),
+            env("l3", ev.OwnerLabeled(thread_id="thread-000", subject="review:k1", verdict="harmful", by="ann"),
+                NOW + 8)]
+
+
+def label_forms(text: str) -> dict[str, str]:
+    """Each label form's subject -> the verdict shown standing beside it ("" for none)."""
+    forms = re.findall(r'<form hx-post="/action/label".*?</form>', text, re.S)
+    out = {}
+    for form in forms:
+        subject = re.search(r'name="subject" value="([^"]+)"', form)[1]
+        standing = re.search(r"labeled ([a-z ]+)</span>", form)
+        out[subject] = standing[1] if standing else ""
+        assert re.findall(r'name="verdict" value="(\w+)"', form) == ["useful", "not_useful", "harmful"]
+    return out
+
+
+def test_the_thread_page_labels_findings_and_answers_and_shows_the_standing_verdict(ledger):
+    ledger.append(labeled_thread())
+    client = client_for(ledger)
+    ledger.append([Envelope(event_id="steer", event=ev.IntentProposed(intent=steer_intent()), source="cli",
+                            at=NOW + 9)])
+    page = client.get("/thread/thread-000").text
+    assert label_forms(page) == {"finding:stall-1": "not useful", "review:k1": "harmful",
+                                 f"intent:{steer_intent().id}": ""}  # the later label of k1 stands
+    assert "accepted: ready for existing gate" in page and "made no progress" in page
+    assert "1,234 tokens, unknown price in all" in page and "$0.00" not in page  # unknown, never 0
+    assert '<li><span class="since"' in page and "proposed" in page  # the intent's journey, step by step
+    fragment = client.get("/live/thread/thread-000").text  # what a live update swaps in: the same sections
+    assert label_forms(fragment) == label_forms(page)
+
+
+def test_a_label_from_the_thread_page_is_recorded_and_then_shown(ledger):
+    ledger.append(labeled_thread())
+    client = client_for(ledger)
+    response = client.post("/action/label", headers=POST_HEADERS, data={"subject": "finding:stall-1",
+                                                                       "verdict": "useful"})
+    assert response.status_code == 200, response.text
+    assert label_forms(client.get("/thread/thread-000").text)["finding:stall-1"] == "useful"
+
+
+def test_a_threads_lists_are_paged(ledger):
+    ledger.append(threads(1))
+    ledger.append([Envelope(event_id=f"call-{k}", source="appserver", at=NOW + 1 + k,
+                            event=ev.ItemStarted(thread_id="thread-000", turn_id="turn-0", item_id=f"c{k}",
+                                                 item_type="commandExecution", tool=f"make step{k}"))
+                   for k in range(LIMIT + 3)])
+    client = client_for(ledger)
+    first = client.get("/thread/thread-000").text
+    assert first.count("<td><code>make step") == LIMIT and "page 1 of 2" in first and 'href="?page=2"' in first
+    second = client.get("/thread/thread-000?page=2").text
+    assert second.count("<td><code>make step") == 3 and "<code>make step0</code>" in second  # oldest last
+    live = client.get("/thread/thread-000?page=2").text
+    assert 'hx-get="/live/thread/thread-000?page=2"' in live  # a live update keeps the page shown
+
+
+def test_the_fleet_filters_by_project(ledger):
+    ledger.append(threads(3))
+    page = client_for(ledger).get("/?project=p1").text
+    assert re.findall(r'<option value="(p\d)"', page) == ["p0", "p1", "p2"]
+    assert '<option value="p1" selected>' in page
+    assert re.findall(r'href="/thread/([^"]+)"', page) == ["thread-001"]
