@@ -255,6 +255,32 @@ class StatusChanged(Event, tag="status_changed"):
     flags: tuple[str, ...] = ()
 
 
+#: The status recorded when a source says a Claude Code session ended (its ``SessionEnd``
+#: hook, or the CLI under ``tillerman claude`` exited); Codex's own word for a thread no
+#: longer loaded is ``notLoaded``.
+SESSION_ENDED = "ended"
+
+
+class ThreadNamed(Event, tag="thread_named"):
+    """The title a source gives the thread (Codex's thread name, a Claude Code
+    transcript's custom title or summary): what a person names the session by, so it is
+    kept whatever --retain-payloads says, cut to ``TITLE_LENGTH`` characters. None: the
+    source cleared it. A thread's latest title is its title."""
+
+    name: str | None = None
+
+    @classmethod
+    def of(cls, thread_id: str | None, name: str | None) -> ThreadNamed:
+        """The event for ``name`` as the source wrote it: blank is no title."""
+        name = " ".join(name.split())[:TITLE_LENGTH] if name else None
+        return cls(thread_id=thread_id, name=name or None)
+
+
+#: The longest title kept: a title is agent- or user-written text, recorded without
+#: --retain-payloads, so only as much as a person reads as a name.
+TITLE_LENGTH = 200
+
+
 class Error(Event, tag="error"):
     message_digest: str
     will_retry: bool = False
@@ -536,6 +562,7 @@ AnyEvent = (
     | QueueChanged
     | QueueEntryRemoved
     | StatusChanged
+    | ThreadNamed
     | Error
     | Quarantined
     | IntentProposed
@@ -565,7 +592,7 @@ OBSERVATION_KINDS = frozenset(
     for cls in (
         ThreadStarted, TurnStarted, TurnAlias, TurnCompleted, ItemStarted, ItemCompleted,
         UserMessage, AgentMessage, DenyNotHonoured, GoalUpdated, GoalCleared, ApprovalRequested,
-        ApprovalResolved, QueueChanged, QueueEntryRemoved, StatusChanged, Error,
+        ApprovalResolved, QueueChanged, QueueEntryRemoved, StatusChanged, ThreadNamed, Error,
     )
 )
 

@@ -29,7 +29,7 @@ STATES = ("waiting", "stalled", "working", "idle", "stopped", "done")
 
 class FleetRow(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str
-    name: str  # what a person recognises: its title, its first prompt's digest, else its cwd; never only the id
+    name: str  # what a person recognises: its title, its first prompt, its project or cwd; never only the id
     project: str | None  # the cwd's last part
     branch: str | None  # the git branch, where known
     agent: str  # "codex" | "claude"
@@ -70,8 +70,10 @@ SOURCES = {
     "appserver-trace": ("codex", "codex trace"),
 }
 _SOURCE_RANK = {label: i for i, label in enumerate(dict.fromkeys(SOURCES.values()))}
-#: Codex's status of a thread no longer loaded by any app-server: its session ended.
-DONE_STATUSES = frozenset({"notLoaded"})
+#: The statuses of a thread whose session ended: Codex's ``notLoaded`` (no app-server
+#: holds it: ``thread/closed``, or a status change saying so) and ``SESSION_ENDED`` (a
+#: Claude Code ``SessionEnd`` hook, or the CLI under ``tillerman claude`` exited).
+DONE_STATUSES = frozenset({"notLoaded", ev.SESSION_ENDED})
 
 
 class Seen(msgspec.Struct, kw_only=True):
@@ -81,11 +83,12 @@ class Seen(msgspec.Struct, kw_only=True):
     agent: str | None = None
     source: str | None = None
     first_at: float | None = None
+    title: str | None = None  # the latest title its sources gave it (``thread_named``)
     first_prompt: str | None = None  # its first prompt's text (kept with --retain-payloads only)
     cwd: str | None = None
     project: str | None = None
     git_branch: str | None = None
-    ended_at: float | None = None  # when its source said the session ended
+    ended_at: float | None = None  # when its source said the session ended; a later turn reopens it
     last_at: float | None = None
     last_kind: str | None = None
     stalled_turn: str | None = None  # the turn a rule last reported stalled (``turn_quiet``), and when
@@ -121,8 +124,12 @@ class Sightings:
             _started(seen, event)
         elif isinstance(event, ev.UserMessage) and seen.first_prompt is None and event.text:
             seen.first_prompt = event.text
+        elif isinstance(event, ev.ThreadNamed):
+            seen.title = event.name
         elif isinstance(event, ev.StatusChanged):
             seen.ended_at = at if event.status in DONE_STATUSES else None
+        elif isinstance(event, ev.TurnStarted) and seen.ended_at is not None and (at is None or at > seen.ended_at):
+            seen.ended_at = None  # a resumed session's turn (a source read late may tell of turns before the end)
         elif isinstance(event, ev.Report) and event.turn_id is not None and STALL_FINDING.match(event.finding):
             seen.stalled_turn, seen.stalled_at = event.turn_id, at
 
@@ -222,9 +229,11 @@ def _connection(t: ThreadState) -> tuple[str, str]:
 
 
 def name_of(thread_id: str, seen: Seen) -> str:
-    """What a person recognises the thread by: its first prompt (where payloads are kept),
-    its project and branch, its working directory; never only its id: as a last resort,
-    the agent, a short id and when it started."""
+    """What a person recognises the thread by: its title (kept always), its first prompt
+    (where payloads are kept), its project and branch, its working directory; never only
+    its id: as a last resort, the agent, a short id and when it started."""
+    if seen.title:
+        return shorten(seen.title, NAME_LENGTH)
     if seen.first_prompt:
         return shorten(" ".join(seen.first_prompt.split()), NAME_LENGTH)
     if seen.project:

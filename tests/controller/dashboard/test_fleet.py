@@ -81,6 +81,23 @@ STATE_CASES = {
                  (ev.TurnCompleted(thread_id=UUID, turn_id="t1", status="interrupted"), NOW - 28)], NOW - 28),
     "done": ([(started(fmt="appserver"), NOW - 50, "appserver"), (turn(), NOW - 40, "appserver"),
               (ev.StatusChanged(thread_id=UUID, status="notLoaded"), NOW - 5, "appserver")], NOW - 5),
+    "done, as a Claude Code session ended with a turn open": (
+        [(started(fmt="claude-hooks"), NOW - 50, "hooks"), (turn(), NOW - 40, "hooks"),
+         (ev.TurnCompleted(thread_id=UUID, turn_id="t1", status="interrupted"), NOW - 6, "hooks"),
+         (ev.StatusChanged(thread_id=UUID, status=ev.SESSION_ENDED), NOW - 6, "hooks")], NOW - 6),
+    "done, whatever a source read late tells of turns before the end": (
+        [(started(fmt="claude-hooks"), NOW - 50, "hooks"),
+         (ev.StatusChanged(thread_id=UUID, status=ev.SESSION_ENDED), NOW - 6, "hooks"),
+         (turn(turn_id="t0"), NOW - 45, "file:t"), (ev.TurnCompleted(thread_id=UUID, turn_id="t0"), NOW - 44, "file:t")],
+        NOW - 6),
+    "working, on a resumed session after its end": (
+        [(started(fmt="claude-hooks"), NOW - 50, "hooks"),
+         (ev.StatusChanged(thread_id=UUID, status=ev.SESSION_ENDED), NOW - 30, "hooks"),
+         (turn(turn_id="t2"), NOW - 10, "hooks")], NOW - 10),
+    "idle, on a Codex thread loaded again": (
+        [(started(fmt="appserver"), NOW - 50, "appserver"),
+         (ev.StatusChanged(thread_id=UUID, status="notLoaded"), NOW - 30, "appserver"),
+         (ev.StatusChanged(thread_id=UUID, status="idle"), NOW - 10, "appserver")], NOW - 10),
 }
 
 
@@ -112,13 +129,25 @@ def test_the_order_puts_what_needs_a_person_first():
     assert [(r.thread_id, r.state) for r in rows] == [
         ("waiting", "waiting"), ("stalled", "stalled"), ("stalled-as-a-rule-reported", "stalled"),
         ("late", "idle"), ("working", "working"), ("working-moving-again-after-a-reported-stall", "working"),
-        ("idle", "idle"), ("stopped", "stopped"), ("done", "done")]
+        ("working-on-a-resumed-session-after-its-end", "working"),
+        ("idle", "idle"), ("idle-on-a-Codex-thread-loaded-again", "idle"), ("stopped", "stopped"),
+        ("done-as-a-Claude-Code-session-ended-with-a-turn-open", "done"),
+        ("done-whatever-a-source-read-late-tells-of-turns-before-the-end", "done"), ("done", "done")]
     late = rows[3]
     assert (late.open_intents, late.overdue) == (1, 1)
     assert {r.state for r in rows} == set(STATES)
 
 
 NAME_CASES = {
+    "title, before the first prompt": (
+        [(started(cwd="/home/a/shop", project="shop"), NOW - 9),
+         (ev.UserMessage(thread_id=UUID, turn_id="t1", digest="d", size=9, text="Fix it pl"), NOW - 8),
+         (ev.ThreadNamed.of(UUID, "Checkout test"), NOW - 7)], "Checkout test"),
+    "the latest title": ([(started(), NOW - 9), (ev.ThreadNamed.of(UUID, "Old"), NOW - 8),
+                          (ev.ThreadNamed.of(UUID, "New"), NOW - 7)], "New"),
+    "a title cleared: the project again": (
+        [(started(project="shop"), NOW - 9), (ev.ThreadNamed.of(UUID, "Old"), NOW - 8),
+         (ev.ThreadNamed.of(UUID, None), NOW - 7)], "shop"),
     "first prompt (payloads retained)": (
         [(started(cwd="/home/a/shop", project="shop"), NOW - 9),
          (ev.UserMessage(thread_id=UUID, turn_id="t1", digest="d", size=40,
