@@ -2,8 +2,10 @@
 
 ``timeline_data`` turns the folded facts (``tillerman.controller.report.fold``) into
 plain JSON: threads, turns (with what started each), tool calls, approval waits, queue
-entries, stalls, the changes of each thread's Codex goal and each intent's journey with
-the evidence of every step. ``render_html`` embeds that JSON in
+entries, stalls, the changes of each thread's Codex goal, each intent's journey with
+the evidence of every step, and what each turn and the shown threads spent (the usage
+report's figures in ``Facts.usage``: each response priced once, as ``tillerman usage``;
+a cost None where a response has no known price). ``render_html`` embeds that JSON in
 one page with its CSS and script (``timeline.css``, ``timeline.js`` beside this module)
 inline: no network asset, so it opens from ``file://``; the dashboard links the same two
 files instead. The page draws only what lies in the visible time window and at most
@@ -18,6 +20,7 @@ import json
 from pathlib import Path
 
 from tillerman.controller.report.fold import STALL_FINDING, Facts
+from tillerman.controller.report.usage import Figures
 from tillerman.ledger.snapshot import GOAL_HALTED
 
 #: The most marks (turn bands, calls, waits, intent steps) the page draws at once.
@@ -39,15 +42,16 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
         start = start if start is not None else stop
         return start, stop if stop is not None else end
 
+    spent = _spending(facts, set(threads))
     data: dict = {"threads": threads, "end": end, "max_drawn": MAX_DRAWN, "turns": [], "calls": [], "waits": [],
-                  "stalls": [], "goals": [], "intents": []}
+                  "stalls": [], "goals": [], "intents": [], "usage": _usage(facts, threads, spent)}
     for t in turns:
         s, e = span(t.started_at, t.ended_at)
         if s is not None:
             trigger, inferred = facts.trigger(t)
             data["turns"].append({"lane": lane[t.thread_id], "id": t.turn_id, "s": s, "e": e,
                                   "status": t.status or "open", "trigger": trigger or "not known",
-                                  "inferred": inferred})
+                                  "inferred": inferred, **_figures(spent.get((t.thread_id, t.turn_id)))})
     for c in sorted(facts.calls.values(), key=lambda c: c.seq):
         s, e = span(c.started_at, c.ended_at)
         if c.thread_id in lane and s is not None and wanted(c.thread_id, s):
@@ -78,6 +82,42 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
                        "state": str(h.state), "reason": h.reason, "evidence": h.evidence} for h in view.history],
         })
     return data
+
+
+def _spending(facts: Facts, threads: set[str]) -> dict[tuple[str | None, str | None], Figures]:
+    """The figures of each turn of ``threads`` (a turn two sources name differently is
+    one), and under ``(thread, None)`` what was spent in no turn named."""
+    out: dict[tuple[str | None, str | None], Figures] = {}
+    for key, rows in facts.usage_of_turns().items():
+        if key[0] in threads:
+            for row in rows:
+                out.setdefault(key, Figures()).merge(row)
+    return out
+
+
+def _figures(figures: Figures | None) -> dict:
+    """``tokens`` and ``cost``; a cost None: a response in it has no known price (the page
+    says so, never 0)."""
+    if figures is None:
+        return {"tokens": 0, "cost": 0.0}
+    return {"tokens": figures.tokens.total, "cost": figures.cost_usd}
+
+
+def _usage(facts: Facts, threads: list[str], spent: dict[tuple[str | None, str | None], Figures]) -> dict:
+    """What the shown threads spent in all, and each one's context use at its last
+    response (as ``tillerman usage --by session`` says it)."""
+    total = Figures()
+    for figures in spent.values():
+        total.merge(figures)
+    return {**_figures(total), "context_use": {t: facts.usage.context(t)["context_use"] for t in threads}}
+
+
+def usage_line(usage: dict) -> str:
+    """The page's header: what the shown threads spent, and the context use of one thread."""
+    cost = "unknown price" if usage["cost"] is None else f"${usage['cost']:.2f}"
+    used = list(usage["context_use"].values())
+    context = f"; context {used[0]:.0%} full" if len(used) == 1 and used[0] is not None else ""
+    return f"{usage['tokens']:,} tokens, {cost}{context}"
 
 
 #: What the HTML parser could read as markup inside a script element (``</script``,
@@ -112,7 +152,8 @@ def render_html(data: dict, *, assets_url: str | None = None) -> str:
     else:
         style = f'<link rel="stylesheet" href="{html.escape(assets_url + STYLE)}">'
         script = f'<script src="{html.escape(assets_url + SCRIPT)}"></script>'
-    return (_PAGE.replace("__TITLE__", title).replace("__STYLE__", style).replace("__SCRIPT__", script)
+    return (_PAGE.replace("__TITLE__", title).replace("__USAGE__", html.escape(usage_line(data["usage"])))
+            .replace("__STYLE__", style).replace("__SCRIPT__", script)
             .replace("__DATA__", script_json(data)))
 
 
@@ -122,7 +163,7 @@ _PAGE = """<!doctype html>
 <title>__TITLE__</title>
 __STYLE__</head>
 <body>
-<header><h1>__TITLE__</h1>
+<header><h1>__TITLE__</h1><span id="usage">__USAGE__</span>
 <button id="earlier" title="Move the window earlier">&larr;</button>
 <button id="zoom-in" title="Zoom in">+</button><button id="zoom-out" title="Zoom out">&minus;</button>
 <button id="later" title="Move the window later">&rarr;</button><button id="all">whole session</button>

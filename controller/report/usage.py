@@ -245,12 +245,12 @@ class UsageReport:
     def _key(self, key: tuple, row: Row) -> dict[str, Any]:
         if self.by == "session":
             return {"session": key[0], "source": "/".join(sorted(row.sources)) or None, "files": sorted(row.files),
-                    **self._context(key[0])}
+                    **self.context(key[0])}
         if self.by == "turn":
             return {"session": key[0], "turn": key[1]}
         return {self.by: key[0]}
 
-    def _context(self, thread_id: str | None) -> dict[str, Any]:
+    def context(self, thread_id: str | None) -> dict[str, Any]:
         """How full the thread's context was at its last response: its input over the
         window the source named, else the price table's window for the response's model."""
         thread = self.account.threads.get(thread_id)

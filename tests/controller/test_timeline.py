@@ -7,6 +7,7 @@ draws, shows that markup as text, and runs none of it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -19,13 +20,16 @@ from tests.hostile import HTML, TERMINAL, hostile_session
 from tillerman.controller.cli.main import main
 from tillerman.controller.core.intent_requests import proposal_envelopes, transition_envelope
 from tillerman.controller.report.fold import fold_facts
-from tillerman.controller.report.timeline import MAX_DRAWN, render_html, timeline_data
+from tillerman.controller.report.timeline import MAX_DRAWN, render_html, timeline_data, usage_line
+from tillerman.controller.report.usage import UsageReport
 from tillerman.ledger import events as ev
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection
+from tillerman.ledger.usage import Tokens
+from tillerman.rules.prices import bundled_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = ROOT / "fixtures" / "sessions"
@@ -185,3 +189,60 @@ def test_one_script_inlined_standalone_and_linked_by_the_dashboard() -> None:
     assert '<link rel="stylesheet" href="/assets/timeline.css">' in linked
     assert "<style" not in linked and re.findall(r"<script>", linked) == []
     assert " style=" not in standalone and " style=" not in linked
+
+
+def spending_session() -> list[Envelope]:
+    """Two turns of thread T: one spent on a priced model, the other on one with no
+    known price; a response named for no turn; and thread U, another's spending."""
+    def env(key: str, event: ev.Event, at: float) -> Envelope:
+        return Envelope(event_id=key, source="appserver", at=at, event=event)
+
+    def used(thread: str, turn: str | None, model: str, tokens: int) -> ev.Usage:
+        return ev.Usage(thread_id=thread, turn_id=turn, source_kind="codex_rollout", model=model,
+                        tokens=Tokens(input=tokens, output=tokens // 10))
+
+    return [env("a", ev.TurnStarted(thread_id="T", turn_id="priced"), 1_700_000_000.0),
+            env("b", used("T", "priced", "gpt-5", 12_000), 1_700_000_001.0),
+            env("c", used("T", "priced", "gpt-5", 3_000), 1_700_000_002.0),
+            env("d", ev.TurnCompleted(thread_id="T", turn_id="priced"), 1_700_000_003.0),
+            env("e", ev.TurnStarted(thread_id="T", turn_id="unpriced"), 1_700_000_004.0),
+            env("f", used("T", "unpriced", "no-such-model", 500), 1_700_000_005.0),
+            env("g", used("T", None, "gpt-5", 700), 1_700_000_006.0),
+            env("h", ev.TurnStarted(thread_id="U", turn_id="other"), 1_700_000_007.0),
+            env("i", used("U", "other", "gpt-5", 9_000), 1_700_000_008.0)]
+
+
+def usage_report(by: str, entries) -> dict:
+    report = UsageReport(bundled_table(), by=by, tz=dt.timezone.utc)
+    report.add_all(e.envelope for e in entries)
+    return report.as_json()
+
+
+def test_each_turn_band_and_the_header_show_what_the_usage_report_says(tmp_path: Path) -> None:
+    recorder = MemoryRecorder()
+    recorder.append(spending_session())
+    data = timeline_data(fold_facts(recorder.read()), thread_id="T")
+    by_turn = {row["turn"]: row for row in usage_report("turn", recorder.read())["rows"] if row["session"] == "T"}
+    turns = {t["id"]: t for t in data["turns"]}
+    assert turns["priced"]["tokens"] == by_turn["priced"]["total"] == 16_500
+    assert turns["priced"]["cost"] == pytest.approx(by_turn["priced"]["cost_usd"]) and turns["priced"]["cost"] > 0
+    assert turns["unpriced"]["tokens"] == 550 and turns["unpriced"]["cost"] is None  # no price: no cost, not 0
+    session = next(r for r in usage_report("session", recorder.read())["rows"] if r["session"] == "T")
+    assert data["usage"]["tokens"] == session["total"] == 16_500 + 550 + 770  # U's not counted
+    assert data["usage"]["cost"] is None and data["usage"]["context_use"] == {"T": session["context_use"]}
+    page = tmp_path / "t.html"
+    page.write_text(render_html(data))
+    header = re.search(r'<span id="usage">([^<]*)</span>', page.read_text())[1]
+    assert header.startswith("17,820 tokens, unknown price") and "$0" not in header
+    drawn = chromium_evaluate(page, "JSON.stringify([...document.querySelectorAll('.turn-usage')]"
+                                    ".map(e => e.textContent))", wait_for=".turn-usage")
+    assert json.loads(drawn) == [f"16,500 tok, ${by_turn['priced']['cost_usd']:.2f}", "550 tok, unknown price"]
+
+
+def test_a_priced_threads_header_shows_its_cost_and_context_use() -> None:
+    recorder = MemoryRecorder()
+    recorder.append(spending_session())
+    data = timeline_data(fold_facts(recorder.read()), thread_id="U")
+    session = next(r for r in usage_report("session", recorder.read())["rows"] if r["session"] == "U")
+    assert usage_line(data["usage"]) == (f"9,900 tokens, ${session['cost_usd']:.2f}; "
+                                         f"context {session['context_use']:.0%} full")
