@@ -115,8 +115,8 @@ def test_the_page_draws_every_hostile_string_as_text_and_runs_none(tmp_path: Pat
     assert drawn["turns"] == len(data["turns"]) and drawn["intents"] == len(data["intents"])
     assert sorted(drawn["calls"]) == sorted(f"{c['tool']} (critical): {c['status']}" for c in data["calls"])
     assert sorted(drawn["goals"]) == sorted([g["status"], f"goal {g['status']}"] for g in data["goals"])
-    assert sorted(drawn["bands"]) == sorted(f"turn {t['id']} ({t['status']}; started by {t['trigger']})"
-                                            for t in data["turns"])
+    assert sorted(drawn["bands"]) == sorted(f"turn {t['id']} ({t['status']}; started by {t['trigger']}; 0 tok, $0.00)"
+                                            for t in data["turns"])  # the session spent nothing
     assert json.loads(drawn["detail"])["tool"] in {c["tool"] for c in data["calls"]}
 
 
