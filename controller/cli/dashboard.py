@@ -2,7 +2,8 @@
 
 Binds 127.0.0.1 unless told otherwise; another address needs ``--allow-remote``, and even
 then the docs' advice holds (an SSH tunnel or a private network, never plain HTTP on a
-public interface). Prints the URL with the secret, as Jupyter does; Ctrl-C ends it.
+public interface). Prints the URL with the secret, as Jupyter does (the secret is kept
+in a 0600 file, so the URL outlives a restart); Ctrl-C ends it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import click
 
 from tillerman.controller.cli.output import Fail, errors_to_exit_codes, json_option, print_json, print_line
 from tillerman.controller.cli.shared import ledger_file, ledger_option, ledger_url, open_ledger
-from tillerman.controller.dashboard.guard import is_loopback, login_url, new_secret
+from pathlib import Path
+
+from tillerman.controller.dashboard import secret as secrets_file
+from tillerman.controller.dashboard.guard import login_url
 from tillerman.ledger.location import shown
+from tillerman.rules.notify import is_loopback
 from tillerman.rules.owner import local_login
 
 DEFAULT_PORT = 8765
@@ -32,15 +37,22 @@ SAFE_WAY = ("reach a remote machine's dashboard through an SSH tunnel (ssh -L 87
 @click.option("--allow-remote", is_flag=True,
               help="Listen on a non-loopback --host. The page is plain HTTP: use it on a private network only.")
 @click.option("--name", "names", multiple=True,
-              help="With --allow-remote: another name the page is reached by (a Tailscale name), accepted as Host.")
+              help="With --allow-remote: another name the page is reached by (a Tailscale name), accepted as Host;"
+                   " required with an unspecified --host (0.0.0.0, ::).")
+@click.option("--secret-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The file keeping the page's secret, created when absent (mode 0600)"
+                   " [default: $XDG_STATE_HOME/tillerman/dashboard-secret].")
+@click.option("--new-secret", is_flag=True,
+              help="Write a new secret first: the URLs printed before (bookmarks, browser history) stop working.")
 @click.option("--owner", default=local_login,
               help="Who the page's actions are proposed as (default: the login name of the user running tillerman).")
 @json_option
 @errors_to_exit_codes
-def dashboard(ledger_path, host, port, allow_remote, names, owner, as_json):
+def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_secret, owner, as_json):
     """Serve every session on one live local web page, with the owner's actions on it.
 
-    Prints the URL to open (it carries a secret; keep it to yourself). The page reads
+    Prints the URL to open: it carries the secret and is a password (it stays in the
+    browser's history; --new-secret makes a new one). The page reads
     the ledger and writes to it as `tillerman intent propose` does: a running daemon
     delivers what the page proposes.
 
@@ -54,6 +66,16 @@ def dashboard(ledger_path, host, port, allow_remote, names, owner, as_json):
         raise Fail(f"--host {host} is not a loopback address; add --allow-remote to listen there, or {SAFE_WAY}")
     if names and not allow_remote:
         raise Fail("--name is for --allow-remote; a loopback dashboard answers to 127.0.0.1 and localhost")
+    unspecified = host.strip("[]") in ("0.0.0.0", "::")
+    if unspecified and not names:
+        raise Fail(f"--host {host} listens on every interface but is no address a browser can open;"
+                   " add --name NAME for each name the page is reached by (a private address, a Tailscale name)")
+    if port == 80:
+        raise Fail("--port 80 does not work (browsers leave :80 out of Host, which the page checks); give another --port")
+    try:
+        secret = secrets_file.load(secret_file or secrets_file.default_path(), rotate=new_secret)
+    except (OSError, secrets_file.SecretFileError) as exc:
+        raise Fail(str(exc)) from None
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -63,17 +85,19 @@ def dashboard(ledger_path, host, port, allow_remote, names, owner, as_json):
         sock.close()
         raise Fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give another --port, or 0 for any free one") from None
     port = sock.getsockname()[1]  # the one bound, when --port 0
-    secret = new_secret()
     url_given = ledger_url(ledger_path)
     where = shown(url_given) if url_given else str(ledger_file(ledger_path))
     with open_ledger(ledger_path, must_exist=True) as ledger:
         app = make_app(ledger, secret=secret, host=host.strip("[]"), port=port, remote_names=names, owner=owner)
-        url = login_url(host.strip("[]"), port, secret)
+        urls = [login_url(name, port, secret) for name in ((() if unspecified else (host.strip("[]"),)) + names)]
         if as_json:
-            print_json({"url": url, "ledger": where, "owner": owner})
+            print_json({"url": urls[0], "urls": urls, "ledger": where, "owner": owner})
         else:
-            print_line(f"tillerman dashboard: {url}")
+            for url in urls:
+                print_line(f"tillerman dashboard: {url}")
             print_line(f"ledger: {where}; actions proposed as {owner}; Ctrl-C stops")
+        if allow_remote:
+            print_line(f"the page is plain HTTP: {SAFE_WAY}", err=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
         # uvicorn shuts down on SIGINT/SIGTERM (closing the open streams), then raises the
         # signal again: Ctrl-C comes back as KeyboardInterrupt, the end asked for

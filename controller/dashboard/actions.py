@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
-from tillerman.controller.core import intent_requests, notice_resolution
+from tillerman.controller.core import intent_requests, labeling, notice_resolution
 from tillerman.controller.core.printable import printable
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
 from tillerman.ledger.recorder import Recorder
@@ -94,8 +94,6 @@ def _resolve(recorder: Recorder, form: Mapping[str, str], owner: str, now: float
 
 
 def _label(recorder: Recorder, form: Mapping[str, str], owner: str, now: float) -> ActionResult:
-    from tillerman.controller.core import labeling  # the labels' library, as ``tillerman label`` calls it
-
     subject, verdict = _field(form, "subject"), _field(form, "verdict")
     labeling.label(recorder, subject, verdict, note=_field(form, "note", required=False, limit=TEXT_LIMIT), by=owner)
     return ActionResult(ok=True, message=f"labeled {subject} {verdict}", subject=subject)

@@ -2,9 +2,15 @@
 
 ``make_app`` takes an open recorder (the ``tillerman dashboard`` command opens it as the
 CLI does) and returns an ASGI app; a test drives it with Starlette's ``TestClient``, the
-command serves it with uvicorn. Every route reads the one projection ``Live`` keeps up
-to date; only ``POST /action/{name}`` writes, through ``actions.perform`` (the CLI's
-library calls). Templates escape everything (autoescape on for every file): agent text
+command serves it with uvicorn. Every route lives under the guard's root path
+(``/d/PREFIX``) and reads the one projection ``Live`` keeps up to date; only
+``POST /action/{name}`` writes, through ``actions.perform`` (the CLI's library calls).
+
+Reading the ledger takes time on a big one (the first fold of a thread's facts reads it
+all), so every handler's work runs in a worker thread, never on the event loop, which
+keeps serving the live streams and the other pages meanwhile. Two locks, always taken in
+this order: ``FactsOnDemand.lock`` (the facts, folded once in the background at start)
+then ``Live.lock`` (the projection, and the one recorder connection). Templates escape everything (autoescape on for every file): agent text
 (commands, messages, paths, titles) is never marked safe.
 """
 
@@ -13,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode
 
+import anyio
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,7 +39,7 @@ from tillerman.controller.dashboard import guard as guards
 from tillerman.controller.dashboard.actions import ACTIONS, ActionResult, perform
 from tillerman.controller.dashboard.fleet import STATES, SORT_KEYS, Sightings, filter_rows, fleet_rows, sort_rows
 from tillerman.controller.dashboard.thread_view import LIMIT, thread_view
-from tillerman.controller.dashboard.live import Live
+from tillerman.controller.dashboard.live import READ_BATCH, Live
 from tillerman.controller.report.fold import Facts
 from tillerman.controller.report import timeline
 from tillerman.controller.report.usage import UsageReport
@@ -46,6 +54,7 @@ PAGE_SIZE = 50  # fleet rows per page: the page's DOM stays bounded whatever the
 MAX_PAGE_SIZE = 200
 FORM_TYPE = "application/x-www-form-urlencoded"
 MAX_FORM = 64 * 1024  # a steer's text is at most actions.TEXT_LIMIT characters
+PROJECT_CHOICES = 50  # projects suggested by the fleet's filter: the most recently active
 
 Perform = Callable[..., ActionResult]
 
@@ -81,20 +90,33 @@ class FleetFolds:
 
 class FactsOnDemand:
     """The ledger folded into ``Facts`` (what a thread's page, its timeline and the labels
-    beside an intent read), caught up to a seq when a page asks: the whole ledger once,
-    then only what was appended since. The fleet's live updates never pay for it."""
+    beside an intent read): the whole ledger once, in the background from the start, then
+    what was appended since when a page asks. The fleet's live updates never pay for it.
 
-    def __init__(self, recorder: Recorder) -> None:
-        self.recorder, self.facts, self.seq = recorder, Facts(), 0
+    Not merged with ``Live``'s projection: that one starts from its saved snapshot so
+    that the fleet is up at once, while ``Facts`` (the labels, the reviews, usage by
+    turn) has no snapshot and must read the ledger from its first row.
+
+    A caller holds ``lock`` while it reads the facts; each slice read from the recorder
+    is read under ``reading`` (``Live.lock``), so the fleet is served between slices."""
+
+    def __init__(self, recorder: Recorder, reading: threading.RLock) -> None:
+        self.recorder, self.reading, self.facts, self.seq = recorder, reading, Facts(), 0
+        self.lock = threading.RLock()
 
     def upto(self, seq: int) -> Facts:
-        if seq > self.seq:
-            for entry in self.recorder.read(after_seq=self.seq):
-                if entry.seq > seq:
+        with self.lock:
+            while seq > self.seq:
+                with self.reading:
+                    entries = list(self.recorder.read(after_seq=self.seq, limit=READ_BATCH))
+                for entry in entries:
+                    if entry.seq > seq:
+                        return self.facts
+                    self.facts.apply(entry)
+                    self.seq = entry.seq
+                if len(entries) < READ_BATCH:
                     break
-                self.facts.apply(entry)
-                self.seq = entry.seq
-        return self.facts
+            return self.facts
 
 
 def _today(now: float) -> str:
@@ -108,8 +130,9 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
     to a browser holding ``secret``; its actions are proposed as ``owner``."""
     folds = FleetFolds(recorder, _today(clock()))
     live = live or Live(recorder, folds=(folds,))
-    folded = FactsOnDemand(recorder)
+    folded = FactsOnDemand(recorder, live.lock)
     guard = guards.Guard(secret=secret, port=port, hosts=guards.allowed_hosts(host, port, remote_names))
+    base = guard.root + "/"  # every link of the page starts with it
     csrf = guards.csrf_token(secret)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
@@ -122,7 +145,15 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
 
     def render(name: str, status: int = 200, **context) -> HTMLResponse:
         return HTMLResponse(env.get_template(name).render(csrf=csrf, csrf_header=guards.CSRF_HEADER, owner=owner,
-                                                          seq=live.seq, verdicts=VERDICTS, **context), status_code=status)
+                                                          seq=live.seq, verdicts=VERDICTS, base=base, **context),
+                            status_code=status)
+
+    async def in_worker(work: Callable[[], Response], *, with_facts: bool = False) -> Response:
+        """``work`` in a worker thread, the projection (and the facts) held still meanwhile."""
+        def locked() -> Response:
+            with folded.lock if with_facts else contextlib.nullcontext(), live.lock:
+                return work()
+        return await anyio.to_thread.run_sync(locked)
 
     def facts() -> Facts:
         live.refresh()
@@ -136,6 +167,15 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         live.refresh()
         usage = folds.usage_for(_today(now), live.seq)
         return fleet_rows(live.projection, usage, now, folds.sightings.threads)
+
+    def recent_projects(every) -> list[str]:
+        """The filter's suggestions: the ``PROJECT_CHOICES`` projects last active, not every
+        project (the page stays bounded whatever the fleet's size)."""
+        latest: dict[str, float] = {}
+        for r in every:
+            if r.project:
+                latest[r.project] = max(latest.get(r.project, 0.0), r.last_event_at or 0.0)
+        return sorted(sorted(latest, key=latest.__getitem__, reverse=True)[:PROJECT_CHOICES], key=str.casefold)
 
     def fleet_context(request: Request) -> dict:
         query = request.query_params
@@ -156,15 +196,15 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
                 "filters": {"state": state or "", "agent": agent or "", "project": project or "", "q": text or "",
                             "sort": sort},
                 "states": STATES, "sort_keys": list(SORT_KEYS),
-                "projects": sorted({r.project for r in every if r.project}, key=str.casefold),
+                "projects": recent_projects(every),
                 "query": urlencode(keep), "prev": _page_query(keep, page - 1) if page > 1 else None,
                 "next": _page_query(keep, page + 1) if page < pages else None}
 
     async def fleet_page(request: Request) -> Response:
-        return render("fleet.html", **fleet_context(request))
+        return await in_worker(lambda: render("fleet.html", **fleet_context(request)))
 
     async def fleet_fragment(request: Request) -> Response:
-        return render("_fleet_table.html", **fleet_context(request))
+        return await in_worker(lambda: render("_fleet_table.html", **fleet_context(request)))
 
     def thread_context(request: Request) -> dict | None:
         """``thread_view`` of the thread, at the page the query asks (``page`` from 1,
@@ -188,19 +228,19 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
                 "prev": _page_query({}, page - 1) if page > 1 else None,
                 "next": _page_query({}, page + 1) if page < pages else None}
 
-    async def thread_page(request: Request) -> Response:
+    def thread_response(request: Request, template: str) -> Response:
         context = thread_context(request)
         if context is None:
             return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
-        return render("thread.html", **context)
+        return render(template, **context)
+
+    async def thread_page(request: Request) -> Response:
+        return await in_worker(lambda: thread_response(request, "thread.html"), with_facts=True)
 
     async def thread_fragment(request: Request) -> Response:
-        context = thread_context(request)
-        if context is None:
-            return PlainTextResponse("no such thread in the ledger\n", status_code=404)
-        return render("_thread_live.html", **context)
+        return await in_worker(lambda: thread_response(request, "_thread_live.html"), with_facts=True)
 
-    async def intent_fragment(request: Request) -> Response:
+    def intent_response(request: Request) -> Response:
         live.refresh()
         view = live.projection.intents.get(request.path_params["intent_id"])
         if view is None:
@@ -208,14 +248,19 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         late = {o.intent_id for o in overdue(live.projection, clock())}
         return render("_intent.html", view=view, overdue=late, labels=labels())
 
-    async def timeline_page(request: Request) -> Response:
-        """The thread's timeline, the report's page with its script and style linked:
-        the facts caught up when asked for (a page load, not every change)."""
-        thread_id = request.path_params["thread_id"]
+    async def intent_fragment(request: Request) -> Response:
+        return await in_worker(lambda: intent_response(request), with_facts=True)
+
+    def timeline_response(thread_id: str) -> Response:
         data = timeline.timeline_data(facts(), thread_id=thread_id)
         if not data["threads"]:
             return PlainTextResponse("no such thread in the ledger; go back to the fleet\n", status_code=404)
-        return HTMLResponse(timeline.render_html(data, assets_url="/timeline-assets/"))
+        return HTMLResponse(timeline.render_html(data, assets_url=base + "timeline-assets/"))
+
+    async def timeline_page(request: Request) -> Response:
+        """The thread's timeline, the report's page with its script and style linked:
+        the facts caught up when asked for (a page load, not every change)."""
+        return await in_worker(lambda: timeline_response(request.path_params["thread_id"]), with_facts=True)
 
     async def timeline_asset(request: Request) -> Response:
         return FileResponse(timeline.ASSETS / request.url.path.rsplit("/", 1)[1])
@@ -224,18 +269,21 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         name = request.path_params["name"]
         if name not in ACTIONS:
             return PlainTextResponse(f"no action {name[:40]!r}; one of {', '.join(ACTIONS)}\n", status_code=404)
-        body = await request.body()
-        if len(body) > MAX_FORM or request.headers.get("content-type", "").split(";")[0] != FORM_TYPE:
+        body = await _bounded_body(request, MAX_FORM)
+        if body is None or request.headers.get("content-type", "").split(";")[0] != FORM_TYPE:
             return PlainTextResponse(f"an action is a form ({FORM_TYPE}) of at most {MAX_FORM} bytes\n",
                                      status_code=400)
         # htmx posts url-encoded forms: read here, without a multipart parser to depend on
         fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-        result = perform_action(recorder, name, fields, owner=owner, now=clock())
-        live.refresh()
-        view = live.projection.intents.get(result.intent_id) if result.intent_id else None
-        late = {o.intent_id for o in overdue(live.projection, clock())}
-        return render("_action_result.html", status=200 if result.ok else 409, result=result, view=view,
-                      overdue=late, labels=labels())
+
+        def act() -> Response:
+            result = perform_action(recorder, name, fields, owner=owner, now=clock())
+            live.refresh()
+            view = live.projection.intents.get(result.intent_id) if result.intent_id else None
+            late = {o.intent_id for o in overdue(live.projection, clock())}
+            return render("_action_result.html", status=200 if result.ok else 409, result=result, view=view,
+                          overdue=late, labels=labels())
+        return await in_worker(act, with_facts=True)
 
     async def events(request: Request) -> Response:
         return StreamingResponse(live.events(), media_type="text/event-stream",
@@ -243,14 +291,14 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        import anyio
-
         async with anyio.create_task_group() as tg:
             tg.start_soon(live.run)
+            # the facts folded once now, not on the first thread page asked for
+            tg.start_soon(anyio.to_thread.run_sync, folded.upto, live.seq)
             yield
             tg.cancel_scope.cancel()
 
-    app = Starlette(routes=[
+    app = Starlette(routes=[Mount(guard.root, routes=[
         Route("/", fleet_page),
         Route("/fleet", fleet_fragment),
         # ids are the agent's: any character, "/" too, percent-encoded in the page's links
@@ -262,8 +310,7 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         Route("/action/{name:str}", action, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-    ], lifespan=lifespan)
-    app.state.live = live
+    ])], lifespan=lifespan)
     return GuardMiddleware(app, guard)
 
 
@@ -274,10 +321,6 @@ class GuardMiddleware:
 
     def __init__(self, app: Starlette, guard: guards.Guard) -> None:
         self.app, self.guard = app, guard
-
-    @property
-    def state(self):
-        return self.app.state
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -291,13 +334,16 @@ class GuardMiddleware:
 
         request = Request(scope)
         decision = self.guard.check(guards.Request(
-            method=scope["method"], path=scope["path"], query=scope.get("query_string", b"").decode("latin-1"),
+            method=scope["method"], path=scope["path"], raw_path=scope.get("raw_path", b"").decode("latin-1"),
+            query=scope.get("query_string", b"").decode("latin-1"),
             headers=_headers(scope), cookies=request.cookies))
         if isinstance(decision, guards.Refuse):
             response: Response = PlainTextResponse(decision.reason + "\n", status_code=decision.status)
         elif isinstance(decision, guards.Login):
             response = RedirectResponse(decision.location, status_code=303)
-            response.set_cookie(self.guard.cookie, self.guard.secret, httponly=True, samesite="strict", path="/")
+            # scoped to the root: never sent to another server on this host, whatever its port
+            response.set_cookie(self.guard.cookie, self.guard.session, httponly=True, samesite="strict",
+                                path=self.guard.root)
         else:
             return await self.app(scope, receive, secured)
         await response(scope, receive, secured)
@@ -311,6 +357,20 @@ def _headers(scope) -> Mapping[str, str]:
         name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
         headers[name] = value if headers.get(name, value) == value else ""
     return headers
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None when longer than ``limit`` bytes: refused on its
+    Content-Length before reading, and reading stops past the limit when it has none."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 def _whole(text: str | None, default: int, low: int, high: int) -> int:

@@ -3,10 +3,18 @@
 The page runs on the owner's machine beside the ledger, and its actions write to it,
 so every request must come from the owner's browser, to this server, by this name:
 
-* the secret: a random token printed at start (as Jupyter does); a GET carrying it as
-  ``?token=`` sets it as an HttpOnly, SameSite=Strict cookie and redirects to the same
-  URL without it (so it leaves the address bar and the history). Every other request
-  must carry the cookie.
+* the path: the whole page lives under ``/d/PREFIX/``, PREFIX an HMAC of the secret.
+  Browsers do not keep cookies apart by port, only by path: the cookie, scoped to that
+  path, is never sent to another server on the same host (an agent's dev server on
+  127.0.0.1:3000), which never sees the path either (no referrer is sent). Anything
+  outside it is a plain 404 that names nothing.
+* the secret: a random token kept in a 0600 file (``secret``) and printed in the URL
+  at start (as Jupyter does); a GET carrying it as ``?token=`` sets an HttpOnly,
+  SameSite=Strict cookie holding a session value derived from it (never the token
+  itself) and redirects to the same URL without it, so it leaves the address bar. The
+  printed URL stays in the browser's history and stays valid (it opens the page on a
+  second device): it is a password until ``--new-secret`` rotates it. Every other
+  request must carry the cookie.
 * Host: one of the names the server was bound as (DNS rebinding: a page of another site
   whose name now resolves to 127.0.0.1 sends its own name as Host).
 * Origin: when a request carries one it must be this server's; a POST must carry one.
@@ -19,14 +27,16 @@ is a static file of ours), and headers that keep it out of caches and referrers.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
-import ipaddress
 import secrets
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlencode
 
 import msgspec
+
+from tillerman.rules.notify import is_loopback
 
 CSRF_HEADER = "x-tillerman-csrf"
 TOKEN_PARAM = "token"
@@ -53,10 +63,26 @@ def same(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
-def csrf_token(secret: str, purpose: str = "action") -> str:
-    """The token a POST for ``purpose`` carries: known to the page, which the server
-    rendered, and to no other origin (it cannot read the page)."""
-    return hmac.new(secret.encode(), b"tillerman-dashboard-csrf:" + purpose.encode(), hashlib.sha256).hexdigest()
+def _derived(secret: str, purpose: bytes) -> bytes:
+    """A value for ``purpose`` derived from the secret, which it does not reveal."""
+    return hmac.new(secret.encode(), b"tillerman-dashboard-" + purpose, hashlib.sha256).digest()
+
+
+def csrf_token(secret: str) -> str:
+    """The token a POST carries: known to the page, which the server rendered, and to
+    no other origin (it cannot read the page)."""
+    return _derived(secret, b"csrf").hex()
+
+
+def session(secret: str) -> str:
+    """The cookie's value: proves the browser was given the secret, without being it."""
+    return _derived(secret, b"session").hex()
+
+
+def root(secret: str) -> str:
+    """The path the whole page lives under: ``/d/`` and 132 bits of an HMAC of the secret,
+    URL-safe (nobody without the secret can name it)."""
+    return "/d/" + base64.urlsafe_b64encode(_derived(secret, b"prefix")).decode()[:22]
 
 
 def cookie_name(port: int) -> str:
@@ -64,31 +90,26 @@ def cookie_name(port: int) -> str:
     return f"tillerman_dashboard_{port}"
 
 
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def url_host(host: str) -> str:
     """``host`` as it stands in a URL: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def base_url(host: str, port: int, secret: str) -> str:
+    """The page's address without the token: what ``[dashboard] url`` holds."""
+    return f"http://{url_host(host)}:{port}{root(secret)}/"
+
+
 def login_url(host: str, port: int, secret: str) -> str:
-    return f"http://{url_host(host)}:{port}/?{urlencode({TOKEN_PARAM: secret})}"
+    return f"{base_url(host, port, secret)}?{urlencode({TOKEN_PARAM: secret})}"
 
 
 def allowed_hosts(host: str, port: int, names: Iterable[str] = ()) -> frozenset[str]:
     """The ``Host`` values this server answers to: the bound address (with the loopback
     names when bound to loopback) and the names given with ``--allow-remote``, each with
-    its port."""
+    its port (``tillerman dashboard`` refuses port 80, which browsers leave out of Host)."""
     hosts = {url_host(host), *(url_host(name) for name in names)}
-    if is_loopback(host):
+    if is_loopback(host.strip("[]")):
         hosts.update(LOOPBACK_NAMES)
     return frozenset(f"{h}:{port}".lower() for h in hosts)
 
@@ -99,6 +120,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
 
     method: str
     path: str
+    raw_path: str = ""  # the path as sent, percent-encoding kept; empty: ``path``
     query: str = ""
     headers: Mapping[str, str] = {}
     cookies: Mapping[str, str] = {}
@@ -115,7 +137,7 @@ class Login(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Refuse(msgspec.Struct, frozen=True, kw_only=True):
-    status: int  # 400: the request is malformed; 403: it is not allowed
+    status: int  # 403: it is not allowed; 404: outside the page's path
     reason: str  # one line: why, and what to do
 
 
@@ -131,9 +153,19 @@ class Guard(msgspec.Struct, frozen=True, kw_only=True):
     def cookie(self) -> str:
         return cookie_name(self.port)
 
+    @property
+    def root(self) -> str:
+        return root(self.secret)
+
+    @property
+    def session(self) -> str:
+        return session(self.secret)
+
     def check(self, request: Request) -> Decision:
         """Whether ``request`` may be served; a refusal writes nothing (the app runs no
         handler for it)."""
+        if request.path != self.root and not request.path.startswith(self.root + "/"):
+            return Refuse(status=404, reason="Not Found")  # names nothing: any server may be asked
         headers = request.headers
         host = headers.get("host", "").lower()
         if host not in self.hosts:
@@ -153,9 +185,10 @@ class Guard(msgspec.Struct, frozen=True, kw_only=True):
             if not same(token, self.secret):
                 return Refuse(status=403, reason="wrong token; open the URL tillerman dashboard printed at start")
             rest = urlencode([(name, value) for name, value in params if name != TOKEN_PARAM])
-            # one leading slash: "//host/…" would send the browser to another site
-            return Login(location="/" + request.path.lstrip("/") + (f"?{rest}" if rest else ""))
-        if not same(request.cookies.get(self.cookie), self.secret):
+            # the path as sent: decoded, "/thread/a%3Fb" would become "/thread/a?b"; it
+            # decodes to a path under the root (checked above): the browser stays on this server
+            return Login(location=(request.raw_path or request.path) + (f"?{rest}" if rest else ""))
+        if not same(request.cookies.get(self.cookie), self.session):
             return Refuse(status=403, reason="not signed in; open the URL tillerman dashboard printed at start"
                                              " (it carries the token)")
         return Allow()

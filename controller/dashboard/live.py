@@ -6,11 +6,12 @@ reads only the rows after the last seq it folded into ONE projection, kept up to
 (``Projection.apply``): the pages render from it, and no change refolds the ledger. What
 changed (which threads, which intents) is gathered and sent to every open page at most
 every ``COALESCE`` seconds, as one SSE message carrying the last seq folded (so a test or a
-benchmark can measure commit → delivery); the page then fetches again the fragments of
-what changed (htmx's SSE extension).
+benchmark can measure commit → delivery); the page's script (``static/dashboard.js``,
+one ``EventSource``) then asks htmx for the fragments of what changed.
 
-Everything runs on the event loop's thread: the projection is read by the routes and
-written by the follower without a lock, and a burst of commits costs one read.
+Reading the ledger runs in worker threads, never on the event loop: ``lock`` is held
+while the projection is read or folded (by the routes, by the publisher), and a burst of
+commits costs one read.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import contextlib
 import json
 import logging
 import math
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -72,10 +75,13 @@ class Live:
                     break
                 for fold in folds:
                     fold.apply(entry)
+        self.lock = threading.RLock()  # the projection, the folds and the recorder's one connection
+        self._sent_seq = self.projection.seq  # the last seq a message announced
         self._threads: set[str] = set()
         self._intents: set[str] = set()
         self._pages: set[MemoryObjectSendStream[Change]] = set()
         self._woken = anyio.Event()
+        self._loop: tuple[int, anyio.lowlevel.EventLoopToken] | None = None  # (thread id, token) once running
 
     @property
     def seq(self) -> int:
@@ -83,6 +89,10 @@ class Live:
 
     def catch_up(self) -> bool:
         """Fold the rows committed since the last one folded; whether there were any."""
+        with self.lock:
+            return self._catch_up()
+
+    def _catch_up(self) -> bool:
         read = False
         while True:
             entries = list(self.recorder.read(after_seq=self.projection.seq, limit=READ_BATCH))
@@ -97,19 +107,32 @@ class Live:
                         self._threads.add(view.intent.thread_id)
                 if (thread_id := getattr(event, "thread_id", None)) is not None:
                     self._threads.add(thread_id)
+                # a label or a resolved notice names its subject's thread as ``thread``
+                if isinstance(thread := getattr(event, "thread", None), str):
+                    self._threads.add(thread)
             read = read or bool(entries)
             if len(entries) < READ_BATCH:
                 return read
 
     def refresh(self) -> None:
-        """Before a page renders: what was committed and not yet announced, folded now
-        (the feed wakes the publisher a moment later; it sends what this folded)."""
+        """Before a page renders: what was committed and not yet announced, folded now.
+        The publisher, woken by the feed a moment later, finds nothing left to fold but
+        still sends what this folded (it compares the seq with the last one sent)."""
         if self.catch_up():
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the publisher, from the event loop or from a route's worker thread (an
+        ``anyio.Event`` is set on its loop only)."""
+        if self._loop is None or self._loop[0] == threading.get_ident():
             self._woken.set()
+        else:
+            anyio.from_thread.run_sync(self._woken.set, token=self._loop[1])
 
     async def run(self) -> None:
         """Follow the ledger until cancelled: the feed wakes the publisher, which folds
         and sends at most every ``coalesce`` seconds."""
+        self._loop = (threading.get_ident(), anyio.lowlevel.current_token())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._publish)
             await self._follow()
@@ -133,13 +156,16 @@ class Live:
         while True:
             await self._woken.wait()
             self._woken = anyio.Event()
-            if self.catch_up():
-                self._send()
+            await anyio.to_thread.run_sync(self.catch_up)
+            with self.lock:
+                if self._threads or self._intents or self.seq > self._sent_seq:
+                    self._send()
             await anyio.sleep(self.coalesce)
 
     def _send(self) -> None:
         change = Change(seq=self.projection.seq, threads=tuple(sorted(self._threads)),
                         intents=tuple(sorted(self._intents)))
+        self._sent_seq = change.seq
         self._threads.clear()
         self._intents.clear()
         for page in list(self._pages):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import anyio
+
 import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
@@ -13,7 +15,7 @@ from starlette.testclient import TestClient
 from tests.hostile import HTML, hostile_session
 from tillerman.controller.dashboard.app import PAGE_SIZE, make_app
 from tillerman.controller.dashboard.thread_view import LIMIT
-from tillerman.controller.dashboard.guard import CSP, CSRF_HEADER, cookie_name, csrf_token
+from tillerman.controller.dashboard.guard import CSP, CSRF_HEADER, cookie_name, csrf_token, root, session
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.events import Envelope
@@ -23,6 +25,7 @@ from tillerman.ledger.usage import Tokens
 SECRET = "the-secret"
 PORT = 8765
 BASE = f"http://127.0.0.1:{PORT}"
+ROOT = root(SECRET)  # every path of the page is under it: the client's relative paths are too
 NOW = 1_700_000_000.0
 POST_HEADERS = {"origin": BASE, CSRF_HEADER: csrf_token(SECRET)}
 
@@ -53,9 +56,9 @@ def ledger(tmp_path):
 
 def client_for(recorder, *, signed_in: bool = True) -> TestClient:
     app = make_app(recorder, secret=SECRET, host="127.0.0.1", port=PORT, owner="ann", clock=lambda: NOW + 60)
-    client = TestClient(app, base_url=BASE, follow_redirects=False)
+    client = TestClient(app, base_url=BASE + ROOT, follow_redirects=False)
     if signed_in:
-        client.cookies.set(cookie_name(PORT), SECRET)
+        client.cookies.set(cookie_name(PORT), session(SECRET))
     return client
 
 
@@ -65,11 +68,57 @@ def test_no_secret_refused_and_token_login_sets_a_strict_cookie(ledger):
     assert refused.status_code == 403 and "not signed in" in refused.text
     assert client.get("/?token=wrong").status_code == 403
     login = client.get(f"/?token={SECRET}")
-    assert login.status_code == 303 and login.headers["location"] == "/"
+    assert login.status_code == 303 and login.headers["location"] == f"{ROOT}/"
     cookie = login.headers["set-cookie"]
-    assert cookie.startswith(f"{cookie_name(PORT)}={SECRET};")
-    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict") and "Path=/" in cookie
+    # a value derived from the secret, never the secret itself, sent back only under the root:
+    # a server on another port of this host is never sent it
+    assert cookie.startswith(f"{cookie_name(PORT)}={session(SECRET)};") and SECRET not in cookie
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert f"Path={ROOT};" in cookie + ";" and len(ROOT) >= len("/d/") + 16  # at least 96 bits
     assert client.get("/").status_code == 200  # the cookie, kept by the client, is enough now
+
+
+@pytest.mark.parametrize("path", ["/", "/?token=" + SECRET, "/fleet", "/events", "/static/dashboard.css",
+                                  "/d/", "/d/x/", ROOT + "x/", "//evil.example/?token=" + SECRET])
+def test_outside_the_root_a_plain_404_that_names_nothing(ledger, path):
+    client = TestClient(make_app(ledger, secret=SECRET, host="127.0.0.1", port=PORT, owner="ann"),
+                        base_url=BASE, follow_redirects=False)
+    client.cookies.set(cookie_name(PORT), session(SECRET))
+    response = client.get(path)
+    assert response.status_code == 404 and response.text == "Not Found\n" and "set-cookie" not in response.headers
+
+
+def test_security_headers_on_a_refused_event_stream(ledger):
+    response = client_for(ledger, signed_in=False).get("/events")
+    assert response.status_code == 403 and response.headers["content-security-policy"] == CSP
+
+
+def test_the_login_redirect_keeps_the_path_as_sent(ledger):
+    login = client_for(ledger, signed_in=False).get(f"/thread/a%3Fb?page=2&token={SECRET}")
+    assert login.status_code == 303 and login.headers["location"] == f"{ROOT}/thread/a%3Fb?page=2"
+
+
+@pytest.mark.parametrize("length", [None, 64 * 1024 + 1])
+def test_a_body_past_the_limit_is_refused_without_reading_it_all(ledger, length):
+    """Straight through ASGI: the test client would read the whole body before sending."""
+    app = make_app(ledger, secret=SECRET, host="127.0.0.1", port=PORT, owner="ann")
+    headers = {**POST_HEADERS, "host": f"127.0.0.1:{PORT}", "content-type": "application/x-www-form-urlencoded",
+               "cookie": f"{cookie_name(PORT)}={session(SECRET)}",
+               **({"content-length": str(length)} if length else {})}
+    scope = {"type": "http", "method": "POST", "path": f"{ROOT}/action/label", "raw_path": f"{ROOT}/action/label".encode(),
+             "root_path": "", "query_string": b"", "scheme": "http", "server": ("127.0.0.1", PORT),
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()], "asgi": {"version": "3.0"},
+             "http_version": "1.1", "client": ("127.0.0.1", 1)}
+    read, sent = [], []
+
+    async def receive():
+        read.append(1)
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": len(read) < 1000}
+
+    async def send(message):
+        sent.append(message)
+    anyio.run(app, scope, receive, send)
+    assert sent[0]["status"] == 400 and len(read) <= 66 and ledger.max_seq() == 0
 
 
 @pytest.mark.parametrize("path", ["/", "/fleet", "/static/dashboard.css", "/timeline-assets/timeline.js",
@@ -106,7 +155,7 @@ def test_an_action_goes_through_to_the_ledger(ledger):
                                        data={"thread": "thread-000", "text": "then run the tests"})
     assert response.status_code == 200, response.text
     assert "Done:" in response.text and "then run the tests" in response.text  # the intent, shown as proposed
-    assert re.search(r'hx-get="/intent/[^"]+"', response.text)  # and then followed live
+    assert re.search(rf'hx-get="{ROOT}/intent/[^"]+"', response.text)  # and then followed live
     assert ledger.max_seq() > before
     refused = client_for(ledger).post("/action/steer", headers=POST_HEADERS, data={"thread": "thread-000"})
     assert refused.status_code == 409 and "Refused:" in refused.text and "text" in refused.text
@@ -138,7 +187,7 @@ def test_agent_text_is_escaped_everywhere(ledger):
     ledger.append([e for s in hostile.values() for e in reviewed_and_waiting(f"thread-{s}", s, NOW)])
     client = client_for(ledger)
     pages = [client.get("/?size=200")]
-    pages += [client.get(f"/thread/{href}") for href in re.findall(r'href="/thread/([^"]+)"', pages[0].text)]
+    pages += [client.get(f"/thread/{href}") for href in re.findall(rf'href="{ROOT}/thread/([^"]+)"', pages[0].text)]
     assert len(pages) == 1 + len(hostile)
     for page in pages:
         assert page.status_code == 200
@@ -146,14 +195,14 @@ def test_agent_text_is_escaped_everywhere(ledger):
             if "<" in text:
                 assert text not in page.text
         # the only scripts are our static files; no inline style (the CSP forbids both)
-        assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/static/htmx-2.0.11.min.js">',
-                                                            '<script src="/static/dashboard.js">']
+        assert re.findall(r"<script[^>]*>", page.text) == [f'<script src="{ROOT}/static/htmx-2.0.11.min.js">',
+                                                            f'<script src="{ROOT}/static/dashboard.js">']
         assert " style=" not in page.text and page.text.count("</textarea>") <= 1
-    timelines = [client.get(f"/timeline/{href}") for href in re.findall(r'href="/thread/([^"]+)"', pages[0].text)]
+    timelines = [client.get(f"/timeline/{href}") for href in re.findall(rf'href="{ROOT}/thread/([^"]+)"', pages[0].text)]
     for page in timelines:  # the report's timeline, its script linked: data only in a JSON block
         assert page.status_code == 200
         assert re.findall(r"<script[^>]*>", page.text) == ['<script type="application/json" id="timeline-data">',
-                                                            '<script src="/timeline-assets/timeline.js">']
+                                                            f'<script src="{ROOT}/timeline-assets/timeline.js">']
         assert "<style" not in page.text and " style=" not in page.text
         assert "<!--<script" not in page.text and "</script><script>window" not in page.text
     shown = "".join(page.text for page in pages)
@@ -170,12 +219,12 @@ def test_fleet_pages_are_bounded(ledger):
     ledger.append(threads(PAGE_SIZE + 7))
     client = client_for(ledger)
     first = client.get("/")
-    assert first.text.count('href="/thread/') == PAGE_SIZE and "page 1 of 2" in first.text
+    assert first.text.count(f'href="{ROOT}/thread/') == PAGE_SIZE and "page 1 of 2" in first.text
     second = client.get("/?page=2")
-    assert second.text.count('href="/thread/') == 7 and 'rel="prev"' in second.text
-    assert client.get("/?page=999").text.count('href="/thread/') == 7  # past the end: the last page
-    assert client.get("/?size=100000").text.count('href="/thread/') == PAGE_SIZE + 7  # capped, still all here
-    assert client.get("/?size=5&page=x").text.count('href="/thread/') == 5
+    assert second.text.count(f'href="{ROOT}/thread/') == 7 and 'rel="prev"' in second.text
+    assert client.get("/?page=999").text.count(f'href="{ROOT}/thread/') == 7  # past the end: the last page
+    assert client.get("/?size=100000").text.count(f'href="{ROOT}/thread/') == PAGE_SIZE + 7  # capped, still all here
+    assert client.get("/?size=5&page=x").text.count(f'href="{ROOT}/thread/') == 5
 
 
 def test_unknown_thread_is_404(ledger):
@@ -207,7 +256,7 @@ def labeled_thread() -> list[Envelope]:
 
 def label_forms(text: str) -> dict[str, str]:
     """Each label form's subject -> the verdict shown standing beside it ("" for none)."""
-    forms = re.findall(r'<form hx-post="/action/label".*?</form>', text, re.S)
+    forms = re.findall(rf'<form hx-post="{ROOT}/action/label".*?</form>', text, re.S)
     out = {}
     for form in forms:
         subject = re.search(r'name="subject" value="([^"]+)"', form)[1]
@@ -253,12 +302,12 @@ def test_a_threads_lists_are_paged(ledger):
     second = client.get("/thread/thread-000?page=2").text
     assert second.count("<td><code>make step") == 3 and "<code>make step0</code>" in second  # oldest last
     live = client.get("/thread/thread-000?page=2").text
-    assert 'hx-get="/live/thread/thread-000?page=2"' in live  # a live update keeps the page shown
+    assert f'hx-get="{ROOT}/live/thread/thread-000?page=2"' in live  # a live update keeps the page shown
 
 
 def test_the_fleet_filters_by_project(ledger):
     ledger.append(threads(3))
     page = client_for(ledger).get("/?project=p1").text
     assert re.findall(r'<option value="(p\d)"', page) == ["p0", "p1", "p2"]
-    assert '<option value="p1" selected>' in page
-    assert re.findall(r'href="/thread/([^"]+)"', page) == ["thread-001"]
+    assert 'name="project" value="p1"' in page
+    assert re.findall(rf'href="{ROOT}/thread/([^"]+)"', page) == ["thread-001"]

@@ -14,6 +14,7 @@ import httpx
 from click.testing import CliRunner
 
 from tillerman.controller.cli.main import main
+from tillerman.controller.dashboard import secret as secrets_file
 from tillerman.controller.dashboard.live import Live
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
@@ -66,12 +67,68 @@ def test_a_commit_from_another_connection_reaches_the_stream(tmp_path):
     writer.close()
 
 
+def labeled(thread_id: str, n: int) -> Envelope:
+    return Envelope(event_id=f"label:{n}", event=ev.OwnerLabeled(subject="intent:x", verdict="useful", by="ann",
+                                                                 thread=thread_id),
+                    source="cli", at=1_700_000_000.0 + n)
+
+
+def test_a_change_folded_by_a_page_is_still_sent_and_a_label_names_its_thread(tmp_path):
+    """A page's refresh folds the rows before the publisher wakes: it must send them anyway."""
+    path = tmp_path / "ledger.sqlite3"
+    reader, writer = open_recorder(path), open_recorder(path)
+    writer.append([started("old")])
+    live = Live(reader, coalesce=0.01)
+
+    async def scenario() -> str:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(live.run)
+            stream = live.events(keepalive=0)
+            await anext(stream)
+            await anyio.sleep(0.3)
+            writer.append([started("new", 1), labeled("old", 2)])
+            live.refresh()  # a page rendered (or an action posted) first
+            with anyio.fail_after(10):
+                change = await anext(stream)
+            await stream.aclose()
+            tg.cancel_scope.cancel()
+        return change
+
+    data = json.loads(anyio.run(scenario).split("data: ", 1)[1])
+    assert data == {"seq": 3, "threads": ["new", "old"], "intents": []}
+    reader.close()
+    writer.close()
+
+
 def test_non_loopback_host_needs_allow_remote(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     open_recorder(path).close()
     result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--host", "0.0.0.0"])
     assert result.exit_code == 2
     assert "--allow-remote" in result.output and "ssh -L" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_an_unspecified_address_needs_a_name(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--host", "0.0.0.0", "--allow-remote"])
+    assert result.exit_code == 2 and "--name" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_a_secret_file_others_may_read_is_refused(tmp_path):
+    path, secret = tmp_path / "ledger.sqlite3", tmp_path / "secret"
+    open_recorder(path).close()
+    secret.write_text("x\n")
+    secret.chmod(0o644)
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--secret-file", str(secret)])
+    assert result.exit_code != 0 and "chmod 600" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_the_secret_persists_until_rotated(tmp_path):
+    path = tmp_path / "dir" / "secret"
+    first = secrets_file.load(path)
+    assert path.stat().st_mode & 0o777 == 0o600 and secrets_file.load(path) == first
+    assert secrets_file.load(path, rotate=True) != first
 
 
 def test_the_command_serves_live_events(tmp_path):
@@ -91,7 +148,7 @@ def test_the_command_serves_live_events(tmp_path):
         with httpx.Client(timeout=10, follow_redirects=True) as client:
             login = client.get(url)  # follows the redirect, keeps the cookie
             assert login.status_code == 200 and "?token" not in str(login.url)
-            with client.stream("GET", str(login.url.join("/events"))) as events:
+            with client.stream("GET", str(login.url.join("events"))) as events:
                 lines = events.iter_lines()
                 assert next(lines) == "event: hello"
                 writer.append([started("new", 1)])
