@@ -138,7 +138,8 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
                              undefined=jinja2.StrictUndefined)
     env.filters["part"] = lambda text: quote(text, safe="")  # one path segment of a link
     env.filters["iso"] = lambda t: iso(t) if t is not None else ""
-    env.filters["ago"] = lambda t: format_duration(max(0, int(clock() - t))) if t is not None else ""
+    # the two largest units ("460d7h", "6m12s"): a table stays narrow; the exact time is in a title
+    env.filters["ago"] = lambda t: format_duration(max(0, int(clock() - t)), parts=2) if t is not None else ""
     env.filters["percent"] = lambda x: f"{x:.0%}" if x is not None else ""
     env.filters["usd"] = lambda x: f"${x:.2f}" if x is not None else "unknown price"  # never 0
     env.filters["tokens"] = lambda n: f"{n:,}"
@@ -149,10 +150,15 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
                             status_code=status)
 
     async def in_worker(work: Callable[[], Response], *, with_facts: bool = False) -> Response:
-        """``work`` in a worker thread, the projection (and the facts) held still meanwhile."""
+        """``work`` in a worker thread, the projection (and the facts) held still meanwhile.
+        The facts are caught up first, the projection free meanwhile: a long fold (the
+        first, on a big ledger) does not hold up the fleet."""
         def locked() -> Response:
-            with folded.lock if with_facts else contextlib.nullcontext(), live.lock:
-                return work()
+            with folded.lock if with_facts else contextlib.nullcontext():
+                if with_facts:
+                    folded.upto(live.seq)
+                with live.lock:
+                    return work()
         return await anyio.to_thread.run_sync(locked)
 
     def facts() -> Facts:

@@ -5,17 +5,21 @@ text, paging, and actions going through to the ledger."""
 from __future__ import annotations
 
 import re
+import threading
 
 import anyio
+import httpx
 
 import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
 
 from tests.hostile import HTML, hostile_session
-from tillerman.controller.dashboard.app import PAGE_SIZE, make_app
+from tillerman.controller.dashboard import app as app_module
+from tillerman.controller.dashboard.app import PAGE_SIZE, PROJECT_CHOICES, make_app
 from tillerman.controller.dashboard.thread_view import LIMIT
 from tillerman.controller.dashboard.guard import CSP, CSRF_HEADER, cookie_name, csrf_token, root, session
+from tillerman.controller.report.fold import Facts
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.events import Envelope
@@ -311,3 +315,51 @@ def test_the_fleet_filters_by_project(ledger):
     assert re.findall(r'<option value="(p\d)"', page) == ["p0", "p1", "p2"]
     assert 'name="project" value="p1"' in page
     assert re.findall(rf'href="{ROOT}/thread/([^"]+)"', page) == ["thread-001"]
+
+
+def test_the_project_suggestions_are_bounded_to_the_most_recent(ledger):
+    ledger.append(threads(PROJECT_CHOICES + 20))
+    page = client_for(ledger).get("/").text
+    suggested = re.findall(r'<option value="(p\d+)">', page)
+    # the most recently active (the last started), not every project of the fleet
+    assert sorted(suggested, key=lambda p: int(p[1:])) == [f"p{i}" for i in range(20, PROJECT_CHOICES + 20)]
+
+
+def test_fleet_cells_a_dash_without_usage_and_times_in_two_units(ledger):
+    ledger.append(threads(1, at=NOW - 460 * 86400 - 7 * 3600 - 125))
+    row = client_for(ledger).get("/").text.split('<tr class="state-', 1)[1].split("</tr>", 1)[0]
+    assert '<td data-label="Today">—</td>' in row and "tok" not in row
+    assert re.search(r'title="[^"]+">460d7h</span>', row)  # the exact time in the title
+
+
+def test_the_fleet_is_served_while_a_thread_page_folds_the_ledger(ledger, monkeypatch):
+    """Reading the ledger runs in a worker thread: a thread page folding the facts (held
+    here until the fleet was served) does not stop the event loop serving the fleet."""
+    ledger.append(threads(3))
+    folding, fleet_served = threading.Event(), threading.Event()
+
+    class HeldFacts(Facts):
+        def apply(self, entry):
+            folding.set()
+            assert fleet_served.wait(10), "the fleet was not served while the facts were folded"
+            super().apply(entry)
+    monkeypatch.setattr(app_module, "Facts", HeldFacts)
+    app = make_app(ledger, secret=SECRET, host="127.0.0.1", port=PORT, owner="ann", clock=lambda: NOW + 60)
+
+    async def scenario():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE + ROOT,
+                                     cookies={cookie_name(PORT): session(SECRET)}) as client:
+            async with anyio.create_task_group() as tg:
+                pages = []
+
+                async def thread_page():
+                    pages.append(await client.get("/thread/thread-000"))
+                tg.start_soon(thread_page)
+                assert await anyio.to_thread.run_sync(folding.wait, 10)
+                with anyio.fail_after(10):
+                    fleet = await client.get("/")
+                fleet_served.set()
+            return fleet, pages[0]
+
+    fleet, page = anyio.run(scenario)
+    assert fleet.status_code == 200 and page.status_code == 200
