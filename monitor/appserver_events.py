@@ -31,6 +31,7 @@ from tillerman.ledger.events import (
     ModelUsage,
     QueueChanged,
     StatusChanged,
+    ThreadNamed,
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
@@ -59,9 +60,9 @@ QUIET_METHODS = frozenset({
     "account/rateLimits/updated", "thread/readState/changed",
     "item/agentMessage/delta", "item/reasoning/summaryTextDelta", "item/reasoning/summaryPartAdded",
     "item/reasoning/textDelta", "item/commandExecution/outputDelta", "item/fileChange/outputDelta",
-    "item/mcpToolCall/progress", "turn/diff/updated", "turn/plan/updated", "thread/name/updated",
+    "item/mcpToolCall/progress", "turn/diff/updated", "turn/plan/updated",
     "thread/compacted", "account/updated", "mcpServer/oauthLogin/completed", "sessionConfigured",
-    "thread/closed", "item/updated",
+    "item/updated",
 })
 _TURN_STATUS = {"completed": "completed", "interrupted": "interrupted", "failed": "failed"}
 
@@ -165,12 +166,16 @@ class AppServerEvents:
     # -- handlers ------------------------------------------------------------------
 
     def _thread_started(self, params: dict) -> list[Event]:
+        """A thread's start (or ``thread/read``'s answer), and its name where it has one
+        (``name``: a thread named before tillerman saw it)."""
         thread = obj(params, "thread")
+        name = text(thread, "name")
+        named = [ThreadNamed.of(text(thread, "id"), name)] if name else []
         return [ThreadStarted(thread_id=text(thread, "id"), parent_thread_id=text(thread, "parentThreadId"),
                               cli_version=text(thread, "cliVersion"), source_format="appserver",
                               ephemeral=thread.get("ephemeral") is True, thread_source=text(thread, "threadSource"),
                               **workdir(text(thread, "cwd"), retain=self.retain_payloads,
-                                        branch=git_branch(thread.get("gitInfo"))))]
+                                        branch=git_branch(thread.get("gitInfo")))), *named]
 
     # The hot handlers read through ``r``: the checking readers for a dict, ``getattr``
     # for the typed Structs below (whose decode already checked every field they read).
@@ -261,6 +266,17 @@ class AppServerEvents:
                             token_budget=goal.token_budget, tokens_used=goal.tokens_used,
                             time_used_seconds=goal.time_used_seconds, by=by)]
 
+    def _named(self, params: dict) -> list[Event]:
+        """``thread/name/updated {threadId, threadName?}``: the name a client set
+        (``thread/name/set``) or Codex gave the thread; no ``threadName``: cleared."""
+        return [ThreadNamed.of(text(params, "threadId"), text(params, "threadName"))]
+
+    def _closed(self, params: dict) -> list[Event]:
+        """``thread/closed {threadId}``: the server unloaded the thread (no subscriber
+        left, or shut down), after which it reports it ``notLoaded``: its session ended
+        until a ``thread/resume`` loads it again."""
+        return [StatusChanged(thread_id=text(params, "threadId"), status="notLoaded")]
+
     def _goal_cleared(self, params: dict) -> list[Event]:
         return [GoalCleared(thread_id=text(params, "threadId"))]
 
@@ -308,6 +324,8 @@ class AppServerEvents:
 _HANDLERS = {
     "thread/started": AppServerEvents._thread_started,
     "thread/status/changed": AppServerEvents._status,
+    "thread/name/updated": AppServerEvents._named,
+    "thread/closed": AppServerEvents._closed,
     "turn/started": AppServerEvents._turn_started,
     "turn/completed": AppServerEvents._turn_completed,
     "item/started": AppServerEvents._item_started,

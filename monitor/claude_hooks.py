@@ -4,7 +4,8 @@ stdin; a file holding one payload is a file of one line). Payloads carry no time
 Threads: the session (``session_id``). Turns: ``UserPromptSubmit`` opens one, whose id is
 the payload's ``prompt_id``; a ``UserPromptSubmit`` with the running turn's
 ``prompt_id`` is a message folded into that turn (a user message, no new turn).
-``Stop`` ends the turn ``completed``, ``StopFailure`` ``failed`` (with an error).
+``Stop`` ends the turn ``completed``, ``StopFailure`` ``failed`` (with an error);
+``SessionEnd`` ends the session (``status_changed`` to ``SESSION_ENDED``).
 An interrupted turn fires neither, so a prompt with a new ``prompt_id`` while a turn is
 open ends that one ``interrupted``, as ``SessionEnd`` does.
 
@@ -50,12 +51,14 @@ from __future__ import annotations
 from typing import Any, ClassVar, NamedTuple
 
 from tillerman.ledger.events import (
+    SESSION_ENDED,
     ApprovalRequested,
     ApprovalResolved,
     DenyNotHonoured,
     Error,
     Event,
     ItemCompleted,
+    StatusChanged,
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
@@ -174,7 +177,9 @@ class ClaudeHooksParser(Parser):
         return [error, *self._end(thread_id, session, "failed")]
 
     def _session_end(self, record: dict, thread_id: str, session: _Session) -> list[Event]:
-        return self._end(thread_id, session, "interrupted")
+        """The session ended (the CLI exits): a turn still open was cut short, and the
+        thread's status is ``SESSION_ENDED`` until a resumed session runs a turn in it."""
+        return [*self._end(thread_id, session, "interrupted"), StatusChanged(thread_id=thread_id, status=SESSION_ENDED)]
 
     def _end(self, thread_id: str, session: _Session, status: TurnStatus) -> list[Event]:
         if session.turn is None:

@@ -24,7 +24,16 @@ from typing import Any, Union
 
 import msgspec
 
-from tillerman.ledger.events import Error, Event, GoalUpdated, ThreadStarted, TurnCompleted, TurnStarted, Usage
+from tillerman.ledger.events import (
+    Error,
+    Event,
+    GoalUpdated,
+    ThreadNamed,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+    Usage,
+)
 from tillerman.ledger.usage import (
     CODEX_ROLLOUT_NAMES,
     MAX_TOTAL_TOKENS,
@@ -81,7 +90,7 @@ _QUIET_TYPES = frozenset({"compacted", "world_state", "token_usage_record",
 _QUIET_EVENTS = frozenset({
     "agent_reasoning", "agent_reasoning_raw_content", "agent_reasoning_section_break",
     "context_compacted", "thread_settings_applied", "entered_review_mode", "exited_review_mode",
-    "thread_name_updated", "plan_update", "turn_diff", "background_event", "undo_started",
+    "plan_update", "turn_diff", "background_event", "undo_started",
     "undo_completed", "view_image_tool_call", "web_search_begin", "web_search_end",
 })
 _QUIET_ITEMS = frozenset({"message", "reasoning", "ghost_snapshot", "compaction"})
@@ -116,6 +125,10 @@ class _TaskStarted(_Tagged, tag="task_started"):
 
 class _GoalUpdated(_Tagged, tag="thread_goal_updated"):
     goal: Any = None
+
+
+class _ThreadNameUpdated(_Tagged, tag="thread_name_updated"):
+    thread_name: Any = None  # absent: the name was cleared
 
 
 class _TokenCount(_Tagged, tag="token_count"):
@@ -269,7 +282,7 @@ class _QuietLine(_Line):
 
 _EVENT_BODIES = (_TaskStarted, _TaskComplete, _TurnAborted, _UserMessage, _AgentMessage, _ErrorMsg, _StreamError,
                  _ItemCompleted, _ExecBegin, _PatchBegin, _McpBegin, _ExecEnd, _PatchEnd, _McpEnd, _GoalUpdated,
-                 _TokenCount, *_quiet(_QUIET_EVENTS))
+                 _TokenCount, _ThreadNameUpdated, *_quiet(_QUIET_EVENTS))
 _ITEM_BODIES = (_FunctionCall, _LocalShellCall, _CustomToolCall, _FunctionCallOutput, _CustomToolCallOutput,
                 _WebSearchCall, *_quiet(_QUIET_ITEMS))
 _LINES = TypedLines(Union[(_SessionMeta, _TurnContext, _EventMsg, _ResponseItem, *_quiet(_QUIET_TYPES, _QuietLine))])  # noqa: UP007
@@ -393,6 +406,11 @@ class CodexRolloutParser(Parser):
             return []
         self._total = used.total
         return [used]
+
+    def _thread_name_updated(self, body: _ThreadNameUpdated) -> list[Event]:
+        """``thread_name_updated {thread_id, thread_name?}``: the thread's name (``/rename``,
+        ``thread/name/set``), on the file's thread."""
+        return [ThreadNamed.of(self._thread, as_text(body.thread_name, "thread_name"))]
 
     def _task_complete(self, body: _TaskComplete) -> list[Event]:
         status = "interrupted" if isinstance(body, _TurnAborted) else "completed"
@@ -557,6 +575,7 @@ _EVENT_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = 
     _StreamError: _P._error_msg, _ItemCompleted: _P._item_completed_msg, _ExecBegin: _P._exec_begin,
     _PatchBegin: _P._patch_begin, _McpBegin: _P._mcp_begin, _ExecEnd: _P._exec_end, _PatchEnd: _P._patch_end,
     _McpEnd: _P._mcp_end, _GoalUpdated: _P._goal_updated, _TokenCount: _P._token_count,
+    _ThreadNameUpdated: _P._thread_name_updated,
 }
 _RECORD_HANDLERS: dict[type, Callable[[CodexRolloutParser, Any], list[Event]]] = {
     _SessionMeta: _P._session_meta_record, _TurnContext: _P._turn_context, dict: _P._untyped,

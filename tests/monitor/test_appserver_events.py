@@ -14,6 +14,7 @@ from tillerman.ledger.events import (
     ItemStarted,
     QueueChanged,
     StatusChanged,
+    ThreadNamed,
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
@@ -47,6 +48,15 @@ def note(method: str, params: dict) -> dict:
     (note("item/started", {"threadId": T, "turnId": U, "item": {"type": "agentMessage", "id": "a", "text": ""}}), []),
     (note("item/completed", {"threadId": T, "turnId": U, "item": {"type": "reasoning", "id": "r"}}), []),
     ({"id": "tl-1", "result": {"turnId": U}}, []),
+    # Names (kept whatever --retain-payloads says, cut to TITLE_LENGTH) and the end of a session.
+    (note("thread/name/updated", {"threadId": T, "threadName": "Fix  the\ncheckout"}),
+     [ThreadNamed(thread_id=T, name="Fix the checkout")]),
+    (note("thread/name/updated", {"threadId": T}), [ThreadNamed(thread_id=T, name=None)]),
+    (note("thread/name/updated", {"threadId": T, "threadName": "x" * 300}), [ThreadNamed(thread_id=T, name="x" * 200)]),
+    (note("thread/started", {"thread": {"id": T, "name": "Named before", "status": {"type": "idle"}}}),
+     [ThreadStarted(thread_id=T, source_format="appserver"), ThreadNamed(thread_id=T, name="Named before")]),
+    (note("thread/started", {"thread": {"id": T, "name": None}}), [ThreadStarted(thread_id=T, source_format="appserver")]),
+    (note("thread/closed", {"threadId": T}), [StatusChanged(thread_id=T, status="notLoaded")]),
 ])
 def test_notifications(msg, expected):
     assert AppServerEvents().normalize(msg) == expected

@@ -9,10 +9,12 @@ import pytest
 from tests.monitor.support import parse
 from tests.monitor.test_claude_live_transcripts import LIVE, SCENARIOS, stdout_counts
 from tillerman.ledger.events import (
+    SESSION_ENDED,
     ApprovalRequested,
     ApprovalResolved,
     ItemCompleted,
     QueueEntryRemoved,
+    StatusChanged,
     TurnCompleted,
     TurnStarted,
     UserMessage,
@@ -97,3 +99,16 @@ def test_a_hook_payload_of_another_shape_is_quarantined_not_raised() -> None:
     parsed, parser = parse("claude-hooks", ("\n".join(lines) + "\n").encode())
     assert [p.event.reason for p in parsed if p.event.__struct_config__.tag == "quarantined"] == ["wrong_type"]
     assert parser.unknown_types == {"Elicitation": 1}
+
+
+@pytest.mark.parametrize(("lines", "statuses"), [
+    # At stdin EOF the CLI fires SessionEnd: a turn still open was cut short, and the session ended.
+    ([{"hook_event_name": "UserPromptSubmit", "prompt_id": "p1", "prompt": "go"},
+      {"hook_event_name": "SessionEnd", "reason": "other"}], ["interrupted", "ended"]),
+    ([{"hook_event_name": "SessionStart"}, {"hook_event_name": "SessionEnd", "reason": "other"}], ["ended"]),
+])
+def test_session_end_ends_the_session(lines, statuses) -> None:
+    data = "".join(json.dumps({"session_id": "s", **line}) + "\n" for line in lines).encode()
+    events = [p.event for p in parse("claude-hooks", data)[0]]
+    assert [e.status for e in events if isinstance(e, TurnCompleted | StatusChanged)] == statuses
+    assert events[-1] == StatusChanged(thread_id="s", status=SESSION_ENDED)

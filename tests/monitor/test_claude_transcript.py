@@ -3,7 +3,15 @@ import json
 import pytest
 
 from tests.monitor.support import jsonl, kinds, parse, reasons
-from tillerman.ledger.events import ItemCompleted, QueueChanged, ThreadStarted, TurnCompleted, TurnStarted, UserMessage
+from tillerman.ledger.events import (
+    ItemCompleted,
+    QueueChanged,
+    ThreadNamed,
+    ThreadStarted,
+    TurnCompleted,
+    TurnStarted,
+    UserMessage,
+)
 from tillerman.monitor.counts import count
 from tillerman.monitor.digest import digest
 
@@ -215,3 +223,33 @@ def test_lines_are_read_into_structs_and_a_quiet_lines_body_is_not_decoded():
     assert odd.__class__ is dict  # read as before: quarantined as a wrong type when read
     evs, _ = run(json.dumps({"type": "user", "sessionId": SID, "message": "not an object"}))
     assert reasons(evs) == ["wrong_type"]
+
+
+def title(kind: str, **fields) -> str:
+    return json.dumps({"type": kind, **fields})
+
+
+@pytest.mark.parametrize(("lines", "named"), [
+    # A summary is written above the session's lines, without a sessionId: it names the file's session.
+    ([title("summary", summary="Fix the flaky test", leafUuid="u1"), user("u1", "fix it")],
+     [(SID, "Fix the flaky test")]),
+    # A custom title (/rename) names its session, and a summary after it names nothing.
+    ([user("u1", "fix it"), title("custom-title", customTitle="Checkout", sessionId=SID),
+      title("summary", summary="Auto", leafUuid="u1")], [(SID, "Checkout")]),
+    ([title("custom-title", customTitle="Checkout", sessionId=SID), title("custom-title", customTitle="Renamed",
+                                                                          sessionId=SID)],
+     [(SID, "Checkout"), (SID, "Renamed")]),
+    ([title("summary", summary="  ", leafUuid="u1"), user("u1", "fix it")], [(SID, None)]),
+])
+def test_titles_name_the_session(lines, named):
+    parsed, _ = parse("claude-transcript", jsonl(*lines))
+    assert [(e.thread_id, e.name) for e in (p.event for p in parsed) if isinstance(e, ThreadNamed)] == named
+
+
+def test_a_summary_names_the_session_and_not_its_subagent():
+    sidechain = json.dumps({"type": "user", "sessionId": SID, "uuid": "s1", "isSidechain": True,
+                            "message": {"role": "user", "content": "sub"}})
+    parsed, _ = parse("claude-transcript", jsonl(title("summary", summary="Main work", leafUuid="u1"), sidechain,
+                                                 user("u1", "fix it")))
+    assert [(e.thread_id, e.name) for e in (p.event for p in parsed) if isinstance(e, ThreadNamed)] == [
+        (SID, "Main work")]

@@ -7,6 +7,7 @@ from tillerman.ledger.events import (
     AgentMessage,
     ItemCompleted,
     ItemStarted,
+    ThreadNamed,
     ThreadStarted,
     TurnCompleted,
     TurnStarted,
@@ -241,3 +242,19 @@ def test_out_of_range_or_deep_content_in_a_field_an_event_reads_is_refused(recor
 ])
 def test_read_content_nested_to_the_limit_is_read(record):
     assert reasons(events("codex-rollout", record + b"\n")) == []
+
+
+@pytest.mark.parametrize(("body", "name"), [
+    ({"thread_id": THREAD, "thread_name": "Fix the  checkout\ntest"}, "Fix the checkout test"),
+    ({"thread_id": THREAD}, None),  # cleared
+    ({"thread_id": THREAD, "thread_name": "x" * 300}, "x" * 200),
+])
+def test_a_thread_name_update_names_the_files_thread(body, name):
+    evs = events("codex-rollout", jsonl(line("session_meta", {"id": THREAD}), msg(type="thread_name_updated", **body)))
+    assert evs[1:] == [ThreadNamed(thread_id=THREAD, name=name)]
+
+
+def test_a_thread_name_of_the_wrong_type_is_quarantined():
+    evs = events("codex-rollout", jsonl(line("session_meta", {"id": THREAD}), msg(type="thread_name_updated",
+                                                                                  thread_name=7)))
+    assert reasons(evs) == ["wrong_type"]
