@@ -54,8 +54,8 @@ def check_dashboard_url(url: str) -> str:
     an address. ``ValueError`` saying what to write."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f'invalid dashboard url {show(url)}; write the address the page is reached at,'
-                         ' e.g. url = "http://127.0.0.1:8765"')
+        raise ValueError(f'invalid dashboard url {show(url)}; write the address tillerman dashboard prints,'
+                         ' without its ?token=, e.g. url = "http://127.0.0.1:8765/d/PREFIX/"')
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
         raise ValueError(f"dashboard url {show(url)} carries credentials, a query or a fragment; notices"
                          " would hand them on: write only scheme, host, port and path (the page's secret"

@@ -420,8 +420,9 @@ class Notifier:
 
 
 def thread_link(dashboard_url: str, thread_id: str) -> str:
-    """The thread's page on the dashboard (its route ``/thread/{id}``); the id quoted, as
-    it is the agent's to choose."""
+    """The thread's page on the dashboard (its route ``/thread/{id}`` under the address
+    the dashboard prints, its ``/d/PREFIX/`` path included); the id quoted, as it is the
+    agent's to choose."""
     return f"{dashboard_url.rstrip('/')}/thread/{quote(thread_id, safe='')}"
 
 

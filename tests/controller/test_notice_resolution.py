@@ -171,6 +171,8 @@ def test_resolving_twice_exits_1_and_says_who_did(ledger):
 @pytest.mark.parametrize(("url", "link"), [
     ("http://127.0.0.1:8765", "http://127.0.0.1:8765/thread/T%2F1"),
     ("https://box.tail.example/tm/", "https://box.tail.example/tm/thread/T%2F1"),
+    # what tillerman dashboard prints: the page under its /d/PREFIX/ path
+    ("http://127.0.0.1:8765/d/KnPyqjT1l9oNeB5KqiJuzA/", "http://127.0.0.1:8765/d/KnPyqjT1l9oNeB5KqiJuzA/thread/T%2F1"),
     (None, None),
 ])
 def test_a_notice_links_to_its_threads_page_when_the_dashboard_is_configured(url, link):
@@ -194,6 +196,7 @@ CONFIG_HEAD = '[[notify]]\nname = "pager"\ncommand = ["true"]\n\n[dashboard]\n'
 
 @pytest.mark.parametrize(("line", "url", "error"), [
     ('url = "http://127.0.0.1:8765"', "http://127.0.0.1:8765", None),
+    ('url = "http://127.0.0.1:8765/d/KnPy/"', "http://127.0.0.1:8765/d/KnPy/", None),
     ("", None, None),
     ('url = "127.0.0.1:8765"', None, ":6: dashboard field url: invalid dashboard url"),
     ('url = "http://127.0.0.1:8765/?token=abc"', None, "carries credentials, a query or a fragment"),
