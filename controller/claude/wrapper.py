@@ -250,9 +250,21 @@ class Wrapper:
             self._from_cli(tg, last, closing)
         else:  # at most the end of a line too long to hold, quarantined
             self._append(self._envelopes(closing))
+        self._append(self._ended())
         self._cli_gone = True
         for event in [*self._acks.values(), *self._answers.values()]:
             event.set()  # nobody will answer now
+
+    def _ended(self) -> list[Envelope]:
+        """The session ended with the CLI (stream-json has no line saying so): the fleet
+        shows it done until a resumed session runs a turn in it. Keyed by the time, as a
+        session resumed and ended again ends once per run."""
+        if self.session is None:
+            return []
+        at = self.clock()
+        key = hashlib.sha256(f"{self.session}|ended|{at!r}".encode()).hexdigest()[:32]
+        return [Envelope(event_id=f"cw-{key}", event=ev.StatusChanged(thread_id=self.session, status=ev.SESSION_ENDED),
+                         source=self.source, at=at)]
 
     def _piece(self, tg, piece: Piece, parsed: list[Parsed]) -> None:
         if piece.whole:

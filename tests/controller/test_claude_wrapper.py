@@ -339,3 +339,18 @@ def test_a_commit_by_another_process_wakes_the_wrapper(tmp_path):
                 tg.cancel_scope.cancel()
 
         anyio.run(commit_until_woken)
+
+
+@pytest.mark.parametrize(("printed", "ended"), [
+    (b'{"type":"system","subtype":"init","session_id":"S","cwd":"/w"}\n', ["S"]),
+    (b"", []),  # the CLI named no session: nothing ended
+])
+def test_the_session_ends_when_the_cli_exits(monkeypatch, printed, ended):
+    """Stream-json has no line saying the session ended: the CLI's exit is the end."""
+    monkeypatch.setattr(claude_wrapper, "_to_harness", lambda raw: None)
+    with SQLiteRecorder(":memory:") as recorder:
+        wrapper, tasks = claude_wrapper.Wrapper(recorder, []), Tasks()
+        wrapper.cli_output(tasks, printed)
+        wrapper.cli_ended(tasks)
+        statuses = [e.envelope.event for e in recorder.read() if isinstance(e.envelope.event, ev.StatusChanged)]
+    assert [(s.thread_id, s.status) for s in statuses] == [(session, ev.SESSION_ENDED) for session in ended]
