@@ -115,6 +115,31 @@ def test_an_unspecified_address_needs_a_name(tmp_path):
     assert result.exit_code == 2 and "--name" in result.output and len(result.output.splitlines()) == 1
 
 
+def test_port_80_is_refused(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--port", "80"])
+    assert result.exit_code == 2 and "Host" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_one_url_per_name_and_a_warning_that_the_page_is_plain_http(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    proc = subprocess.Popen([sys.executable, "-c", "from tillerman.controller.cli.main import main; main()",
+                             "dashboard", "--ledger", str(path), "--port", "0", "--allow-remote",
+                             "--name", "box.example", "--name", "box.tail.example"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        urls = [proc.stdout.readline() for _ in range(3)]
+        warning = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+    assert [u.split("://", 1)[1].split(":", 1)[0] for u in urls] == ["127.0.0.1", "box.example", "box.tail.example"]
+    assert all(u.startswith("tillerman dashboard: http://") and "/d/" in u and "?token=" in u for u in urls)
+    assert "plain HTTP" in warning and "SSH tunnel" in warning
+
+
 def test_a_secret_file_others_may_read_is_refused(tmp_path):
     path, secret = tmp_path / "ledger.sqlite3", tmp_path / "secret"
     open_recorder(path).close()
