@@ -28,7 +28,9 @@ from fixtures.codex_server import (
 from fixtures.record_sessions import record
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import wait_until
+from tillerman.ledger.events import ThreadNamed
 from tillerman.monitor.appserver_client import AppServerClient
+from tillerman.monitor.appserver_events import AppServerEvents
 from tillerman.monitor.jsonrpc import RpcError, ServerRequest
 
 pytestmark = [pytest.mark.live, pytest.mark.anyio]
@@ -274,3 +276,22 @@ async def test_recorded_session_regenerates(tmp_path: Path) -> None:
     assert session.thread_id in rollout and "<WORKSPACE>" in rollout
     assert str(Path.home()) + "/" not in rollout
 
+
+
+async def test_a_name_the_harness_sets_reaches_the_supervisor_as_the_threads_title(
+    app_server: AppServer, workspace: Path
+) -> None:
+    """``thread/name/set`` from the owner is broadcast as ``thread/name/updated`` to the
+    subscribed supervisor, which records it as the thread's title; ``thread/read`` then
+    carries it as the thread's ``name`` (how a supervisor attaching later learns it)."""
+    async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
+        thread, turn_id = await _start_turn(harness, workspace, "RUN: sleep 1")
+        await _subscribe(supervisor, log, thread["id"])
+        await harness.request("thread/name/set", {"threadId": thread["id"], "name": "Fix the checkout test"})
+        named = await log.wait_for(is_notification("thread/name/updated", threadId=thread["id"]))
+        events = AppServerEvents().normalize({"method": named.method, "params": named.params})
+        assert events == [ThreadNamed(thread_id=thread["id"], name="Fix the checkout test")]
+        read = await supervisor.request("thread/read", {"threadId": thread["id"]})
+        assert ThreadNamed(thread_id=thread["id"], name="Fix the checkout test") in AppServerEvents().response(
+            "thread/read", read)
+        await log.wait_for(_turn_completed(thread["id"], turn_id))
