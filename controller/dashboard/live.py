@@ -156,18 +156,26 @@ class Live:
         while True:
             await self._woken.wait()
             self._woken = anyio.Event()
-            await anyio.to_thread.run_sync(self.catch_up)
-            with self.lock:
-                if self._threads or self._intents or self.seq > self._sent_seq:
-                    self._send()
+            if (change := await anyio.to_thread.run_sync(self._pending)) is not None:
+                self._send(change)
             await anyio.sleep(self.coalesce)
 
-    def _send(self) -> None:
-        change = Change(seq=self.projection.seq, threads=tuple(sorted(self._threads)),
-                        intents=tuple(sorted(self._intents)))
-        self._sent_seq = change.seq
-        self._threads.clear()
-        self._intents.clear()
+    def _pending(self) -> Change | None:
+        """In a worker thread (the lock may be held by a page's render): fold what is new,
+        and what to announce — also what a page's ``refresh`` folded first, which this
+        catch-up finds already folded (the seq is past the last one sent)."""
+        with self.lock:
+            self._catch_up()
+            if not (self._threads or self._intents or self.seq > self._sent_seq):
+                return None
+            change = Change(seq=self.projection.seq, threads=tuple(sorted(self._threads)),
+                            intents=tuple(sorted(self._intents)))
+            self._sent_seq = change.seq
+            self._threads.clear()
+            self._intents.clear()
+            return change
+
+    def _send(self, change: Change) -> None:
         for page in list(self._pages):
             with contextlib.suppress(anyio.WouldBlock):  # a page behind: the next message names the seq
                 page.send_nowait(change)
