@@ -40,6 +40,7 @@ from tillerman.ledger.events import (
     ItemCompleted,
     ItemStarted,
     Report,
+    ThreadNamed,
     TurnCompleted,
     TurnStarted,
     UserMessage,
@@ -417,3 +418,18 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
         assert [p["item"].get("clientId") for p in s.user_messages(thread)] == [None]  # only the prompt
     assert reached_model(scripted_model, "delete the tests") == 0
     assert len(scripted_model.requests) > requests_before  # the turn itself went on
+
+
+async def test_a_name_set_on_a_supervised_thread_is_recorded_as_its_title(
+    app_server: AppServer, workspace: Path, tmp_path: Path
+) -> None:
+    """The owner's ``thread/name/set`` reaches the daemon's ledger as ``thread_named``,
+    which the fleet names the thread by."""
+    async with session(app_server, tmp_path) as s:
+        await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
+        thread, turn = await s.start_command(workspace, "RUN: sleep 1")
+        await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the turn")
+        await s.harness.request("thread/name/set", {"threadId": thread, "name": "Fix the checkout test"})
+        named = await wait_until(lambda: s.events(ThreadNamed), "the title in the ledger")
+        assert [(e.thread_id, e.name) for e in named] == [(thread, "Fix the checkout test")]
+        await s.turn_completed(thread, turn)
