@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -44,13 +45,15 @@ DOCS = ROOT / "docs"
 MARKUP = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2\">"
 SCRIPT = MARKUP[:MARKUP.index("<img")]
 STEER = "Write the notes down before the next command."
-STEER_FORM = 'form[hx-post="/action/steer"]'
+STEER_FORM = 'form[hx-post$="action/steer"]'
 
 
 @contextlib.contextmanager
 def dashboard(ledger: Path) -> Iterator[str]:
-    """``tillerman dashboard`` on a free port: the login URL it prints."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    """``tillerman dashboard`` on a free port: the login URL it prints (its secret kept
+    beside the ledger, not in the user's state directory)."""
+    env = dict(os.environ, XDG_STATE_HOME=str(ledger.parent / "state"), XDG_CONFIG_HOME=str(ledger.parent / "config"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     server = subprocess.Popen([sys.executable, "-m", "tillerman", "dashboard", "--ledger", str(ledger),
                                "--port", "0", "--owner", OWNER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
@@ -75,24 +78,30 @@ def page_csrf(page: str) -> dict[str, str]:
     return json.loads(html.unescape(re.search(r"hx-headers='([^']*)'", page).group(1)))
 
 
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def refusals(base: str, login: str, form: dict[str, str]) -> dict[str, int]:
-    """Each request the guard must refuse, of a label it would otherwise record (``form``):
-    the status each got."""
+    """Each request the guard must refuse, of a label it would otherwise record (``form``;
+    ``base``: the page's URL, under which the actions are): the status each got."""
+    origin = origin_of(base)
     signed_in = httpx.Client()
     csrf = page_csrf(signed_in.get(login, follow_redirects=True).text)  # the cookie, as the browser holds it
     anonymous = httpx.Client()
     asks = {
         "no secret": lambda: anonymous.post(f"{base}/action/label", data=form,
-                                            headers={"origin": base, **csrf}),
+                                            headers={"origin": origin, **csrf}),
         "no secret (GET)": lambda: anonymous.get(f"{base}/"),
         "foreign Origin": lambda: signed_in.post(f"{base}/action/label", data=form,
                                                  headers={"origin": "http://evil.example", **csrf}),
         "foreign Host": lambda: signed_in.post(f"{base}/action/label", data=form,
                                                headers={"host": "evil.example", "origin": "http://evil.example",
                                                         **csrf}),
-        "no CSRF token": lambda: signed_in.post(f"{base}/action/label", data=form, headers={"origin": base}),
+        "no CSRF token": lambda: signed_in.post(f"{base}/action/label", data=form, headers={"origin": origin}),
         "wrong CSRF token": lambda: signed_in.post(f"{base}/action/label", data=form,
-                                                   headers={"origin": base, **{k: "x" + v for k, v in csrf.items()}}),
+                                                   headers={"origin": origin, **{k: "x" + v for k, v in csrf.items()}}),
     }
     try:
         return {what: ask().status_code for what, ask in asks.items()}
@@ -111,23 +120,23 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
         hostile, hostile_turn = await s.start_command(workspace, f"RUN: echo '{MARKUP}'")
         assert await s.turn_completed(hostile, hostile_turn) == "completed"
         with dashboard(ledger) as login, Browser(timeout=30) as browser:
-            base = login.split("/?", 1)[0]
+            base = login.split("?", 1)[0].rstrip("/")
             browser.navigate(login)
-            browser.wait_for_selector(f'a[href="/thread/{hostile}"]')
+            browser.wait_for_selector(f'a[href$="thread/{hostile}"]')
             browser.evaluate("window.sameDocument = true")  # gone if the page reloads
 
             # (a, b) a thread started while the page is open appears on it, by its name
             thread, turn = await s.start_command(workspace, "RUN: sleep 6")
-            name = browser.wait_for(f"document.querySelector('a[href=\"/thread/{thread}\"]')?.textContent.trim()",
+            name = browser.wait_for(f"document.querySelector('a[href$=\"thread/{thread}\"]')?.textContent.trim()",
                                     what="the new thread's row")
             assert browser.evaluate("window.sameDocument") is True
             assert thread not in name and (workspace.name in name or "sleep" in name), name
-            browser.wait_for(f"document.querySelector('a[href=\"/thread/{thread}\"]').closest('tr')"
+            browser.wait_for(f"document.querySelector('a[href$=\"thread/{thread}\"]').closest('tr')"
                              f".textContent.includes('working')", what="the thread shown working")
             fleet_shot = browser.screenshot(tmp_path / "dashboard-live.png")
 
             # (c) a steer from the thread page's form: delivered once, shown acknowledged
-            browser.click(f'a[href="/thread/{thread}"]', navigates=True)
+            browser.click(f'a[href$="thread/{thread}"]', navigates=True)
             browser.wait_for_selector(STEER_FORM)
             browser.fill(f"{STEER_FORM} textarea[name=text]", STEER)
             browser.click(f"{STEER_FORM} button[type=submit]:not([hx-post])")
@@ -143,7 +152,7 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             assert len([m for m in s.user_messages(thread) if STEER in json.dumps(m["item"])]) == 1
 
             # (d) one click on a verdict records one label of that intent
-            browser.click('#result form[hx-post="/action/label"] button[value="useful"]')
+            browser.click('#result form[hx-post$="action/label"] button[value="useful"]')
             labels = await wait_until(lambda: s.events(ev.OwnerLabeled), "the label in the ledger")
             assert [(label.subject, label.verdict) for label in labels] == [(f"intent:{intent}", "useful")]
             await s.turn_completed(thread, turn)
@@ -161,7 +170,7 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
 
     # (e) with the daemon stopped only the dashboard could write: refused requests write nothing
     with dashboard(ledger) as login:
-        base = login.split("/?", 1)[0]
+        base = login.split("?", 1)[0].rstrip("/")
         before = head_seq(ledger)
         label = {"subject": f"intent:{intent}", "verdict": "harmful"}
         statuses = refusals(base, login, label)
@@ -169,7 +178,7 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
         assert head_seq(ledger) == before
         with httpx.Client() as owner:  # the same label, asked rightly, is recorded
             csrf = page_csrf(owner.get(login, follow_redirects=True).text)
-            taken = owner.post(f"{base}/action/label", headers={"origin": base, **csrf}, data=label)
+            taken = owner.post(f"{base}/action/label", headers={"origin": origin_of(base), **csrf}, data=label)
         assert taken.status_code == 200 and head_seq(ledger) == before + 1, taken.text
     if os.environ.get("TILLERMAN_UPDATE_DOCS"):  # how the docs' screenshots are made
         shutil.copyfile(fleet_shot, DOCS / "dashboard-live.png")
