@@ -168,7 +168,8 @@ class Browser:
         self._ws.send(json.dumps({"id": ask, "method": method, "params": params or {}}))
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
-            message = self._receive(deadline, f"no answer to {method}")
+            message = self._receive(deadline, f"no answer to {method} (the page's last events:"
+                                              f" {[e['method'] for e in self._events[-8:]]})")
             if message.get("id") == ask:
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
