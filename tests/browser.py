@@ -225,7 +225,7 @@ class Browser:
                 answer = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
                                                         "returnByValue": True}, timeout=timeout)
             except BrowserError as error:
-                if "context" not in str(error).lower():
+                if str(error).startswith("no answer") or "context" not in str(error).lower():
                     raise
                 self._before(deadline, f"chromium never evaluated: {error}")
                 time.sleep(0.05)
