@@ -101,6 +101,7 @@ class Browser:
         self.size = size
         self.console_errors: list[str] = []
         self.csp_violations: list[str] = []
+        self.exceptions: list[str] = []  # uncaught, the page's or a step's own (also in console_errors)
         self._events: list[dict] = []
         self._next_id = 0
 
@@ -169,7 +170,8 @@ class Browser:
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             message = self._receive(deadline, f"no answer to {method} (the page's last events:"
-                                              f" {[e['method'] for e in self._events[-8:]]})")
+                                              f" {[e['method'] for e in self._events[-8:]]};"
+                                              f" its errors: {self.console_errors})")
             if message.get("id") == ask:
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
@@ -198,7 +200,8 @@ class Browser:
             self.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params["args"]))
         elif method == "Runtime.exceptionThrown":
             details = params["exceptionDetails"]
-            self.console_errors.append(details.get("exception", {}).get("description") or details.get("text", ""))
+            self.exceptions.append(details.get("exception", {}).get("description") or details.get("text", ""))
+            self.console_errors.append(self.exceptions[-1])
 
     # -- the steps ------------------------------------------------------------------------
 
@@ -238,7 +241,10 @@ class Browser:
         """The first truthy value of the JavaScript expression ``condition`` (a promise's,
         once settled), polled in the page every 50 ms (no reload: what the page shows by
         itself)."""
+        # A condition's promise that never settles (its own callback threw) ends the wait at
+        # the deadline too: the page answers "timed out", never leaves the protocol unanswered.
         poll = (f"new Promise((resolve, reject) => {{ const until = Date.now() + {self.timeout * 1000:.0f};"
+                f" setTimeout(() => reject(new Error('timed out')), {self.timeout * 1000:.0f});"
                 f" const poll = async () => {{ let v; try {{ v = await ({condition}); }} catch (e) {{ v = undefined; }}"
                 f" if (v) resolve(v); else if (Date.now() > until) reject(new Error('timed out'));"
                 f" else setTimeout(poll, 50); }}; poll(); }})")
@@ -263,9 +269,11 @@ class Browser:
             const first = e.getClientRects()[0];  // a link wrapped over lines: its first line's box
             if (!first) return resolve(null);
             setTimeout(() => {{
-                const r = e.getClientRects()[0], x = r.x + r.width / 2, y = r.y + r.height / 2;
-                const hit = document.elementFromPoint(x, y);
-                const still = e.isConnected && r && r.x === first.x && r.y === first.y && r.width > 0;
+                // a live swap may have replaced it meanwhile: no box then, looked for again
+                const r = e.isConnected ? e.getClientRects()[0] : undefined;
+                if (!r) return resolve(null);
+                const x = r.x + r.width / 2, y = r.y + r.height / 2, hit = document.elementFromPoint(x, y);
+                const still = r.x === first.x && r.y === first.y && r.width > 0;
                 resolve(still && hit && (hit === e || e.contains(hit)) ? {{x, y}} : null);
             }}, 50);
         }})""", what=f"{selector!r} in view, still and not covered")

@@ -17,6 +17,7 @@ PAGE = b"""<!doctype html><html><head><title>driver</title>
 <form id="f"><input id="text" name="text"><button id="go" type="submit">Go</button></form>
 <p id="shown"></p><script>window.inlineRan = true;</script>
 <p style="width: 6em"><a id="next" href="/next">a link long enough to wrap over two lines</a></p>
+<p id="swapped"><button id="swap" type="button">swapped</button></p>
 </body></html>"""
 
 SCRIPT = b"""window.addEventListener('DOMContentLoaded', () => {
@@ -26,6 +27,17 @@ SCRIPT = b"""window.addEventListener('DOMContentLoaded', () => {
     console.error('the page says so');
   });
   setTimeout(() => document.body.insertAdjacentHTML('beforeend', '<p id="late">late</p>'), 300);
+  // As a live page's swap does: the button is replaced just after the driver has found it
+  // (it scrolls it into view first), before it is clicked; the new one counts the clicks.
+  const scroll = Element.prototype.scrollIntoView;
+  let swaps = 0;
+  Element.prototype.scrollIntoView = function (...how) {
+    if (this.id === 'swap' && swaps++ === 0) setTimeout(() => {
+      document.getElementById('swapped').innerHTML = '<button id="swap" type="button">swapped</button>';
+      document.getElementById('swap').addEventListener('click', () => { window.clicks = (window.clicks || 0) + 1; });
+    }, 10);
+    return scroll.apply(this, how);
+  };
 });"""
 
 
@@ -66,6 +78,21 @@ def test_a_form_filled_and_clicked_and_what_the_page_reported(site, tmp_path):
         browser.click("#next", navigates=True)  # its first line's centre: the box's centre is between lines
         assert browser.evaluate("location.pathname") == "/next"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_click_on_an_element_the_page_replaces_meanwhile_lands_on_its_successor(site):
+    with Browser(timeout=30) as browser:
+        browser.navigate(site)
+        browser.click("#swap")
+        assert browser.wait_for("window.clicks") == 1
+        assert browser.exceptions == []
+
+
+def test_a_condition_that_never_settles_fails_the_step_in_time(site):
+    with Browser(timeout=1) as browser:
+        browser.navigate(site)
+        with pytest.raises(BrowserError, match="waited in vain for a promise left pending.*timed out"):
+            browser.wait_for("new Promise(() => {})", what="a promise left pending")
 
 
 def test_a_condition_never_met_fails_the_step(site):
