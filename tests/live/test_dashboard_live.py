@@ -46,6 +46,9 @@ MARKUP = "<script>window.pwned = 1</script><img src=x onerror=\"window.pwned = 2
 SCRIPT = MARKUP[:MARKUP.index("<img")]
 STEER = "Write the notes down before the next command."
 STEER_FORM = 'form[hx-post$="action/steer"]'
+#: Every live fragment queues its refreshes: one request in flight, the triggers meanwhile one after it.
+LIVE_SYNCED = ("[...document.querySelectorAll('[data-live]')].length > 0 && [...document.querySelectorAll('[data-live]')]"
+               ".every(e => e.getAttribute('hx-sync') === 'this:queue last')")
 
 
 @contextlib.contextmanager
@@ -124,6 +127,7 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             browser.navigate(login)
             browser.wait_for_selector(f'a[href$="thread/{hostile}"]')
             browser.evaluate("window.sameDocument = true")  # gone if the page reloads
+            assert browser.evaluate(LIVE_SYNCED) is True
 
             # (a, b) a thread started while the page is open appears on it, by its name
             thread, turn = await s.start_command(workspace, "RUN: sleep 6")
@@ -138,6 +142,7 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             # (c) a steer from the thread page's form: delivered once, shown acknowledged
             browser.click(f'a[href$="thread/{thread}"]', navigates=True)
             browser.wait_for_selector(STEER_FORM)
+            assert browser.evaluate(LIVE_SYNCED) is True
             browser.fill(f"{STEER_FORM} textarea[name=text]", STEER)
             browser.click(f"{STEER_FORM} button[type=submit]:not([hx-post])")
             proposed = await wait_until(lambda: [e.intent for e in s.events(ev.IntentProposed)
@@ -165,8 +170,14 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             shown = browser.evaluate("({pwned: typeof window.pwned, images: document.querySelectorAll('img').length,"
                                      " scripts: [...document.scripts].filter(e => !e.src).length})")
             assert shown == {"pwned": "undefined", "images": 0, "scripts": 0}
+            # its command is listed with the thread's tool calls, and ran in the agent's sandbox only
+            calls = browser.evaluate("[...document.querySelectorAll('section.calls tbody tr')]"
+                                     ".map(r => r.textContent.replace(/\\s+/g, ' ').trim())")
+            assert len(calls) == 1 and "commandExecution" in calls[0] and "completed" in calls[0], calls
+            browser.wait_for("true")  # one more round trip: the page's last events have arrived
             print("CSP violations reported:", browser.csp_violations)
             print("console errors:", browser.console_errors)
+            assert browser.exceptions == []  # no page of the walk threw
 
     # (e) with the daemon stopped only the dashboard could write: refused requests write nothing
     with dashboard(ledger) as login:

@@ -1,7 +1,10 @@
 // The page's live updates: one EventSource on /events; each message names the threads
 // and intents that changed and the last ledger seq folded. Only the fragments showing
 // them fetch again (htmx, triggered by name): a busy fleet does not reload a quiet
-// thread's page. No inline script anywhere: the Content-Security-Policy forbids it.
+// thread's page. Each fragment's refreshes are serialized by its hx-sync="this:queue last":
+// triggers arriving while its request is in flight become one request after it, so a
+// burst of changes never piles up requests or swaps an element twice at once.
+// No inline script anywhere: the Content-Security-Policy forbids it.
 "use strict";
 (function () {
   function refresh(change) {
