@@ -161,6 +161,9 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             labels = await wait_until(lambda: s.events(ev.OwnerLabeled), "the label in the ledger")
             assert [(label.subject, label.verdict) for label in labels] == [(f"intent:{intent}", "useful")]
             await s.turn_completed(thread, turn)
+            browser.wait_for("document.querySelector('section.turns tbody td:nth-child(2)')?.textContent === 'completed'",
+                             what="the turn shown completed, without a reload")
+            browser.evaluate("window.scrollTo(0, 0)")  # the page from its top, as it opens
             thread_shot = browser.screenshot(tmp_path / "dashboard-thread.png")
 
             # (f) the hostile thread's markup is text; nothing of it ran
