@@ -81,6 +81,9 @@ def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_sec
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
+        # listening before the URL is printed: a client that opens it at once waits in the
+        # backlog while the server starts, instead of being refused
+        sock.listen(socket.SOMAXCONN)
     except OSError as exc:
         sock.close()
         raise Fail(f"cannot listen on {host}:{port} ({exc.strerror or exc}); give another --port, or 0 for any free one") from None

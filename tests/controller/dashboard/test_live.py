@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 
 import anyio
-import httpx
+import uvicorn
 from click.testing import CliRunner
 
+from tests.controller.dashboard.served import next_change, serving, started
 from tillerman.controller.cli.main import main
 from tillerman.controller.dashboard import secret as secrets_file
 from tillerman.controller.dashboard.live import Live
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.events import Envelope
-
-
-def started(thread_id: str, n: int = 0) -> Envelope:
-    return Envelope(event_id=f"{thread_id}:{n}", event=ev.ThreadStarted(thread_id=thread_id, cwd="/work"),
-                    source="appserver", at=1_700_000_000.0 + n)
 
 
 class CountingFold:
@@ -158,28 +155,25 @@ def test_the_secret_persists_until_rotated(tmp_path):
 
 def test_the_command_serves_live_events(tmp_path):
     path = tmp_path / "ledger.sqlite3"
-    writer = open_recorder(path)
-    writer.append([started("old")])
-    proc = subprocess.Popen([sys.executable, "-c", "from tillerman.controller.cli.main import main; main()",
-                             "dashboard", "--ledger", str(path), "--port", "0", "--json"], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        printed = []
-        while (line := proc.stdout.readline()) and line != "}\n":  # the startup object, printed indented
-            printed.append(line)
-        startup = json.loads("".join(printed) + "}")
-        url = startup["url"]
-        assert url.startswith("http://127.0.0.1:") and "?token=" in url
-        with httpx.Client(timeout=10, follow_redirects=True) as client:
-            login = client.get(url)  # follows the redirect, keeps the cookie
-            assert login.status_code == 200 and "?token" not in str(login.url)
-            with client.stream("GET", str(login.url.join("events"))) as events:
-                lines = events.iter_lines()
-                assert next(lines) == "event: hello"
-                writer.append([started("new", 1)])
-                seen = [next(lines) for _ in range(6)]
-        assert "event: change" in seen and "id: 2" in seen
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0  # Ctrl-C ends it cleanly
-        writer.close()
+    with open_recorder(path) as writer:
+        writer.append([started("old")])
+        with serving(str(path), tmp_path) as served, \
+                served.client.stream("GET", str(served.page.join("events"))) as events:
+            lines = events.iter_lines()
+            assert next(lines) == "event: hello"
+            writer.append([started("new", 1)])
+            assert next_change(lines) == 2
+
+
+def test_the_printed_url_is_listening_before_the_server_starts(tmp_path, monkeypatch):
+    """A client that opens the URL as soon as it is printed waits in the backlog while
+    uvicorn starts (the lifespan, the change feed's connection), instead of being refused."""
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    listening = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: listening.extend(
+        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) for s in sockets))
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--port", "0",
+                                       "--secret-file", str(tmp_path / "secret")])
+    assert result.exit_code == 0 and "tillerman dashboard: http://" in result.output, result.output
+    assert listening == [1]
