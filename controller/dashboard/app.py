@@ -298,7 +298,7 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
     @contextlib.asynccontextmanager
     async def lifespan(app):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(live.run)
+            await tg.start(live.run)  # following the ledger before the first page is served
             # the facts folded once now, not on the first thread page asked for
             tg.start_soon(anyio.to_thread.run_sync, folded.upto, live.seq)
             yield

@@ -27,9 +27,11 @@ from typing import Protocol
 import anyio
 import anyio.lowlevel
 import msgspec
+from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from tillerman.ledger import projections
+from tillerman.ledger.changes import ChangeFeed
 from tillerman.ledger.errors import OperationalError
 from tillerman.ledger.events import Entry
 from tillerman.ledger.projections import Projection
@@ -129,19 +131,20 @@ class Live:
         else:
             anyio.from_thread.run_sync(self._woken.set, token=self._loop[1])
 
-    async def run(self) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Follow the ledger until cancelled: the feed wakes the publisher, which folds
-        and sends at most every ``coalesce`` seconds."""
+        and sends at most every ``coalesce`` seconds. Started with ``TaskGroup.start``, it
+        returns once the feed is in place (PostgreSQL: LISTENing), so that a server
+        started after it serves no page a commit could then miss."""
         self._loop = (threading.get_ident(), anyio.lowlevel.current_token())
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._publish)
-            await self._follow()
+            await self._follow(task_status)
 
-    async def _follow(self) -> None:
-        while True:
-            feed = await anyio.to_thread.run_sync(self.recorder.change_feed)
-            if feed is None:  # a ledger no other process writes: nothing to follow
-                return
+    async def _follow(self, task_status: TaskStatus[None]) -> None:
+        feed = await self._feed()
+        task_status.started()
+        while feed is not None:  # None: a ledger no other process writes, nothing to follow
             try:
                 async for _ in feed:
                     self._woken.set()
@@ -150,7 +153,15 @@ class Live:
             finally:
                 feed.close()
             await anyio.sleep(RETRY_FEED)
-            self._woken.set()  # what was committed meanwhile, unannounced
+            feed = await self._feed()
+
+    async def _feed(self) -> ChangeFeed | None:
+        """The ledger's change feed, in place; what was committed before it was (since the
+        projection was loaded, or while a lost feed was replaced) no commit will announce,
+        so the publisher is woken to read it now."""
+        feed = await anyio.to_thread.run_sync(self.recorder.change_feed)
+        self._woken.set()
+        return feed
 
     async def _publish(self) -> None:
         while True:

@@ -4,10 +4,14 @@ written to the database — the refused ones writing nothing."""
 
 from __future__ import annotations
 
+import json
+
+import anyio
 import pytest
 
 from tests.controller.dashboard.served import next_change, serving, started
 from tillerman.controller.dashboard.guard import CSRF_HEADER
+from tillerman.controller.dashboard.live import Live
 from tillerman.ledger import events as ev
 from tillerman.ledger.postgres import PostgresRecorder
 
@@ -35,6 +39,31 @@ def test_a_commit_from_another_connection_reaches_the_stream(ledger, tmp_path):
         assert (next(lines), next(lines)) == ("event: hello", "id: 1")
         writer.append([started("thread-new", 1)])
         assert next_change(lines) == 2
+
+
+def test_started_it_listens_and_reads_what_was_committed_before(ledger):
+    """``Live.run`` started (as the server's lifespan starts it) has its LISTEN in place:
+    a commit right after is announced, with no wait for the feed. A commit made after the
+    projection was loaded and before the LISTEN is announced as well, unasked."""
+    with PostgresRecorder(ledger) as reader, PostgresRecorder(ledger) as writer:
+        live = Live(reader, coalesce=0.01)
+        writer.append([started("before", 1)])
+
+        async def scenario() -> list[dict]:
+            stream = live.events(keepalive=0)
+            assert (await anext(stream)).startswith("event: hello\nid: 1\n")
+            async with anyio.create_task_group() as tg:
+                await tg.start(live.run)
+                with anyio.fail_after(30):
+                    changes = [await anext(stream)]
+                    writer.append([started("after", 2)])
+                    changes.append(await anext(stream))
+                await stream.aclose()
+                tg.cancel_scope.cancel()
+            return [json.loads(change.split("data: ", 1)[1]) for change in changes]
+
+        assert anyio.run(scenario) == [{"seq": 2, "threads": ["before"], "intents": []},
+                                       {"seq": 3, "threads": ["after"], "intents": []}]
 
 
 def test_an_action_is_written_to_the_database(ledger, tmp_path):
