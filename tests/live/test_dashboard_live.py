@@ -122,6 +122,11 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
         await s.start_daemon(ruleset_from(s.tmp_path, "", OWNER_GRANT), retain_payloads=True)
         hostile, hostile_turn = await s.start_command(workspace, f"RUN: echo '{MARKUP}'")
         assert await s.turn_completed(hostile, hostile_turn) == "completed"
+        # The daemon subscribes to a thread another client started once it sees it, so on a
+        # loaded machine the first turn's prompt may pass before it listens; the same prompt
+        # again, now that it does, is the first it records: the thread's name.
+        again = await s.start_turn(hostile, f"RUN: echo '{MARKUP}'")
+        assert await s.turn_completed(hostile, again) == "completed"
         with dashboard(ledger) as login, Browser(timeout=30) as browser:
             base = login.split("?", 1)[0].rstrip("/")
             browser.navigate(login)
@@ -168,15 +173,15 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
 
             # (f) the hostile thread's markup is text; nothing of it ran
             browser.navigate(f"{base}/thread/{hostile}")
-            browser.wait_for(f"document.querySelector('h1').textContent.includes({json.dumps(SCRIPT)})",
-                             what="the markup as text")
+            shown_name = browser.wait_for("document.querySelector('h1.thread-name')?.textContent", what="the thread's name")
+            assert SCRIPT in shown_name, shown_name  # the markup as text
             shown = browser.evaluate("({pwned: typeof window.pwned, images: document.querySelectorAll('img').length,"
                                      " scripts: [...document.scripts].filter(e => !e.src).length})")
             assert shown == {"pwned": "undefined", "images": 0, "scripts": 0}
-            # its command is listed with the thread's tool calls, and ran in the agent's sandbox only
+            # its commands are listed with the thread's tool calls (the ledger keeps their digest, not their text)
             calls = browser.evaluate("[...document.querySelectorAll('section.calls tbody tr')]"
                                      ".map(r => r.textContent.replace(/\\s+/g, ' ').trim())")
-            assert len(calls) == 1 and "commandExecution" in calls[0] and "completed" in calls[0], calls
+            assert len(calls) == 2 and all("commandExecution" in c and "completed" in c for c in calls), calls
             browser.wait_for("true")  # one more round trip: the page's last events have arrived
             print("CSP violations reported:", browser.csp_violations)
             print("console errors:", browser.console_errors)
