@@ -10,7 +10,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, is_notification, start_command, watched_connection
+from fixtures.codex_server import (
+    AppServer,
+    held_command,
+    is_item,
+    is_notification,
+    start_command,
+    watched_connection,
+)
 from tillerman.controller.core.intent_requests import intent_view, propose
 from tillerman.controller.daemon.daemon import Daemon, DaemonOptions
 from tillerman.ledger.sqlite import SQLiteRecorder
@@ -26,7 +33,8 @@ async def test_busy_ledger_holds_dispatch_then_delivers_once(
 ) -> None:
     path = tmp_path / "ledger.sqlite3"
     async with watched_connection(app_server.url, client_name="harness") as (harness, log):
-        thread, turn = await start_command(harness, log, workspace, "RUN: sleep 3")
+        gate = workspace / "gate"
+        thread, turn = await start_command(harness, log, workspace, held_command(gate))
         with SQLiteRecorder(path) as rec:
             intent = propose(rec, thread_id=thread, expected_turn=turn, mode="steer", owner="ann",
                              text="BUSYTEST: finish this command, then stop.")
@@ -44,6 +52,10 @@ async def test_busy_ledger_holds_dispatch_then_delivers_once(
                                                            clientId=intent.client_user_message_id)(m)]
             assert "ledger not writable" in caplog.text
             blocker.execute("ROLLBACK")
+            with anyio.fail_after(20):  # the server took the steer into the running turn
+                while intent_view(recorder, intent.id).state not in ("queued", "acknowledged"):
+                    await anyio.sleep(0.05)
+            gate.touch()  # only now may the command end: the model reads the steer after it
             with anyio.fail_after(20):
                 while intent_view(recorder, intent.id).state != "acknowledged":
                     await anyio.sleep(0.05)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fixtures.codex_server import codex_version
+from fixtures.codex_server import codex_version, held_command
 from fixtures.rule_texts import grant, rule
 from tests.live.daemon_support import ruleset_from, session, wait_until
 from tillerman.controller.cli.main import main
@@ -33,11 +33,6 @@ def budget_rule(action: str, text: str, **keys: object) -> str:
                 action=action, text=text, **keys)
 
 
-def held_command(gate: Path) -> str:
-    """A command that runs until ``gate`` exists: the turn stays open after its first response."""
-    return f"RUN: sh -c 'while [ ! -e {gate} ]; do sleep 0.05; done; echo released'"
-
-
 def budget_reports(s, thread: str) -> list[Report]:
     return [r for r in s.events(Report) if r.rule_id == "spend" and r.thread_id == thread]
 
@@ -55,6 +50,9 @@ async def crossed_once(s, tmp_path: Path, thread: str, workspace: Path, action: 
                                               if v.intent.thread_id == thread and v.intent.rule_id == "spend"), None),
                             "the rule's intent", timeout=30)
     if action != "stop":
+        # The steer reaches the running turn before its command may end: on a loaded machine
+        # the turn could otherwise end first, and a steer with no turn to go to is rejected.
+        await s.wait_state(view.intent.id, FINAL | {"queued", "acknowledged", "action_started"}, timeout=60)
         gate.touch()
     settled = await s.wait_state(view.intent.id, FINAL, timeout=60)
     await s.turn_completed(thread, turn, timeout=60)
