@@ -89,7 +89,7 @@ class _Stream:
     """``/events`` read in a thread: (seq, arrival time) of every message."""
 
     def __init__(self, login: str) -> None:
-        import httpx
+        import httpx2 as httpx
 
         self.client = httpx.Client(timeout=httpx.Timeout(30.0, read=None))
         self.client.get(login, follow_redirects=True).raise_for_status()  # the token becomes the cookie
@@ -102,7 +102,7 @@ class _Stream:
             raise RuntimeError("no first message from /events within 30 s")
 
     def _read(self) -> None:
-        import httpx
+        import httpx2 as httpx
 
         try:
             with self.client.stream("GET", f"{self.base}/events", headers={"Accept": "text/event-stream"}) as answer:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2 as httpx
 import pytest
 
 from fixtures.codex_server import AppServer

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import httpx2 as httpx
 
 from tillerman.controller.dashboard import secret as secrets_file
 from tillerman.controller.dashboard.guard import CSRF_HEADER, csrf_token

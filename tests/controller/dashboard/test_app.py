@@ -8,7 +8,7 @@ import re
 import threading
 
 import anyio
-import httpx
+import httpx2 as httpx
 
 import pytest
 from markupsafe import escape
