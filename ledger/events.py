@@ -96,6 +96,10 @@ class ItemStarted(Event, tag="item_started"):
     args_digest: str | None = None
     critical: bool = False
     external: bool = False
+    # A shell call's command line, cut to ``tillerman.monitor.digest.COMMAND_LENGTH``: only with --retain-payloads.
+    # UNSET (not retained, not a shell call, or a ledger written before commands were
+    # kept) is left out of the encoding, so those rows keep their bytes and digests.
+    command: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ItemCompleted(Event, tag="item_completed"):

@@ -44,7 +44,7 @@ from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.ledger.usage import MAX_TOTAL_TOKENS, codex_response_key, codex_tokens, count
 from tillerman.monitor.claude_transcript import MAX_COST_USD, cost_usd
 from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
-from tillerman.monitor.digest import digest, payload, size
+from tillerman.monitor.digest import digest, kept_command, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8
 from tillerman.monitor.parser import ack_tokens, git_branch, integer, items, obj, text, workdir
 
@@ -227,7 +227,7 @@ class AppServerEvents:
         common = dict(item_id=item_id, item_type=item_type, critical=critical, external=external,
                       args_digest=digest(command) if command else None, **ids)
         if not completed:
-            return [ItemStarted(**common)]
+            return [ItemStarted(command=kept_command(command, retain=self.retain_payloads), **common)]
         output = r.text(item, "aggregatedOutput")
         return [ItemCompleted(status=r.text(item, "status") or "completed", exit_code=r.integer(item, "exitCode"),
                               output_digest=digest(output) if output is not None else None,

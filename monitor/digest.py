@@ -50,3 +50,14 @@ class Payload(msgspec.Struct, frozen=True):
 
 def payload(text: str, *, retain: bool) -> Payload:
     return Payload(*measure(text), text if retain else None)
+
+
+#: A retained command is cut to this many characters: enough to read what ran, while a
+#: heredoc writing a whole file does not fill every row that records it.
+COMMAND_LENGTH = 2000
+
+
+def kept_command(command: str | None, *, retain: bool) -> str | msgspec.UnsetType:
+    """A shell call's command as ``ItemStarted.command`` keeps it: only when payloads are
+    retained, cut to ``COMMAND_LENGTH``; otherwise UNSET, which the ledger leaves out."""
+    return command[:COMMAND_LENGTH] if retain and command else msgspec.UNSET

@@ -29,7 +29,7 @@ import msgspec
 from tillerman.ledger.events import AgentMessage, AnyEvent, Event, ItemCompleted, ItemStarted, Quarantined, UserMessage
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.ledger.usage import UsageRefused
-from tillerman.monitor.digest import digest, measure, payload
+from tillerman.monitor.digest import digest, kept_command, measure, payload
 from tillerman.monitor.lines import (
     MAX_LINE,
     TOO_DEEP,
@@ -224,7 +224,8 @@ class Parser:
         critical, external = self._classify(command)
         return ItemStarted(
             item_id=item_id, item_type=item_type, critical=critical, external=external,
-            args_digest=None if args is None else digest(args), **ids,
+            args_digest=None if args is None else digest(args),
+            command=kept_command(command, retain=self.retain_payloads), **ids,
         )
 
     def _item_completed(
