@@ -61,6 +61,7 @@ class RunningItem(msgspec.Struct):
     external: bool = False
     tool: str | None = None
     args_digest: str | None = None
+    command: str | None = None  # a shell call's command line: only with --retain-payloads
 
 
 class ThreadState(msgspec.Struct):
@@ -483,7 +484,8 @@ def _item_started(p, e: ev.ItemStarted, at, seq, source) -> None:
     _first_input(p, t, e)
     writers.model_output(t, e, source)
     if e.item_id not in t.running:
-        t.running[e.item_id] = RunningItem(t.canonical_turn(e.turn_id), e.item_type, at, e.critical, e.external, e.tool, e.args_digest)
+        t.running[e.item_id] = RunningItem(t.canonical_turn(e.turn_id), e.item_type, at, e.critical, e.external, e.tool,
+                                             e.args_digest, e.command or None)
 
 
 def _item_completed(p, e: ev.ItemCompleted, at, seq, source) -> None:

@@ -6,6 +6,7 @@ page, its live updates and its tests all call ``fleet_rows`` with what they read
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import PurePath
@@ -56,6 +57,11 @@ class FleetRow(msgspec.Struct, frozen=True, kw_only=True):
 STALL_AFTER = 600.0
 #: A first prompt shown as the name is cut to this many characters.
 NAME_LENGTH = 60
+#: A running command is shown by its first line, cut to this many characters.
+RUNNING_LENGTH = 60
+#: Item types as a person reads them, where no command or tool names the call; any
+#: other camelCase type is spelled out in words.
+ITEM_TYPES = {"commandExecution": "command", "mcpToolCall": "MCP tool call"}
 #: How each source format reads on the page, best first: where a thread is seen by
 #: several, the live one names it (a transcript of a session the hooks also report).
 SOURCES = {
@@ -185,7 +191,7 @@ def _row(t: ThreadState, seen: Seen, projection: Projection, usage: UsageReport,
     return FleetRow(
         thread_id=t.thread_id, name=name_of(t.thread_id, seen), project=seen.project, branch=seen.git_branch,
         agent=agent, source=source, state=state, state_since=since,
-        running_tool=(running.tool or running.item_type) if running else None,
+        running_tool=call_label(running.command, running.tool, running.item_type) if running else None,
         running_since=running.started_at if running else None,
         goal_status=t.goal.status if t.goal is not None else None,
         tokens_today=today.tokens.total if today is not None else 0,
@@ -193,6 +199,19 @@ def _row(t: ThreadState, seen: Seen, projection: Projection, usage: UsageReport,
         context_use=context_use(usage, t.thread_id), open_intents=open_intents, overdue=overdue_items,
         last_event_at=t.last_event_at, last_event=seen.last_kind.replace("_", " ") if seen.last_kind else None,
         started_at=seen.first_at, stopped_by=t.stopped_by)
+
+
+def call_label(command: str | None, tool: str | None, item_type: str) -> str:
+    """What a call reads as in a line: its command's first line (kept only with
+    --retain-payloads), cut to ``RUNNING_LENGTH``; else its tool; else its type in words."""
+    if command:
+        return shorten(command.strip().split("\n", 1)[0], RUNNING_LENGTH)
+    return tool or item_type_words(item_type)
+
+
+def item_type_words(item_type: str) -> str:
+    """``commandExecution`` as "command", ``fileChange`` as "file change"."""
+    return ITEM_TYPES.get(item_type) or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", item_type).lower()
 
 
 def state_of(t: ThreadState, seen: Seen, projection: Projection, now: float,

@@ -1,5 +1,6 @@
 """One thread's page: its fleet row, timeline, turns, tool calls, approvals waiting,
-findings, every intent with its journey, the reviewer's calls and answers, and usage.
+findings, every intent with its journey, the reviewer's calls and answers, and usage;
+with --retain-payloads, also the calls' commands and the agent's messages.
 
 A pure function of the folded facts (``tillerman.controller.report.fold``: the ledger's
 projection, the reviews and the usage account in one fold), the fleet's sightings and
@@ -13,7 +14,7 @@ import re
 
 import msgspec
 
-from tillerman.controller.dashboard.fleet import FleetRow, Seen, fleet_row
+from tillerman.controller.dashboard.fleet import FleetRow, Seen, fleet_row, item_type_words
 from tillerman.controller.report.fold import STALL_FINDING, Facts
 from tillerman.controller.report.timeline import timeline_data
 from tillerman.controller.report.usage import Figures, UsageReport
@@ -39,12 +40,19 @@ class TurnRow(msgspec.Struct, frozen=True, kw_only=True):
 class CallRow(msgspec.Struct, frozen=True, kw_only=True):
     item_id: str
     turn_id: str | None
-    tool: str
+    tool: str  # its tool, else its type in words
+    command: str | None  # a shell call's command line: only with --retain-payloads
     critical: bool
     started_at: float | None
     ended_at: float | None
     status: str  # the completion's status; "running" while none is recorded
     exit_code: int | None
+
+
+class MessageRow(msgspec.Struct, frozen=True, kw_only=True):
+    turn_id: str | None
+    at: float | None
+    text: str  # the agent's words, kept only with --retain-payloads: escaped wherever shown
 
 
 class Approval(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +118,7 @@ class ThreadView(msgspec.Struct, frozen=True, kw_only=True):
     timeline: dict  # ``timeline_data`` of this thread: what the page's timeline draws
     turns: tuple[TurnRow, ...]
     tool_calls: tuple[CallRow, ...]
+    messages: tuple[MessageRow, ...]  # the agent's retained messages; none without --retain-payloads
     approvals: tuple[Approval, ...]  # waiting on the owner now (never paged: the server has few)
     findings: tuple[Finding, ...]
     intents: tuple[IntentRow, ...]
@@ -136,6 +145,7 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
                    key=lambda t: (t.started_at or t.ended_at or 0.0, t.seq), reverse=True)
     calls = sorted((c for c in facts.calls.values() if c.thread_id == thread_id), key=lambda c: c.seq, reverse=True)
     findings = [r for r in reversed(facts.reports) if r.thread_id == thread_id]
+    said = [m for m in reversed(facts.said) if m.thread_id == thread_id]
     budget_seqs = {b.seq for b in facts.budget_crossings}
     intents = sorted((v for v in projection.intents.values() if v.intent.thread_id == thread_id),
                      key=lambda v: (v.intent.created_at, v.intent.id), reverse=True)
@@ -148,9 +158,11 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
         turns=tuple(TurnRow(turn_id=t.turn_id, state=t.status or "open", started_at=t.started_at,
                             ended_at=t.ended_at, trigger=facts.trigger(t)[0], trigger_inferred=facts.trigger(t)[1],
                             writer=writers.get(t.turn_id)) for t in shown_turns),
-        tool_calls=tuple(CallRow(item_id=c.item_id, turn_id=c.turn_id, tool=c.tool or c.item_type, critical=c.critical,
-                                 started_at=c.started_at, ended_at=c.ended_at, status=c.status or "running",
-                                 exit_code=c.exit_code) for c in _page(calls, page, limit)),
+        tool_calls=tuple(CallRow(item_id=c.item_id, turn_id=c.turn_id, tool=c.tool or item_type_words(c.item_type),
+                                 command=c.command, critical=c.critical, started_at=c.started_at,
+                                 ended_at=c.ended_at, status=c.status or "running", exit_code=c.exit_code)
+                         for c in _page(calls, page, limit)),
+        messages=tuple(MessageRow(turn_id=m.turn_id, at=m.at, text=m.text) for m in _page(said, page, limit)),
         approvals=tuple(Approval(item_id=item, since=since) for item, since in
                         sorted((thread.approvals if thread is not None else {}).items(), key=lambda a: a[1] or 0.0)),
         findings=tuple(Finding(seq=r.seq, event_id=r.event_id, at=r.at,
@@ -163,8 +175,8 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
                       for v in _page(intents, page, limit)),
         reviews=tuple(_review(c) for c in _page(reviews, page, limit)),
         usage=_usage(facts, thread_id, [t.turn_id for t in shown_turns], header),
-        counts={"turns": len(turns), "tool_calls": len(calls), "findings": len(findings), "intents": len(intents),
-                "reviews": len(reviews)},
+        counts={"turns": len(turns), "tool_calls": len(calls), "messages": len(said), "findings": len(findings),
+                "intents": len(intents), "reviews": len(reviews)},
         page=page, limit=limit)
 
 

@@ -68,6 +68,7 @@ class ToolCall(msgspec.Struct, kw_only=True):
     item_id: str
     item_type: str
     tool: str | None = None
+    command: str | None = None  # a shell call's command line: only with --retain-payloads
     critical: bool = False
     started_at: float | None = None
     ended_at: float | None = None
@@ -75,6 +76,16 @@ class ToolCall(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     seq: int = 0
     ended_seq: int | None = None
+
+
+class Said(msgspec.Struct, kw_only=True):
+    """An agent message whose text was retained (``--retain-payloads``)."""
+
+    thread_id: str
+    turn_id: str | None
+    at: float | None
+    seq: int
+    text: str
 
 
 class Span(msgspec.Struct, kw_only=True):
@@ -171,6 +182,7 @@ class Facts:
         self.usage = UsageReport(prices or bundled_table(), by="turn", tz=dt.timezone.utc)
         self.turns: dict[tuple[str, str], Turn] = {}
         self.calls: dict[tuple[str, str], ToolCall] = {}
+        self.said: list[Said] = []  # in seq order; empty unless payloads were retained
         self.spans: dict[tuple[str, str, str], Span] = {}
         self.reports: list[PersonReport] = []
         self.budget_crossings: list[BudgetCrossing] = []
@@ -297,8 +309,8 @@ class Facts:
         key = (e.thread_id, e.item_id)
         if key not in self.calls:
             self.calls[key] = ToolCall(thread_id=e.thread_id, turn_id=self._turn_id(e), item_id=e.item_id,
-                                       item_type=e.item_type, tool=e.tool, critical=e.critical,
-                                       started_at=at, seq=seq)
+                                       item_type=e.item_type, tool=e.tool, command=e.command or None,
+                                       critical=e.critical, started_at=at, seq=seq)
 
     def _item_completed(self, e: ev.ItemCompleted, at, seq) -> None:
         self._active(e, at, seq)
@@ -320,6 +332,11 @@ class Facts:
     def _active(self, e: ev.Event, at, seq) -> None:
         if e.thread_id is not None and e.turn_id is not None:
             self.activity.setdefault((e.thread_id, self._turn_id(e)), []).append((at, seq))
+
+    def _agent_message(self, e: ev.AgentMessage, at, seq) -> None:
+        self._active(e, at, seq)
+        if e.thread_id is not None and e.text is not None:
+            self.said.append(Said(thread_id=e.thread_id, turn_id=self._turn_id(e), at=at, seq=seq, text=e.text))
 
     def _user_message(self, e: ev.UserMessage, at, seq) -> None:
         intent_id = client_id_to_intent_id(e.client_id)
@@ -443,7 +460,7 @@ _STEPS = {
     ev.TurnCompleted: Facts._turn_completed,
     ev.ItemStarted: Facts._item_started,
     ev.ItemCompleted: Facts._item_completed,
-    ev.AgentMessage: Facts._active,
+    ev.AgentMessage: Facts._agent_message,
     ev.UserMessage: Facts._user_message,
     ev.ApprovalRequested: Facts._approval_requested,
     ev.ApprovalResolved: Facts._approval_resolved,

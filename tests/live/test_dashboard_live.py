@@ -178,10 +178,17 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             shown = browser.evaluate("({pwned: typeof window.pwned, images: document.querySelectorAll('img').length,"
                                      " scripts: [...document.scripts].filter(e => !e.src).length})")
             assert shown == {"pwned": "undefined", "images": 0, "scripts": 0}
-            # its commands are listed with the thread's tool calls (the ledger keeps their digest, not their text)
+            # its commands are listed with the thread's tool calls, their markup as text (the daemon
+            # keeps payloads, so the ledger holds each command line, not only its digest)
             calls = browser.evaluate("[...document.querySelectorAll('section.calls tbody tr')]"
-                                     ".map(r => r.textContent.replace(/\\s+/g, ' ').trim())")
-            assert len(calls) == 2 and all("commandExecution" in c and "completed" in c for c in calls), calls
+                                     ".map(r => [r.querySelector('code.command')?.textContent ?? '',"
+                                     " r.textContent.replace(/\\s+/g, ' ').trim()])")
+            assert len(calls) == 2 and all(SCRIPT in command and "<img src=x onerror=" in command and "completed" in row
+                                           for command, row in calls), calls
+            # and the agent's messages, kept as text too
+            said = browser.evaluate("[...document.querySelectorAll('section.said li.message p.text')]"
+                                    ".map(p => p.textContent)")
+            assert said, "no agent message shown"
             browser.wait_for("true")  # one more round trip: the page's last events have arrived
             print("CSP violations reported:", browser.csp_violations)
             print("console errors:", browser.console_errors)

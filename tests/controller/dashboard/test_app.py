@@ -171,7 +171,8 @@ def test_wrong_host_refused_on_get(ledger):
 
 def reviewed_and_waiting(thread: str, s: str, at: float) -> list[Envelope]:
     """What the hostile session lacks for a thread's page: a reviewer's call and answer, an
-    approval still waiting and a label of the thread's stall finding, each carrying ``s``."""
+    approval still waiting, a label of the thread's stall finding and a command still
+    running (kept, as with --retain-payloads), each carrying ``s``."""
     def env(key: str, event: ev.Event, offset: float) -> Envelope:
         return Envelope(event_id=f"{thread}:{key}", event=event, source="appserver", at=at + offset)
 
@@ -182,7 +183,9 @@ def reviewed_and_waiting(thread: str, s: str, at: float) -> list[Envelope]:
                                                recommended_action=f"do-{s}"), 11),
             env("waiting", ev.ApprovalRequested(thread_id=thread, item_id=f"wait-{s}"), 12),
             env("label", ev.OwnerLabeled(thread_id=thread, subject=f"review:k-{s}", verdict="harmful", by="ann",
-                                         note=s), 13)]
+                                         note=s), 13),
+            env("command", ev.ItemStarted(thread_id=thread, item_id=f"run-{s}", item_type="commandExecution",
+                                          tool="exec_command", command=f"run {s}"), 14)]
 
 
 def test_agent_text_is_escaped_everywhere(ledger):
@@ -212,10 +215,14 @@ def test_agent_text_is_escaped_everywhere(ledger):
     shown = "".join(page.text for page in pages)
     for text in hostile.values():  # each was shown, escaped
         assert str(escape(text)) in shown
-        # in the thread page's sections: the finding, the tool call, the approval waiting, the reviewer's answer
+        # in the thread page's sections: the finding, the tool call, the approval waiting, the reviewer's
+        # answer, the command running (in the fleet, on the thread page and in its calls) and the agent's message
         for seen in (f"made no progress for 600s {text}", f"bash {text}", f"wait-{text}", f"rev-{text}",
                      f"out-{text}: disp-{text}".replace("_", " "), f"recommends do-{text}"):
             assert str(escape(seen)) in shown
+        assert f'<code class="command">run {escape(text)}</code>' in shown
+        assert f'<p class="text">{escape(text)}</p>' in shown
+        assert shown.count(f"<code>run {escape(text)}</code>") == 2  # the fleet's Running column and the thread's
     assert shown.count("labeled harmful") == len(hostile)  # each review's label, beside it
 
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from tillerman.controller.dashboard.fleet import (
-    STATES, Sightings, filter_rows, fleet_rows, sort_rows,
+    RUNNING_LENGTH, STATES, Sightings, filter_rows, fleet_rows, sort_rows,
 )
 from tillerman.controller.report.usage import UsageReport
 from tillerman.ledger import events as ev
@@ -207,6 +207,24 @@ def test_usage_today_context_and_the_running_tool():
     assert row.context_use == pytest.approx(0.3)
     assert (row.running_tool, row.running_since) == ("pytest", NOW - 10)
     assert row.last_event == "item started"
+
+
+LONG = "pytest " + "-k x " * 40
+
+
+@pytest.mark.parametrize(("fields", "shown"), [
+    ({"command": "pytest -x\nsecond line", "tool": "exec_command"}, "pytest -x"),  # kept: its first line
+    ({"command": LONG}, LONG[:RUNNING_LENGTH - 1] + "…"),
+    ({"tool": "Read"}, "Read"),  # no command kept: the tool
+    ({}, "command"),  # neither: the type in words, not camelCase
+    ({"item_type": "fileChange"}, "file change"),
+    ({"item_type": "mcpToolCall"}, "MCP tool call"),
+], ids=["command", "long-command", "tool", "command-type", "file-change", "mcp"])
+def test_the_running_column_shows_the_command_else_the_tool_else_the_type(fields, shown):
+    fields = {"item_type": "commandExecution", **fields}
+    row = row_of((started(), NOW - 90), (turn(), NOW - 80),
+                 (ev.ItemStarted(thread_id=UUID, turn_id="t1", item_id="c1", **fields), NOW - 10))
+    assert row.running_tool == shown
 
 
 def test_a_response_today_with_no_known_price_has_no_cost():

@@ -75,6 +75,22 @@ def test_the_page_of_a_thread():
     assert page.timeline["threads"] == [UUID] and len(page.timeline["turns"]) == 1
 
 
+def test_retained_commands_and_agent_messages_are_shown_newest_first_and_paged():
+    facts = [(started(), NOW - 100), (turn(), NOW - 90),
+             (ev.ItemStarted(thread_id=UUID, turn_id="t1", item_id="c1", item_type="commandExecution",
+                             tool="exec_command", command="make test"), NOW - 80),
+             (ev.ItemStarted(thread_id=UUID, turn_id="t1", item_id="c2", item_type="fileChange"), NOW - 79),
+             (ev.AgentMessage(thread_id=UUID, turn_id="t1", digest="d", size=5, text="first"), NOW - 70),
+             (ev.AgentMessage(thread_id=UUID, turn_id="t1", digest="d", size=6), NOW - 65),  # not retained
+             (ev.AgentMessage(thread_id=UUID, turn_id="t1", digest="d", size=6, text="second"), NOW - 60),
+             (ev.AgentMessage(thread_id="other", turn_id="o1", digest="d", size=5, text="other"), NOW - 55)]
+    page = view(*facts)
+    assert [(c.tool, c.command) for c in page.tool_calls] == [("file change", None), ("exec_command", "make test")]
+    assert [(m.turn_id, m.at, m.text) for m in page.messages] == [("t1", NOW - 60, "second"), ("t1", NOW - 70, "first")]
+    assert page.counts["messages"] == 2
+    assert [m.text for m in view(*facts, page=1, limit=1).messages] == ["first"]
+
+
 def test_usage_by_model_and_turn_with_an_unknown_price():
     usage = view(*session()).usage
     assert usage.tokens == 165 and usage.cost_usd is None  # one response has no price
