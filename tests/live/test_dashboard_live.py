@@ -166,6 +166,9 @@ async def test_the_dashboard_in_a_browser_beside_a_live_daemon(
             labels = await wait_until(lambda: s.events(ev.OwnerLabeled), "the label in the ledger")
             assert [(label.subject, label.verdict) for label in labels] == [(f"intent:{intent}", "useful")]
             await s.turn_completed(thread, turn)
+            # the daemon's record of the end first (a loaded machine delays it), then the page's
+            await wait_until(lambda: s.projection().snapshot(thread).turn_state(turn) == "completed",
+                             "the daemon to record the turn completed", timeout=60)
             browser.wait_for("document.querySelector('section.turns tbody td:nth-child(2)')?.textContent === 'completed'",
                              what="the turn shown completed, without a reload")
             browser.evaluate("window.scrollTo(0, 0)")  # the page from its top, as it opens
