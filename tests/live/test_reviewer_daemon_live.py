@@ -124,7 +124,8 @@ async def test_a_reviewers_correction_without_its_grant_is_never_sent(
     before = reached_model(scripted_model, "zq-correction-41")  # one model serves the module's tests
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(effective.ruleset, reviewers=effective.reviewers)
-        thread, turn = await s.start_command(workspace, "RUN: sleep 2.5 # zq-42")
+        # long enough to be quiet for the rule's 1 s on a loaded machine too
+        thread, turn = await s.start_command(workspace, "RUN: sleep 4 # zq-42")
         assert await s.turn_completed(thread, turn) == "completed"
 
         def recommended():
