@@ -121,6 +121,8 @@ def test_a_queued_intent_reaches_the_agent_once_at_the_stop_and_the_agent_acts_o
         release.touch()
         result = session.wait_for(is_result)
         until(lambda: view(ledger, queued).state is State.ACKNOWLEDGED, "the intent to be acknowledged")
+        # the turn's end is read from the Stop hook's line: before the daemon stops (a loaded machine reads it later)
+        until(lambda: turns(ledger, session_id) == ["completed"], "the daemon to record the turn's end")
     assert result["subtype"] == "success" and len(session.results()) == 1  # one turn, continued by our block
     # The agent ran the command our text asked for: its output went to the model.
     assert any("acted-on-it" in out for r in anthropic_model.requests[since:] for out in r.tool_outputs)
@@ -146,6 +148,7 @@ def test_a_steer_for_the_next_tool_denies_it_with_the_intents_text(
         release.touch()
         result = session.wait_for(is_result)
         until(lambda: view(ledger, steer).state is State.ACKNOWLEDGED, "the steer to be acknowledged")
+        until(lambda: turns(ledger, session_id) == ["completed"], "the daemon to record the turn's end")
     assert result["subtype"] == "success" and len(session.results()) == 1
     denied = requests_saying(anthropic_model, "Do not touch files; say done.", since)
     assert len(denied) == 1 and denied[0].tool_outputs[0].startswith("PreToolUse:Bash hook error:")
