@@ -492,6 +492,8 @@ def _check_run_options(*, client_name: str | None, on_overdue: str | None, trace
         if value is not None and not value.strip():
             raise Fail(f"{option} is empty; give a value or leave the option out")
     if trace_path is not None:
+        if trace_path.endswith(("/", os.sep)):  # Path() would drop the slash and create a file of that name
+            raise Fail(f"--trace {trace_path} names a folder (it ends in /); give the trace file's path")
         folder = Path(trace_path).absolute().parent
         if not folder.is_dir():
             raise Fail(f"cannot write the trace {trace_path}: the folder {folder} does not exist")

@@ -302,3 +302,14 @@ def test_run_with_a_trace_and_a_ledger_it_cannot_open_creates_no_trace(tmp_path)
                                        "--trace", str(trace)])
     assert result.exit_code == 2 and "is not a regular file" in result.output, result.output
     assert not trace.exists()
+
+
+def test_run_with_a_trace_path_ending_in_a_slash_is_refused_and_creates_nothing(tmp_path, monkeypatch):
+    """``--trace ws://`` (a URL given to the wrong option): the slash names a folder, and
+    opening it as a file once left an empty file ``ws:`` behind (found by the CLI fuzz test)."""
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    result = CliRunner().invoke(main, ["run", "--no-codex", "--watch", str(tmp_path), "--ledger",
+                                       str(tmp_path / "l.sqlite3"), "--trace", "ws://"])
+    assert result.exit_code == 2 and "names a folder" in result.output, result.output
+    assert sorted(os.listdir(tmp_path)) == before
