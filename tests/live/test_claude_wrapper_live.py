@@ -329,6 +329,8 @@ def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdr
         ran = wait_until(lambda: settled(ledger, later), "the queued message to run", timeout=20)
         harness.wait_for(lambda line: is_result(line) and len(harness.results()) == 2)
         assert harness.close() == 0
+    # read again once the wrapper has exited: the CLI's answer to the withdrawal may come after the expiry
+    withdrawn = view(ledger, stale)
     assert ended(withdrawn) == ("expired", "expires_at_passed")
     assert any(item.reason == "withdrawn" and item.evidence["cancelled"] is True for item in withdrawn.history), \
         [(item.state, item.reason, item.evidence) for item in withdrawn.history]
