@@ -49,6 +49,11 @@ async def held_turn(harness, thread: str, gate: Path) -> str:
     return await start_turn(harness, thread, f"WAIT: {gate}")
 
 
+async def started(log: EventLog, thread: str, turn: str) -> None:
+    await log.wait_for(lambda m: is_notification("turn/started", threadId=thread)(m)
+                       and m.params["turn"]["id"] == turn, timeout=20)
+
+
 async def ended(log: EventLog, thread: str, turn: str) -> str:
     message = await log.wait_for(lambda m: is_notification("turn/completed", threadId=thread)(m)
                                  and m.params["turn"]["id"] == turn, timeout=20)
@@ -84,6 +89,9 @@ async def idle_goal_threads(harness, log: EventLog, workspace: Path,
     threads = []
     for status in ("active", "paused"):
         thread, turn = await goal_thread(harness, workspace, recorded)
+        # running at the server before it is interrupted: turn/start answers first, and on a
+        # loaded machine an interrupt sent at once found no active turn
+        await started(log, thread, turn)
         await harness.request("turn/interrupt", {"threadId": thread, "turnId": turn})
         assert await ended(log, thread, turn) == "interrupted"
         if status == "paused":
