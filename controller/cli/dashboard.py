@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from pathlib import Path
 
 import click
 
 from tillerman.controller.cli.output import Fail, errors_to_exit_codes, json_option, print_json, print_line
 from tillerman.controller.cli.shared import ledger_file, ledger_option, ledger_url, open_ledger
-from pathlib import Path
 
 from tillerman.controller.dashboard import secret as secrets_file
 from tillerman.controller.dashboard.guard import login_url
+from tillerman.ledger.errors import UnsafeOutput
 from tillerman.ledger.location import shown
 from tillerman.rules.notify import is_loopback
 from tillerman.rules.owner import local_login
@@ -73,8 +74,9 @@ def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_sec
     if port == 80:
         raise Fail("--port 80 does not work (browsers leave :80 out of Host, which the page checks); give another --port")
     try:
-        secret = secrets_file.load(secret_file or secrets_file.default_path(), rotate=new_secret)
-    except (OSError, secrets_file.SecretFileError) as exc:
+        secret = secrets_file.load(secret_file or secrets_file.default_path(), rotate=new_secret,
+                                   ledgers=() if ledger_url(ledger_path) else (ledger_file(ledger_path),))
+    except (OSError, secrets_file.SecretFileError, UnsafeOutput) as exc:
         raise Fail(str(exc)) from None
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

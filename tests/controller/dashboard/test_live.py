@@ -5,12 +5,15 @@ refold; and the command serving it, end to end."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
+import pytest
 import uvicorn
 from click.testing import CliRunner
 
@@ -140,7 +143,7 @@ def test_one_url_per_name_and_a_warning_that_the_page_is_plain_http(tmp_path):
 def test_a_secret_file_others_may_read_is_refused(tmp_path):
     path, secret = tmp_path / "ledger.sqlite3", tmp_path / "secret"
     open_recorder(path).close()
-    secret.write_text("x\n")
+    secret.write_bytes(secrets_file.MARK + b"x\n")
     secret.chmod(0o644)
     result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--secret-file", str(secret)])
     assert result.exit_code != 0 and "chmod 600" in result.output and len(result.output.splitlines()) == 1
@@ -151,6 +154,36 @@ def test_the_secret_persists_until_rotated(tmp_path):
     first = secrets_file.load(path)
     assert path.stat().st_mode & 0o777 == 0o600 and secrets_file.load(path) == first
     assert secrets_file.load(path, rotate=True) != first
+
+
+@pytest.mark.parametrize("what", ["a person's file", "the ledger", "a device"])  # a folder: click refuses it
+@pytest.mark.parametrize("rotate", [False, True])
+def test_a_secret_file_that_is_not_ours_is_refused_and_left_as_it_is(tmp_path, what, rotate):
+    """--secret-file pointed at anything but a secret tillerman wrote is neither read as a
+    secret nor replaced by one (--new-secret): a person's notes, the ledger, /dev/null."""
+    path = tmp_path / "ledger.sqlite3"
+    open_recorder(path).close()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    notes.chmod(0o600)
+    target = {"a person's file": notes, "the ledger": path, "a device": Path("/dev/null")}[what]
+    os.chmod(path, 0o600)  # readable by others, the ledger would be refused for that first
+    before = target.read_bytes() if target.is_file() else None
+    result = CliRunner().invoke(main, ["dashboard", "--ledger", str(path), "--secret-file", str(target),
+                                       *(["--new-secret"] if rotate else [])])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert (target.read_bytes() if target.is_file() else None) == before
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_symlinked_secret_file_is_written_through(tmp_path):
+    real, link = tmp_path / "real-secret", tmp_path / "link"
+    first = secrets_file.load(real)
+    link.symlink_to(real)
+    assert secrets_file.load(link) == first
+    second = secrets_file.load(link, rotate=True)
+    assert link.is_symlink() and secrets_file.load(real) == second != first
+    assert real.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_command_serves_live_events(tmp_path):
