@@ -616,6 +616,10 @@ def overdue_cmd(ctx, now_text, check, as_json, ledger_path):
     Example: tillerman overdue --check --json
     """
     if ctx.invoked_subcommand is not None:
+        # `overdue --ledger L resolve ID` means that ledger: handed down, never dropped
+        if now_text is not None or check:
+            raise Fail("--now and --check are for the listing; give them without a subcommand")
+        ctx.obj = {"ledger_path": ledger_path, "as_json": as_json}
         return
     from tillerman.controller.core.notice_resolution import read_resolutions
     from tillerman.controller.core.overdue import overdue as find_overdue
@@ -648,8 +652,9 @@ def overdue_cmd(ctx, now_text, check, as_json, ledger_path):
 @click.option("--by", default=local_login, show_default="the login name", help="Who resolves it.")
 @json_option
 @ledger_option
+@click.pass_obj
 @errors_to_exit_codes
-def overdue_resolve(intent_id, note, by, as_json, ledger_path):
+def overdue_resolve(given, intent_id, note, by, as_json, ledger_path):
     """Resolve an overdue intent's notice: it is no longer listed as overdue, and the
     [[notify]] sinks are told it is resolved once and hear of it no more (a deadline it
     misses later is a new notice). The intent itself is untouched.
@@ -658,6 +663,11 @@ def overdue_resolve(intent_id, note, by, as_json, ledger_path):
     """
     from tillerman.controller.core import notice_resolution
 
+    given = given or {}
+    if ledger_path is not None and given.get("ledger_path") not in (None, ledger_path):
+        raise Fail("--ledger is given twice, naming two ledgers; give it once")
+    ledger_path = ledger_path or given.get("ledger_path")
+    as_json = as_json or given.get("as_json", False)
     with open_ledger(ledger_path, must_exist=True) as ledger:
         try:
             resolution = notice_resolution.resolve(ledger, intent_id, by=by, note=note, now=time.time())

@@ -165,6 +165,31 @@ def test_resolving_twice_exits_1_and_says_who_did(ledger):
     assert code == 1 and "resolved by ana" in out
 
 
+def test_the_groups_ledger_and_json_reach_resolve(ledger, tmp_path, monkeypatch):
+    """`overdue --ledger L resolve ID` resolves in L: the group's --ledger was once parsed
+    and dropped, and resolve wrote to the default ledger (or said there was none)."""
+    path = tmp_path / "ledger.sqlite3"
+    monkeypatch.setenv("TILLERMAN_LEDGER", str(tmp_path / "elsewhere.sqlite3"))
+    code, out = _run("overdue", "--ledger", str(path), "--json", "resolve", ledger, "--by", "ana")
+    assert code == 0, out
+    assert json.loads(out)["subject"] == f"overdue:{ledger}"
+    assert not (tmp_path / "elsewhere.sqlite3").exists()
+    assert _run("overdue", "--ledger", str(path), "--check", "--json") == (0, "[]\n")
+
+
+@pytest.mark.parametrize("args", [["--now", "2026-12-01T00:00:00Z"], ["--check"]])
+def test_listing_options_with_resolve_are_refused(ledger, args):
+    code, out = _run("overdue", *args, "resolve", ledger)
+    assert code == 2 and "for the listing" in out
+    assert _run("overdue", "--check")[0] == 1  # nothing was resolved
+
+
+def test_two_ledgers_named_are_refused(ledger, tmp_path):
+    code, out = _run("overdue", "--ledger", str(tmp_path / "ledger.sqlite3"), "resolve", ledger,
+                     "--ledger", str(tmp_path / "other.sqlite3"))
+    assert code == 2 and "twice" in out
+
+
 # -- links ------------------------------------------------------------------------
 
 
