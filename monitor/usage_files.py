@@ -41,12 +41,15 @@ from tillerman.monitor.tailer import file_source
 HEAD_BYTES = 64 * 1024  # enough of a file's opening to tell its format
 
 #: The bytes of every line a usage report reads. Codex: the usage itself, the thread
-#: (``session_meta``), the model (``turn_context``) and what opens and closes turns.
+#: (``session_meta``), the model (``turn_context``) and what opens and closes turns. (The
+#: quoted values alone: a line written with spaces, ``"type": "token_count"``, holds them too.)
 _CODEX_NEEDLES = re.compile(rb'"(?:token_count|turn_context|session_meta|task_started|task_complete|turn_aborted'
                             rb'|user_message)"')
 #: Claude Code: the usage, and every line that opens a thread or opens or closes a turn
 #: (a usage event's id counts the events its line gives before it: a thread's opening among them).
-_CLAUDE_NEEDLES = re.compile(rb'"type":"(?:assistant|user|system|attachment|queue-operation|cost-state)"')
+#: JSON allows whitespace around the colon (``"type": "assistant"``); the parsers read such a
+#: line, so it is found here too (a line holds no newline: spaces, tabs and carriage returns).
+_CLAUDE_NEEDLES = re.compile(rb'"type"[ \t\r]*:[ \t\r]*"(?:assistant|user|system|attachment|queue-operation|cost-state)"')
 
 
 class UsageFile(msgspec.Struct, kw_only=True, tag=True):

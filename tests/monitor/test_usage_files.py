@@ -75,6 +75,29 @@ def test_the_fast_reader_gives_the_full_parsers_usage(path):
     assert {(o, r) for o, r in full_refused if r.startswith("usage_")} <= fast_refused
 
 
+def _spaced(line: bytes) -> bytes:
+    """The line as JSON written with spaces after its colons and commas (Python's default);
+    a line that is no JSON, as it is."""
+    try:
+        return json.dumps(json.loads(line)).encode()
+    except ValueError:
+        return line
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if any(isinstance(e.event, Usage | UsageReported)
+                                                          for e in read_usage_file(p).envelopes)],
+                         ids=lambda p: str(p.relative_to(SESSIONS)))
+def test_lines_written_with_spaces_give_the_full_parsers_usage(tmp_path, path):
+    spaced = tmp_path / path.relative_to(SESSIONS)  # the same name: a subagent's is told by its path
+    spaced.parent.mkdir(parents=True)
+    spaced.write_bytes(b"\n".join(_spaced(line) for line in path.read_bytes().split(b"\n")))
+    assert b'"type": "' in spaced.read_bytes()
+    (full_usage, full_refused), (fast_usage, fast_refused) = _full(spaced), _fast(spaced)
+    assert len(fast_usage) == len(_fast(path)[0])  # every usage of the compact file, found
+    assert fast_usage == full_usage
+    assert fast_refused <= full_refused
+
+
 def _codex_line(info: dict, kind: str = "token_count") -> dict:
     return {"timestamp": "2026-12-01T10:00:01Z", "type": "event_msg", "payload": {"type": kind, "info": info}}
 
