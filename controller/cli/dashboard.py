@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from tillerman.controller.cli.output import Fail, errors_to_exit_codes, json_option, print_json, print_line
+from tillerman.controller.cli.prices import price_table
 from tillerman.controller.cli.shared import ledger_file, ledger_option, ledger_url, open_ledger
 
 from tillerman.controller.dashboard import secret as secrets_file
@@ -93,7 +94,8 @@ def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_sec
     url_given = ledger_url(ledger_path)
     where = shown(url_given) if url_given else str(ledger_file(ledger_path))
     with open_ledger(ledger_path, must_exist=True) as ledger:
-        app = make_app(ledger, secret=secret, host=host.strip("[]"), port=port, remote_names=names, owner=owner)
+        app = make_app(ledger, secret=secret, host=host.strip("[]"), port=port, remote_names=names, owner=owner,
+                       prices=price_table(None))
         urls = [login_url(name, port, secret) for name in ((() if unspecified else (host.strip("[]"),)) + names)]
         if as_json:
             print_json({"url": urls[0], "urls": urls, "ledger": where, "owner": owner})

@@ -33,6 +33,7 @@ from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from tillerman.controller.core.notice_resolution import resolutions
 from tillerman.controller.core.overdue import overdue
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.dashboard import guard as guards
@@ -43,11 +44,11 @@ from tillerman.controller.dashboard.live import READ_BATCH, Live
 from tillerman.controller.report.fold import Facts
 from tillerman.controller.report import timeline
 from tillerman.controller.report.usage import UsageReport
-from tillerman.ledger.events import Entry
+from tillerman.ledger.events import Entry, NoticeResolved
 from tillerman.ledger.labels import VERDICTS
 from tillerman.ledger.recorder import Recorder
 from tillerman.rules.durations import format_duration
-from tillerman.rules.prices import bundled_table
+from tillerman.rules.prices import PriceTable, load_prices
 
 HERE = Path(__file__).parent
 PAGE_SIZE = 50  # fleet rows per page: the page's DOM stays bounded whatever the fleet's size
@@ -61,22 +62,26 @@ Perform = Callable[..., ActionResult]
 
 class FleetFolds:
     """What the fleet shows beside the projection, folded one row at a time: how each
-    thread is seen (``Sightings``) and today's usage by session. A new day starts a new
-    usage account, folded once from the ledger (today's responses may be anywhere in it)."""
+    thread is seen (``Sightings``), today's usage by session (priced by ``prices``, the
+    table in force) and the notices a person resolved (``resolved``: subject -> when, as
+    ``overdue`` takes them). A new day starts a new usage account, folded once from the
+    ledger (today's responses may be anywhere in it)."""
 
-    def __init__(self, recorder: Recorder, today: str) -> None:
-        self.recorder = recorder
+    def __init__(self, recorder: Recorder, today: str, prices: PriceTable) -> None:
+        self.recorder, self.prices = recorder, prices
         self.sightings = Sightings()
+        self.resolved: dict[str, float] = {}
         self.day = today
         self.usage = self._usage(today)
 
-    @staticmethod
-    def _usage(day: str) -> UsageReport:
-        return UsageReport(bundled_table(), by="session", since=day, until=day)
+    def _usage(self, day: str) -> UsageReport:
+        return UsageReport(self.prices, by="session", since=day, until=day)
 
     def apply(self, entry: Entry) -> None:
         self.sightings.apply(entry)
         self.usage.add(entry.envelope)
+        if isinstance(entry.envelope.event, NoticeResolved):
+            self.resolved.update((subject, r.at) for subject, r in resolutions((entry,)).items())
 
     def usage_for(self, today: str, last_seq: int) -> UsageReport:
         if today != self.day:
@@ -100,8 +105,8 @@ class FactsOnDemand:
     A caller holds ``lock`` while it reads the facts; each slice read from the recorder
     is read under ``reading`` (``Live.lock``), so the fleet is served between slices."""
 
-    def __init__(self, recorder: Recorder, reading: threading.RLock) -> None:
-        self.recorder, self.reading, self.facts, self.seq = recorder, reading, Facts(), 0
+    def __init__(self, recorder: Recorder, reading: threading.RLock, prices: PriceTable) -> None:
+        self.recorder, self.reading, self.facts, self.seq = recorder, reading, Facts(prices), 0
         self.lock = threading.RLock()
 
     def upto(self, seq: int) -> Facts:
@@ -125,12 +130,14 @@ def _today(now: float) -> str:
 
 def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_names: tuple[str, ...] = (),
              owner: str, perform_action: Perform = perform, clock: Callable[[], float] = time.time,
-             live: Live | None = None) -> Starlette:
+             live: Live | None = None, prices: PriceTable | None = None) -> Starlette:
     """The dashboard for ``recorder``, answering as ``host:port`` (and ``remote_names``)
-    to a browser holding ``secret``; its actions are proposed as ``owner``."""
-    folds = FleetFolds(recorder, _today(clock()))
+    to a browser holding ``secret``; its actions are proposed as ``owner``. ``prices``:
+    the price table in force (``tillerman dashboard`` gives the config's overrides too)."""
+    prices = prices or load_prices()
+    folds = FleetFolds(recorder, _today(clock()), prices)
     live = live or Live(recorder, folds=(folds,))
-    folded = FactsOnDemand(recorder, live.lock)
+    folded = FactsOnDemand(recorder, live.lock, prices)
     guard = guards.Guard(secret=secret, port=port, hosts=guards.allowed_hosts(host, port, remote_names))
     base = guard.root + "/"  # every link of the page starts with it
     csrf = guards.csrf_token(secret)
@@ -169,10 +176,14 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         """The verdict standing on each labeled subject, shown beside it."""
         return {label.subject: label for label in facts().labels.all_current()}
 
+    def late(projection, now: float) -> set[str]:
+        """The intents overdue now, leaving out those whose notice a person resolved."""
+        return {o.intent_id for o in overdue(projection, now, folds.resolved)}
+
     def rows(now: float):
         live.refresh()
         usage = folds.usage_for(_today(now), live.seq)
-        return fleet_rows(live.projection, usage, now, folds.sightings.threads)
+        return fleet_rows(live.projection, usage, now, folds.sightings.threads, resolved_at=folds.resolved)
 
     def recent_projects(every) -> list[str]:
         """The filter's suggestions: the ``PROJECT_CHOICES`` projects last active, not every
@@ -221,14 +232,14 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         current = facts()
         usage = folds.usage_for(_today(now), live.seq)
         page = _whole(request.query_params.get("page"), 1, 1, 1 << 30)
-        view = thread_view(current, folds.sightings.threads, usage, thread_id, now, page=page - 1, limit=LIMIT)
+        view = thread_view(current, folds.sightings.threads, usage, thread_id, now, page=page - 1, limit=LIMIT,
+                           resolved_at=folds.resolved)
         if view.header is None:
             return None
         pages = max(1, math.ceil(max(view.counts.values(), default=0) / view.limit))
-        late = {o.intent_id for o in overdue(current.projection, now) if o.thread_id == thread_id}
         return {"thread": view, "row": view.header, "intents": [current.projection.intents[r.intent_id]
                                                                 for r in view.intents],
-                "turn_usage": {line.key: line for line in view.usage.by_turn}, "overdue": late,
+                "turn_usage": {line.key: line for line in view.usage.by_turn}, "overdue": late(current.projection, now),
                 "labels": {label.subject: label for label in current.labels.all_current()},
                 "page": page, "pages": pages,
                 "prev": _page_query({}, page - 1) if page > 1 else None,
@@ -251,8 +262,7 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         view = live.projection.intents.get(request.path_params["intent_id"])
         if view is None:
             return PlainTextResponse("no such intent in the ledger\n", status_code=404)
-        late = {o.intent_id for o in overdue(live.projection, clock())}
-        return render("_intent.html", view=view, overdue=late, labels=labels())
+        return render("_intent.html", view=view, overdue=late(live.projection, clock()), labels=labels())
 
     async def intent_fragment(request: Request) -> Response:
         return await in_worker(lambda: intent_response(request), with_facts=True)
@@ -286,9 +296,8 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
             result = perform_action(recorder, name, fields, owner=owner, now=clock())
             live.refresh()
             view = live.projection.intents.get(result.intent_id) if result.intent_id else None
-            late = {o.intent_id for o in overdue(live.projection, clock())}
             return render("_action_result.html", status=200 if result.ok else 409, result=result, view=view,
-                          overdue=late, labels=labels())
+                          overdue=late(live.projection, clock()), labels=labels())
         return await in_worker(act, with_facts=True)
 
     async def events(request: Request) -> Response:

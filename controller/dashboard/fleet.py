@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 import msgspec
@@ -154,14 +154,15 @@ def _last_part(path: str) -> str | None:
 
 
 def fleet_rows(projection: Projection, usage: UsageReport, now: float, seen: dict[str, Seen], *,
-               stall_after: float = STALL_AFTER) -> list[FleetRow]:
+               stall_after: float = STALL_AFTER, resolved_at: Mapping[str, float] | None = None) -> list[FleetRow]:
     """One row per supervised thread, those that need a person first (``attention``).
 
     ``usage``: a ``UsageReport`` by session over today (``since=until=`` today's date in
-    the owner's zone), fed the ledger's usage; ``seen``: ``Sightings.threads``. Codex's
-    housekeeping threads (unsupervised) are no one's work and have no row."""
+    the owner's zone), fed the ledger's usage; ``seen``: ``Sightings.threads``;
+    ``resolved_at``: the notices a person resolved (``overdue``'s argument), not counted
+    overdue. Codex's housekeeping threads (unsupervised) are no one's work and have no row."""
     open_by_thread = Counter(view.intent.thread_id for view in projection.open_intents())
-    overdue_by_thread = Counter(o.thread_id for o in overdue(projection, now))
+    overdue_by_thread = Counter(o.thread_id for o in overdue(projection, now, resolved_at))
     today = usage.rows()
     rows = [_row(t, seen.get(thread_id) or Seen(), projection, usage, today.get((thread_id,)), now, stall_after,
                  open_by_thread[thread_id], overdue_by_thread[thread_id])
@@ -170,14 +171,14 @@ def fleet_rows(projection: Projection, usage: UsageReport, now: float, seen: dic
 
 
 def fleet_row(projection: Projection, usage: UsageReport, now: float, seen: dict[str, Seen], thread_id: str, *,
-              stall_after: float = STALL_AFTER) -> FleetRow | None:
+              stall_after: float = STALL_AFTER, resolved_at: Mapping[str, float] | None = None) -> FleetRow | None:
     """``thread_id``'s row of ``fleet_rows`` (None: no such supervised thread), without
     building the others: a thread's page needs only its own."""
     t = projection.threads.get(thread_id)
     if t is None or not t.supervised:
         return None
     open_intents = sum(1 for view in projection.open_intents() if view.intent.thread_id == thread_id)
-    overdue_items = sum(1 for o in overdue(projection, now) if o.thread_id == thread_id)
+    overdue_items = sum(1 for o in overdue(projection, now, resolved_at) if o.thread_id == thread_id)
     today = usage.rows().get((thread_id,))
     return _row(t, seen.get(thread_id) or Seen(), projection, usage, today, now, stall_after, open_intents,
                 overdue_items)

@@ -1,4 +1,4 @@
-"""One thread's page: its fleet row, timeline, turns, tool calls, approvals waiting,
+"""One thread's page: its fleet row, turns, tool calls, approvals waiting,
 findings, every intent with its journey, the reviewer's calls and answers, and usage;
 with --retain-payloads, also the calls' commands and the agent's messages.
 
@@ -11,12 +11,12 @@ thousands of turns is a page of them; ``ThreadView.counts`` says how many there 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import msgspec
 
 from tillerman.controller.dashboard.fleet import FleetRow, Seen, fleet_row, item_type_words
 from tillerman.controller.report.fold import STALL_FINDING, Facts
-from tillerman.controller.report.timeline import timeline_data
 from tillerman.controller.report.usage import Figures, UsageReport
 from tillerman.ledger.projections import HistoryItem
 
@@ -115,7 +115,6 @@ class Spending(msgspec.Struct, frozen=True, kw_only=True):
 class ThreadView(msgspec.Struct, frozen=True, kw_only=True):
     thread_id: str
     header: FleetRow | None  # None: a thread no one supervises (Codex's housekeeping) or not seen
-    timeline: dict  # ``timeline_data`` of this thread: what the page's timeline draws
     turns: tuple[TurnRow, ...]
     tool_calls: tuple[CallRow, ...]
     messages: tuple[MessageRow, ...]  # the agent's retained messages; none without --retain-payloads
@@ -131,16 +130,17 @@ class ThreadView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, thread_id: str, now: float, *,
-                page: int = 0, limit: int = LIMIT) -> ThreadView:
+                page: int = 0, limit: int = LIMIT, resolved_at: Mapping[str, float] | None = None) -> ThreadView:
     """The page of ``thread_id``. ``facts``: the ledger folded (``fold_facts``);
     ``seen`` and ``usage_today``: what ``fleet_row`` reads (``Sightings.threads``, the
-    usage report of today by session). ``page`` counts from 0, newest first; ``limit`` is
-    held to ``MAX_LIMIT``."""
+    usage report of today by session, the notices resolved). ``page`` counts from 0, newest
+    first; ``limit`` is held to ``MAX_LIMIT``. The timeline is not here: the page links to
+    the timeline's own route, which draws it when asked."""
     limit = max(1, min(limit, MAX_LIMIT))
     page = max(0, page)
     projection = facts.projection
     thread = projection.threads.get(thread_id)
-    header = fleet_row(projection, usage_today, now, seen, thread_id)
+    header = fleet_row(projection, usage_today, now, seen, thread_id, resolved_at=resolved_at)
     turns = sorted((t for t in facts.turns.values() if t.thread_id == thread_id),
                    key=lambda t: (t.started_at or t.ended_at or 0.0, t.seq), reverse=True)
     calls = sorted((c for c in facts.calls.values() if c.thread_id == thread_id), key=lambda c: c.seq, reverse=True)
@@ -154,7 +154,7 @@ def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, t
     shown_turns = _page(turns, page, limit)
     writers = thread.turn_writers if thread is not None else {}
     return ThreadView(
-        thread_id=thread_id, header=header, timeline=timeline_data(facts, thread_id=thread_id),
+        thread_id=thread_id, header=header,
         turns=tuple(TurnRow(turn_id=t.turn_id, state=t.status or "open", started_at=t.started_at,
                             ended_at=t.ended_at, trigger=facts.trigger(t)[0], trigger_inferred=facts.trigger(t)[1],
                             writer=writers.get(t.turn_id)) for t in shown_turns),

@@ -15,6 +15,7 @@ from markupsafe import escape
 from starlette.testclient import TestClient
 
 from tests.hostile import HTML, hostile_session
+from tillerman.controller.core import intent_requests
 from tillerman.controller.dashboard import app as app_module
 from tillerman.controller.dashboard.app import PAGE_SIZE, PROJECT_CHOICES, make_app
 from tillerman.controller.dashboard.thread_view import LIMIT
@@ -163,6 +164,24 @@ def test_an_action_goes_through_to_the_ledger(ledger):
     assert ledger.max_seq() > before
     refused = client_for(ledger).post("/action/steer", headers=POST_HEADERS, data={"thread": "thread-000"})
     assert refused.status_code == 409 and "Refused:" in refused.text and "text" in refused.text
+
+
+def test_a_notice_resolved_from_the_page_is_no_longer_shown_overdue(ledger):
+    """The page reads overdue as `tillerman overdue` does: a notice a person resolved is not
+    counted on the fleet, and its intent loses its overdue mark and its Resolve button (they
+    once stayed, and a second click was refused as resolved already)."""
+    ledger.append(threads(1))
+    late = intent_requests.propose(ledger, now=NOW - 1000, thread_id="thread-000", mode="queue", text="later",
+                                   ack_deadline=10.0, owner="ann")
+    client = client_for(ledger)
+    assert "1 overdue" in client.get("/").text
+    assert "Resolve the notice" in client.get(f"/intent/{late.id}").text
+    done = client.post("/action/resolve", headers=POST_HEADERS, data={"subject": f"overdue:{late.id}"})
+    assert done.status_code == 200, done.text
+    assert "Resolve the notice" not in done.text
+    assert "overdue" not in client.get("/").text.split('id="fleet"', 1)[1]
+    assert "Resolve the notice" not in client.get(f"/intent/{late.id}").text
+    assert "Resolve the notice" not in client.get("/thread/thread-000").text
 
 
 def test_wrong_host_refused_on_get(ledger):

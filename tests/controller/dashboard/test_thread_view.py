@@ -10,6 +10,7 @@ import pytest
 from tillerman.controller.dashboard.fleet import Sightings, fleet_row, fleet_rows
 from tillerman.controller.dashboard.thread_view import MAX_LIMIT, thread_view
 from tillerman.controller.report.fold import fold_facts
+from tillerman.controller.report.timeline import timeline_data
 from tillerman.controller.report.usage import UsageReport
 from tillerman.ledger import events as ev
 from tillerman.ledger.usage import Tokens
@@ -72,7 +73,8 @@ def test_the_page_of_a_thread():
     (review,) = page.reviews
     assert (review.reviewer, review.outcome, review.disposition, review.asked_at) == (
         "rev", "accepted", "ready_for_existing_gate", NOW - 44)
-    assert page.timeline["threads"] == [UUID] and len(page.timeline["turns"]) == 1
+    timeline = timeline_data(fold_facts(entries(*session())), thread_id=UUID)  # what the page's timeline link draws
+    assert timeline["threads"] == [UUID] and len(timeline["turns"]) == 1
 
 
 def test_retained_commands_and_agent_messages_are_shown_newest_first_and_paged():
