@@ -35,7 +35,7 @@ from tillerman.ledger.usage import UsageRefused
 from tillerman.monitor.formats import detect_format
 from tillerman.monitor.identity import FIRST_LINE_LIMIT, event_ids, stat_identity
 from tillerman.monitor.lines import WRONG_TYPE, decode_record
-from tillerman.monitor.parser import WrongType, iso_time, source_time
+from tillerman.monitor.parser import WrongType, as_text, iso_time, source_time
 from tillerman.monitor.tailer import file_source
 
 HEAD_BYTES = 64 * 1024  # enough of a file's opening to tell its format
@@ -273,11 +273,11 @@ class _CodexFile:
             return lines.quarantine(start, length, lines.refused_reason(body, length))
         body = record.payload or _CodexPayload()
         try:
-            _text(record.timestamp)
+            as_text(record.timestamp, "timestamp")
             if record.type == "session_meta":
-                self.thread = _text(body.id) or self.thread
+                self.thread = as_text(body.id, "id") or self.thread
             elif record.type == "turn_context":
-                self.model, self.context_turn = _text(body.model), _text(body.turn_id)
+                self.model, self.context_turn = as_text(body.model, "model"), as_text(body.turn_id, "turn_id")
             elif record.type == "event_msg":
                 self._event(lines, start, length, record, body, token_count_usage)
         except UsageRefused as refused:
@@ -297,9 +297,9 @@ class _CodexFile:
                 lines.add(usage, start, length, _time(record.timestamp))
         elif kind == "task_started":
             self.explicit_turns = True
-            self.turn = _text(body.turn_id) or f"turn@{start}"
+            self.turn = as_text(body.turn_id, "turn_id") or f"turn@{start}"
         elif kind in ("task_complete", "turn_aborted"):
-            if (_text(body.turn_id) or self.turn) == self.turn:
+            if (as_text(body.turn_id, "turn_id") or self.turn) == self.turn:
                 self.turn = None
         elif kind == "user_message" and not self.explicit_turns:
             self.turn = f"turn@{start}"  # old CLIs: each user message opens the next turn
@@ -380,8 +380,8 @@ class _ClaudeFile:
         except (msgspec.DecodeError, RecursionError):
             return lines.quarantine(start, length, lines.refused_reason(body, length))
         try:
-            _text(record.timestamp)
-            session = _text(record.sessionId) or self.file_session
+            as_text(record.timestamp, "timestamp")
+            session = as_text(record.sessionId, "sessionId") or self.file_session
             if record.type == "cost-state":
                 self._exit(lines, start, length, record, cost_state_usage(
                     {"totalCostUSD": record.totalCostUSD, "modelUsage": record.modelUsage}, thread_id=session))
@@ -423,10 +423,10 @@ class _ClaudeFile:
             said = sum(1 for block in blocks if block.type == "tool_use" or (block.type == "text" and _said(block)))
             for block in blocks:
                 if block.type == "tool_use":
-                    self._call_started(_text(block.id) or f"tool@{start}")
-            if record.isApiErrorMessage or _text(message.stop_reason) == "end_turn":
+                    self._call_started(as_text(block.id, "id") or f"tool@{start}")
+            if record.isApiErrorMessage or as_text(message.stop_reason, "stop_reason") == "end_turn":
                 turn = None
-        elif record.type == "system" and _text(record.subtype) in ("stop_hook_summary", "turn_duration"):
+        elif record.type == "system" and as_text(record.subtype, "subtype") in ("stop_hook_summary", "turn_duration"):
             turn = None
         opening = self._open(thread)
         if thread is not None:
@@ -438,16 +438,16 @@ class _ClaudeFile:
         """The thread's open turn after a user line: a prompt opens one, an interrupt ends it."""
         from tillerman.monitor.claude_transcript import _LOCAL_INPUT, INTERRUPT_MARKER
 
-        answered = [self._call_answered(_text(b.tool_use_id) or f"tool@{start}") for b in blocks
+        answered = [self._call_answered(as_text(b.tool_use_id, "tool_use_id") or f"tool@{start}") for b in blocks
                     if b.type == "tool_result"]
-        said = [_text(b.text) or "" for b in blocks if b.type == "text"]
+        said = [as_text(b.text, "text") or "" for b in blocks if b.type == "text"]
         prompt = "\n".join(said)
         if prompt.startswith(INTERRUPT_MARKER):
             return None
         if (not said or record.isMeta or record.isCompactSummary or any(answered)
                 or prompt.lstrip().startswith(_LOCAL_INPUT)):
             return turn
-        return _text(record.uuid) or f"line@{start}"
+        return as_text(record.uuid, "uuid") or f"line@{start}"
 
     def _call_started(self, call_id: str) -> None:
         if call_id not in self.open_calls and call_id not in self.done_calls:
@@ -463,7 +463,7 @@ class _ClaudeFile:
 
     def _thread_of(self, record: _ClaudeLine, session: str | None, start: int) -> str | None:
         """``ClaudeTranscriptParser._thread_of``: the session, or one of its subagents."""
-        agent = _text(record.agentId) or self.file_agent
+        agent = as_text(record.agentId, "agentId") or self.file_agent
         if not isinstance(record.isSidechain, bool | None):
             raise WrongType("isSidechain")
         if not (record.isSidechain or self.file_agent) or session is None:
@@ -475,7 +475,7 @@ class _ClaudeFile:
     def _sidechain_root(self, record: _ClaudeLine, start: int) -> str:
         """``ClaudeTranscriptParser._sidechain_root``: "" for a file's first chain of
         unnamed sidechain lines, ``-<root uuid>`` for later ones."""
-        uuid, parent = _text(record.uuid), _text(record.parentUuid)
+        uuid, parent = as_text(record.uuid, "uuid"), as_text(record.parentUuid, "parentUuid")
         if parent is None or self.side_root is None:
             root = "" if self.side_root is None else f"-{uuid or f'line@{start}'}"
         else:
@@ -495,7 +495,7 @@ def _blocks(content) -> list[_Block]:
 
 def _said(block: _Block) -> bool:
     """A text block: the parser's agent message (a text that is no string refuses the line)."""
-    _text(block.text)
+    as_text(block.text, "text")
     return True
 
 
@@ -513,12 +513,6 @@ def _read_claude(lines: _Lines, path: str) -> list[Envelope]:
     for start, length, body in lines.matching(_CLAUDE_NEEDLES):
         state.line(lines, start, length, body, readers)
     return lines.out
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise WrongType("text")
 
 
 _READERS: dict[str, tuple[str, Callable[[_Lines, str], list[Envelope]]]] = {

@@ -157,6 +157,34 @@ def test_hostile_usage_is_quarantined_as_the_parser_does(tmp_path, name, lines):
     assert [fast_usage, fast_refused] == _full(path)
 
 
+def _claude_with(**kw) -> list[dict]:
+    line = _assistant({"input_tokens": 3, "output_tokens": 7}, line_id="a1")
+    for key, value in kw.items():
+        (line["message"] if key in ("stop_reason", "content") else line)[key] = value
+    return [HOSTILE_CLAUDE[0], line, HOSTILE_CLAUDE[1]]
+
+
+def _codex_with(kind: str, **payload) -> list[dict]:
+    return [{"timestamp": "2026-12-01T10:00:00Z", "type": kind, "payload": payload}, *HOSTILE_CODEX[:3]]
+
+
+@pytest.mark.parametrize("name, lines", [
+    ("s-1.jsonl", _claude_with(sessionId=5)),
+    ("s-1.jsonl", _claude_with(agentId=[1], isSidechain=True)),
+    ("s-1.jsonl", _claude_with(stop_reason=5)),
+    ("s-1.jsonl", _claude_with(content=[{"type": "text", "text": 5}])),
+    ("s-1.jsonl", [{"type": "system", "sessionId": "s-1", "timestamp": "2026-12-01T10:00:02Z", "subtype": 3}]),
+    ("rollout-2026-12-01T10-00-00-0199b000-0000-7000-8000-0000000000c1.jsonl", _codex_with("session_meta", id=5)),
+    ("rollout-2026-12-01T10-00-00-0199b000-0000-7000-8000-0000000000c1.jsonl", _codex_with("turn_context", model=5)),
+], ids=["sessionId", "agentId", "stop_reason", "text", "subtype", "session_meta id", "turn_context model"])
+def test_a_text_field_of_another_type_is_quarantined_as_the_parser_does(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    fast = _fast(path)
+    assert "wrong_type" in {reason for _, reason in fast[1]}
+    assert fast == _full(path)
+
+
 def test_folders_are_searched_for_jsonl_in_sorted_order(tmp_path):
     (tmp_path / "b").mkdir()
     for name in ("b/2.jsonl", "a.jsonl", "b/1.jsonl", "notes.txt"):
