@@ -39,7 +39,6 @@ from tillerman.controller.report.account import (
 from tillerman.controller.report.fold import Facts, fold_facts
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.paths import check_output, replace_file
-from tillerman.rules.prices import PriceTable
 
 
 def _time(ctx, param, value: str | None) -> float | None:
@@ -58,7 +57,8 @@ def _source_options(fn):
         click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True),
                      help="With SESSION: the rule file the replay decides with."),
         click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True),
-                     help="With SESSION: " + CONFIG_HELP),
+                     help="With SESSION: " + CONFIG_HELP + " With --ledger: only its [prices.\"MODEL\"]"
+                          " tables, which override the price table (as for `tillerman usage`)."),
         click.option("--since", callback=_time, help="Only what began at or after this time (ISO 8601)."),
         click.argument("sessions", nargs=-1),
     )):
@@ -73,15 +73,17 @@ def _force_option(fn):
 
 
 def load_facts(ledger_path: str | None, sessions: Iterable[str], rules_path: str | None,
-               config_path: str | None, prices: PriceTable | None = None) -> Facts:
+               config_path: str | None) -> Facts:
     """The facts of the ledger, or of the sessions replayed into a ledger in memory;
-    usage priced with ``prices`` (default: the bundled table)."""
+    usage priced with the price table in force and the config file's overrides, as
+    ``tillerman usage`` prices it (read once the options are known to fit)."""
     sessions = list(sessions)
     if sessions and ledger_path is not None:
         raise Fail("give --ledger PATH or recorded SESSION files, not both")
+    if not sessions and rules_path:
+        raise Fail("--rules applies to SESSION files only; a ledger records its own rule sets")
+    prices = price_table(config_path)
     if not sessions:
-        if rules_path or config_path:
-            raise Fail("--rules and --config apply to SESSION files only; a ledger records its own rule sets")
         with open_intact_ledger(ledger_path) as ledger:
             return fold_facts(ledger.read(), prices)
     effective = load_rules_or_fail(rules_path, config_path)
@@ -119,7 +121,7 @@ def report(ledger_path, rules_path, config_path, since, sessions, until, by, db_
         from tillerman.controller.report.db import is_report_db, write_db  # sqlite-utils only when asked for
 
         db_target = check_output(db_path, "--db", ledgers=_ledgers(ledger_path), ours=is_report_db, force=force)
-    facts = load_facts(ledger_path, sessions, rules_path, config_path, price_table(config_path))
+    facts = load_facts(ledger_path, sessions, rules_path, config_path)
     result = account(facts, since=since, until=until, by=(by,) if by else DEFAULT_BY)
     if db_target is not None:
         replace_file(db_target, lambda new: write_db(new, facts, result))

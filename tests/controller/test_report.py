@@ -420,11 +420,29 @@ def test_db_holds_the_account_and_its_rows_and_answers_the_documented_query(tmp_
 def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     both = CliRunner().invoke(main, ["report", "--ledger", str(tmp_path / "l"), str(SESSIONS)])
     assert both.exit_code == 2 and "not both" in both.output
-    rules_on_ledger = CliRunner().invoke(main, ["report", "--ledger", str(_ledger_file([])), "--config",
-                                                str(SESSIONS / "replay" / "grants.toml")])
-    assert rules_on_ledger.exit_code == 2 and "SESSION files only" in rules_on_ledger.output
+    spoiled = tmp_path / "spoiled.toml"
+    spoiled.write_text('[prices."gpt-5"]\ninput = -1\n')
+    rules_on_ledger = CliRunner().invoke(main, ["report", "--ledger", str(_ledger_file([])), "--rules",
+                                                str(SESSIONS / "replay" / "grants.toml"), "--config", str(spoiled)])
+    # the options are checked before the price table is read: the spoiled config is not what is said
+    assert rules_on_ledger.exit_code == 2 and rules_on_ledger.output == (
+        "Error: --rules applies to SESSION files only; a ledger records its own rule sets\n")
     bad_time = CliRunner().invoke(main, ["report", "--since", "yesterday", str(SESSIONS)])
     assert bad_time.exit_code == 2
+
+
+def test_on_a_ledger_config_overrides_the_prices(tmp_path: Path) -> None:
+    stop_it = msgspec.structs.replace(intent(1, "interrupt"), expected_turn_id="U1")
+    ledger = _ledger_file([turn("U1", "interrupted", at=100.0, usage=((PRICED, 4000, 100),))[:-1],
+                           journey(stop_it, (S.PROPOSED, S.DISPATCH_UNKNOWN, "dispatching", 105.0)),
+                           turn("U1", "interrupted", at=100.0)[-1:]])
+    config = tmp_path / "config.toml"
+    config.write_text(f'[prices."{PRICED}"]\ninput = 100.0\ncached_input = 10.0\noutput = 1000.0\n')
+    out = CliRunner().invoke(main, ["report", "--json", "--ledger", str(ledger), "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    spent = json.loads(out.output)["cancelled_work"]["spend"]["cost_usd"]
+    assert spent == pytest.approx((2000 * 100.0 + 2000 * 10.0 + 100 * 1000.0) / 1e6)  # input less the cached part
+    assert spent != pytest.approx(cost(PRICED, 4000, 100))
 
 
 @pytest.mark.parametrize("by", ["task_class", "mode", "rule", "owner", "thread"])
