@@ -49,11 +49,13 @@ const tops = {"turn-band": "16px", "tool-call": "46px", "approval-wait": "57px",
               "stall-marker": "12px", "goal-mark": "2px", "intent-marker": "66px", "journey-line": "71px", "journey-step": "68px"};
 function getComputedStyleTop(cls) { return tops[cls.split(" ")[0]] || "0px"; }
 function show(obj) { detail.textContent = JSON.stringify(obj, null, 2); }
-// What a turn spent: a cost null has no known price, said so, never shown as $0.
+// What a turn spent: tokens null, no usage recorded; a cost null has no known price. Each
+// is said so, never shown as 0 tok or $0.
 function spent(d) {
+  if (d.tokens === null) return "no usage recorded";
   return d.tokens.toLocaleString("en-US") + " tok, " + (d.cost === null ? "unknown price" : "$" + d.cost.toFixed(2));
 }
-function fmt(t) { return new Date(t * 1000).toISOString().replace("T", " ").replace(/\\.\\d+Z$/, "Z"); }
+function fmt(t) { return new Date(t * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"); }
 function draw() {
   const [a, b] = view, width = chart.clientWidth || 1000, scale = width / (b - a);
   const x = t => (t - a) * scale;
@@ -77,7 +79,8 @@ function draw() {
       const band = el("turn-band " + d.status, left, w, d.lane,
         "turn " + d.id + " (" + d.status + "; started by " + by + "; " + spent(d) + ")",
         () => show({turn: d.id, status: d.status, trigger: d.trigger, inferred: d.inferred, started: fmt(d.s),
-                    ended: fmt(d.e), tokens: d.tokens, cost: d.cost === null ? "unknown price" : d.cost}));
+                    ended: fmt(d.e), tokens: d.tokens === null ? "no usage recorded" : d.tokens,
+                    cost: d.tokens === null ? "no usage recorded" : d.cost === null ? "unknown price" : d.cost}));
       const figures = document.createElement("span");
       figures.className = "turn-usage"; figures.textContent = spent(d);
       band.appendChild(figures);

@@ -5,7 +5,8 @@ plain JSON: threads, turns (with what started each), tool calls, approval waits,
 entries, stalls, the changes of each thread's Codex goal, each intent's journey with
 the evidence of every step, and what each turn and the shown threads spent (the usage
 report's figures in ``Facts.usage``: each response priced once, as ``tillerman usage``;
-a cost None where a response has no known price). ``render_html`` embeds that JSON in
+a cost None where a response has no known price, tokens and cost None where no usage
+was recorded). ``render_html`` embeds that JSON in
 one page with its CSS and script (``timeline.css``, ``timeline.js`` beside this module)
 inline: no network asset, so it opens from ``file://``; the dashboard links the same two
 files instead. The page draws only what lies in the visible time window and at most
@@ -44,14 +45,19 @@ def timeline_data(facts: Facts, *, thread_id: str | None = None, since: float | 
 
     spent = _spending(facts, set(threads))
     data: dict = {"threads": threads, "end": end, "max_drawn": MAX_DRAWN, "turns": [], "calls": [], "waits": [],
-                  "stalls": [], "goals": [], "intents": [], "usage": _usage(facts, threads, spent)}
+                  "stalls": [], "goals": [], "intents": []}
+    drawn: set[tuple[str | None, str | None]] = set()
     for t in turns:
         s, e = span(t.started_at, t.ended_at)
         if s is not None:
             trigger, inferred = facts.trigger(t)
+            drawn.add((t.thread_id, t.turn_id))
             data["turns"].append({"lane": lane[t.thread_id], "id": t.turn_id, "s": s, "e": e,
                                   "status": t.status or "open", "trigger": trigger or "not known",
                                   "inferred": inferred, **_figures(spent.get((t.thread_id, t.turn_id)))})
+    # With ``since``, the header is what the drawn turns spent: a response named for no
+    # turn has no time here to place it before or after ``since``.
+    data["usage"] = _usage(facts, threads, spent if since is None else {k: spent[k] for k in drawn & spent.keys()})
     for c in sorted(facts.calls.values(), key=lambda c: c.seq):
         s, e = span(c.started_at, c.ended_at)
         if c.thread_id in lane and s is not None and wanted(c.thread_id, s):
@@ -96,27 +102,30 @@ def _spending(facts: Facts, threads: set[str]) -> dict[tuple[str | None, str | N
 
 
 def _figures(figures: Figures | None) -> dict:
-    """``tokens`` and ``cost``; a cost None: a response in it has no known price (the page
-    says so, never 0)."""
+    """``tokens`` and ``cost``; both None: no usage recorded, counted apart and never as 0
+    (as ``tillerman report`` counts it); a cost None alone: a response in it has no known
+    price. The page says which, never 0."""
     if figures is None:
-        return {"tokens": 0, "cost": 0.0}
+        return {"tokens": None, "cost": None}
     return {"tokens": figures.tokens.total, "cost": figures.cost_usd}
 
 
 def _usage(facts: Facts, threads: list[str], spent: dict[tuple[str | None, str | None], Figures]) -> dict:
-    """What the shown threads spent in all, and each one's context use at its last
-    response (as ``tillerman usage --by session`` says it)."""
-    total = Figures()
+    """What ``spent`` sums to (no figures when it is empty), and each shown thread's context
+    use at its last response (as ``tillerman usage --by session`` says it)."""
+    total = Figures() if spent else None
     for figures in spent.values():
         total.merge(figures)
     return {**_figures(total), "context_use": {t: facts.usage.context(t)["context_use"] for t in threads}}
 
 
 def usage_line(usage: dict) -> str:
-    """The page's header: what the shown threads spent, and the context use of one thread."""
-    cost = "unknown price" if usage["cost"] is None else f"${usage['cost']:.2f}"
+    """The page's header: what the drawn threads spent, and the context use of one thread."""
     used = list(usage["context_use"].values())
     context = f"; context {used[0]:.0%} full" if len(used) == 1 and used[0] is not None else ""
+    if usage["tokens"] is None:
+        return "no usage recorded" + context
+    cost = "unknown price" if usage["cost"] is None else f"${usage['cost']:.2f}"
     return f"{usage['tokens']:,} tokens, {cost}{context}"
 
 

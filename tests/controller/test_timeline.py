@@ -28,6 +28,7 @@ from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent, text_digest
 from tillerman.ledger.memory import MemoryRecorder
 from tillerman.ledger.projections import Projection
+from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.ledger.usage import Tokens
 from tillerman.rules.prices import bundled_table
 
@@ -115,8 +116,8 @@ def test_the_page_draws_every_hostile_string_as_text_and_runs_none(tmp_path: Pat
     assert drawn["turns"] == len(data["turns"]) and drawn["intents"] == len(data["intents"])
     assert sorted(drawn["calls"]) == sorted(f"{c['tool']} (critical): {c['status']}" for c in data["calls"])
     assert sorted(drawn["goals"]) == sorted([g["status"], f"goal {g['status']}"] for g in data["goals"])
-    assert sorted(drawn["bands"]) == sorted(f"turn {t['id']} ({t['status']}; started by {t['trigger']}; 0 tok, $0.00)"
-                                            for t in data["turns"])  # the session spent nothing
+    assert sorted(drawn["bands"]) == sorted(f"turn {t['id']} ({t['status']}; started by {t['trigger']}; no usage recorded)"
+                                            for t in data["turns"])  # no usage in the session: none said, not 0
     assert json.loads(drawn["detail"])["tool"] in {c["tool"] for c in data["calls"]}
 
 
@@ -246,3 +247,59 @@ def test_a_priced_threads_header_shows_its_cost_and_context_use() -> None:
     session = next(r for r in usage_report("session", recorder.read())["rows"] if r["session"] == "U")
     assert usage_line(data["usage"]) == (f"9,900 tokens, ${session['cost_usd']:.2f}; "
                                          f"context {session['context_use']:.0%} full")
+
+
+def test_the_axis_ticks_and_a_turns_times_have_no_fraction_of_a_second(tmp_path: Path) -> None:
+    recorder = MemoryRecorder()
+    recorder.append(big_session(60))
+    page = tmp_path / "small.html"
+    page.write_text(render_html(timeline_data(fold_facts(recorder.read()))))
+    shown = json.loads(chromium_evaluate(page, """JSON.stringify({
+        ticks: [...document.querySelectorAll('#axis span')].map(e => e.textContent),
+        turn: (document.querySelector('.turn-band').click(), JSON.parse(document.getElementById('detail').textContent)),
+    })""", wait_for=".turn-band"))
+    whole_second = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ")
+    assert len(shown["ticks"]) == 5
+    for time in [*shown["ticks"], shown["turn"]["started"], shown["turn"]["ended"]]:
+        assert whole_second.fullmatch(time), time
+    assert (shown["turn"]["started"], shown["turn"]["ended"]) == ("1970-01-01 00:00:00Z", "1970-01-01 00:00:08Z")
+
+
+def test_a_turn_with_no_usage_recorded_has_no_figures_not_zeros() -> None:
+    recorder = MemoryRecorder()
+    recorder.append([*spending_session(), Envelope(event_id="j", source="appserver", at=1_700_000_009.0,
+                                                   event=ev.TurnStarted(thread_id="V", turn_id="idle"))])
+    idle = timeline_data(fold_facts(recorder.read()), thread_id="V")
+    assert [(t["id"], t["tokens"], t["cost"]) for t in idle["turns"]] == [("idle", None, None)]
+    assert idle["usage"]["tokens"] is None and usage_line(idle["usage"]) == "no usage recorded"
+    spent = timeline_data(fold_facts(recorder.read()))
+    assert spent["usage"]["tokens"] == 16_500 + 550 + 770 + 9_900  # the idle turn adds nothing, and is no 0
+
+
+def test_with_since_the_header_sums_the_turns_drawn() -> None:
+    recorder = MemoryRecorder()
+    recorder.append(spending_session())
+    data = timeline_data(fold_facts(recorder.read()), thread_id="T", since=1_700_000_004.0)
+    assert [t["id"] for t in data["turns"]] == ["unpriced"]
+    assert data["usage"]["tokens"] == 550 and data["usage"]["cost"] is None  # not the earlier turn's 16,500
+
+
+def spending_ledger(tmp_path: Path) -> Path:
+    path = tmp_path / "ledger.sqlite3"
+    with SQLiteRecorder(path) as recorder:
+        recorder.append(spending_session())
+    return path
+
+
+def test_the_timeline_prices_with_the_table_in_force_as_usage_does(tmp_path: Path) -> None:
+    ledger, config, page = spending_ledger(tmp_path), tmp_path / "config.toml", tmp_path / "t.html"
+    config.write_text('[prices."gpt-5"]\ninput = 100.0\noutput = 1000.0\n')
+    out = CliRunner().invoke(main, ["timeline", "--ledger", str(ledger), "--config", str(config), "--thread", "U",
+                                    "--html", str(page)])
+    assert out.exit_code == 0, out.output
+    usage = CliRunner().invoke(main, ["usage", "--ledger", str(ledger), "--config", str(config), "--by", "session",
+                                      "--json"])
+    assert usage.exit_code == 0, usage.output
+    session = next(r for r in json.loads(usage.output)["rows"] if r["session"] == "U")
+    cost = embedded_data(page.read_text())["usage"]["cost"]
+    assert cost == pytest.approx(session["cost_usd"]) == pytest.approx((9_000 * 100.0 + 900 * 1000.0) / 1e6)
