@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import msgspec
 
-from tillerman.controller.cli.output import Fail, PathType, json_option, print_json, print_line
+from tillerman.controller.cli.output import Fail, PathType, errors_to_exit_codes, json_option, print_json, print_line
 from tillerman.controller.cli.shared import warn_unsafe
 from tillerman.ledger.errors import UnsafeOutput
 from tillerman.ledger.paths import check_output, replace_file
@@ -46,7 +46,9 @@ def prices() -> None:
 @click.option("--date", "taken", metavar="YYYY-MM-DD",
               help="When FILE was taken from its source (default: today, UTC); every cost records it.")
 @click.option("--source", help="Where FILE came from, kept with the table (default: FILE's absolute path).")
-def import_cmd(file: str, taken: str | None, source: str | None) -> None:
+@json_option
+@errors_to_exit_codes
+def import_cmd(file: str, taken: str | None, source: str | None, as_json: bool) -> None:
     """Replace the price table with one trimmed from FILE, LiteLLM's full
     model_prices_and_context_window.json (from the BerriAI/litellm repository, or
     litellm/model_prices_and_context_window_backup.json inside the litellm wheel).
@@ -55,7 +57,8 @@ def import_cmd(file: str, taken: str | None, source: str | None) -> None:
     rates, long-context tiers, context windows and fast-mode factors. A figure that
     is not a number, negative, NaN or above $1 a token refuses the whole file with
     the model and field named (exit 2), and the table in use stays. The table is
-    stored in $XDG_DATA_HOME/tillerman/prices.json, replaced atomically.
+    stored in $XDG_DATA_HOME/tillerman/prices.json, replaced atomically. --json
+    prints what was stored: the models kept, the date, source and digest, and the path.
 
     Example: tillerman prices import model_prices_and_context_window.json --date 2026-12-01
     """
@@ -74,6 +77,10 @@ def import_cmd(file: str, taken: str | None, source: str | None) -> None:
         replace_file(path, lambda temporary: temporary.write_text(encode(document), encoding="utf-8"), mode=0o644)
     except (UnsafeOutput, OSError) as exc:
         raise Fail(f"cannot store the price table: {exc}") from None
+    if as_json:
+        print_json({"models": len(document["models"]), "date": date, "source": document["source"],
+                    "digest": document["digest"], "path": str(target)})
+        return
     print_line(f"Imported prices for {len(document['models'])} models, dated {date}, from {file}"
                f" ({document['digest']}); stored in {target}")
 
@@ -82,6 +89,7 @@ def import_cmd(file: str, taken: str | None, source: str | None) -> None:
 @click.argument("model", required=False)
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=PRICES_CONFIG_HELP)
 @json_option
+@errors_to_exit_codes
 def show_cmd(model: str | None, config_path: str | None, as_json: bool) -> None:
     """Print the price table's date, source and digest; with MODEL, the table key
     that prices it (matched as ccusage matches names), its rates in USD per

@@ -3,6 +3,9 @@ names the model and the field, never a crash and never a price of 0."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 
 import pytest
@@ -130,6 +133,42 @@ def test_show_prints_a_model_s_key_and_rates_or_no_price(data_home) -> None:
         "  context window: 1000000; fast factor: 2.0"]
     unknown = run("prices", "show", "llama-9", "--json")
     assert unknown.exit_code == 0 and '"missing": "no_price"' in unknown.output and '"key": null' in unknown.output
+
+
+def test_import_json_says_what_was_stored(tmp_path, data_home) -> None:
+    good = tmp_path / "good.json"
+    good.write_text('{"gpt-5": {' + GOOD + '}, "claude-x": {' + GOOD + '}, "llama": {}}')
+    done = run("prices", "import", good, "--date", "2026-11-30", "--source", "LiteLLM main", "--json")
+    assert done.exit_code == 0, done.output
+    shown = json.loads(run("prices", "show", "--json").output)
+    assert json.loads(done.output) == {"models": 2, "date": "2026-11-30", "source": "LiteLLM main",
+                                       "digest": shown["digest"], "path": str(data_home)}
+    assert shown["digest"] == "sha256:" + hashlib.sha256(good.read_bytes()).hexdigest()
+
+
+def _too_long_data_home(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / ("x" * 5000)))
+
+
+def _unreadable_midway(tmp_path, monkeypatch) -> None:
+    def fails(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error", str(tmp_path / "good.json"))
+
+    monkeypatch.setattr("tillerman.rules.prices_trim.table_document", fails)
+
+
+@pytest.mark.parametrize(("command", "fault", "error"), [
+    ("show", _too_long_data_home, "File name too long"),
+    ("import", _unreadable_midway, "good.json: Input/output error"),
+])
+def test_an_unexpected_error_is_one_line_not_a_traceback(tmp_path, data_home, monkeypatch, command, fault,
+                                                         error) -> None:
+    good = tmp_path / "good.json"
+    good.write_text('{"gpt-5": {' + GOOD + "}}")
+    fault(tmp_path, monkeypatch)
+    result = run("prices", command, *([good] if command == "import" else []))
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: ") and error in result.output and result.output.count("\n") == 1
 
 
 # -- [prices."MODEL"] in the config file ----------------------------------------------------
