@@ -16,7 +16,6 @@ commits costs one read.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -43,7 +42,10 @@ COALESCE = 0.1  # at most one message per page this often: a busy fleet is not a
 KEEPALIVE = 15.0  # a comment this often keeps proxies and the browser from closing a quiet stream
 RETRY_FEED = 1.0  # a lost feed (a database connection dropped) is followed again after this
 READ_BATCH = 5000  # rows folded per read: a long backlog is read in slices, the loop served between
-SUBSCRIBER_BUFFER = 8  # messages a slow page may fall behind; past that it misses some (each names the last seq)
+#: Messages a slow page may fall behind. Past that its stream is ended rather than thinned:
+#: a dropped message's threads would stay stale on it, while the browser reconnects at
+#: once and the new stream's hello (its seq) makes the page fetch every live part again.
+SUBSCRIBER_BUFFER = 8
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,19 +190,26 @@ class Live:
 
     def _send(self, change: Change) -> None:
         for page in list(self._pages):
-            with contextlib.suppress(anyio.WouldBlock):  # a page behind: the next message names the seq
+            try:
                 page.send_nowait(change)
+            except anyio.WouldBlock:  # a page behind: ended, it reconnects and catches up (SUBSCRIBER_BUFFER)
+                self._pages.discard(page)
+                page.close()
 
     async def events(self, *, keepalive: float = KEEPALIVE) -> AsyncIterator[str]:
         """One page's stream, as ``text/event-stream`` text: first the seq it starts from,
-        then a ``change`` event per message, and a comment when quiet."""
+        then a ``change`` event per message, and a comment when quiet; it ends when the
+        page fell ``SUBSCRIBER_BUFFER`` messages behind."""
         send, receive = anyio.create_memory_object_stream[Change](SUBSCRIBER_BUFFER)
         self._pages.add(send)
         try:
             yield sse("hello", Change(seq=self.projection.seq))
             while True:
                 with anyio.move_on_after(keepalive if keepalive > 0 else math.inf) as scope:
-                    change = await receive.receive()
+                    try:
+                        change = await receive.receive()
+                    except anyio.EndOfStream:  # ended by _send: the page fell behind
+                        return
                 yield ": keepalive\n\n" if scope.cancelled_caught else sse("change", change)
         finally:
             self._pages.discard(send)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from tests.controller.dashboard.served import next_change, serving, started
 from tillerman.controller.cli.main import main
 from tillerman.controller.dashboard import secret as secrets_file
-from tillerman.controller.dashboard.live import Live
+from tillerman.controller.dashboard.live import SUBSCRIBER_BUFFER, Change, Live
 from tillerman.ledger import events as ev
 from tillerman.ledger.backends import open_recorder
 from tillerman.ledger.events import Envelope
@@ -98,6 +98,30 @@ def test_a_change_folded_by_a_page_is_still_sent_and_a_label_names_its_thread(tm
     assert data == {"seq": 3, "threads": ["new", "old"], "intents": []}
     reader.close()
     writer.close()
+
+
+def test_a_page_that_falls_behind_is_cut_off_to_reconnect_not_thinned(tmp_path):
+    """Past SUBSCRIBER_BUFFER unread messages a page's stream ends (the browser reconnects,
+    and the new hello makes it fetch everything) instead of losing the threads named in the
+    messages it could not take."""
+    path = tmp_path / "ledger.sqlite3"
+    reader = open_recorder(path)
+    live = Live(reader, coalesce=0.01)
+
+    async def scenario() -> list[str]:
+        stream = live.events(keepalive=0)
+        got = [await anext(stream)]  # hello
+        for seq in range(1, SUBSCRIBER_BUFFER + 2):
+            live._send(Change(seq=seq, threads=(f"t{seq}",)))
+        with anyio.fail_after(10):
+            got.extend([message async for message in stream])
+        return got
+
+    got = anyio.run(scenario)
+    assert got[0].startswith("event: hello")
+    assert [m.split("\n")[1] for m in got[1:]] == [f"id: {seq}" for seq in range(1, SUBSCRIBER_BUFFER + 1)]
+    assert not live._pages  # ended, and forgotten
+    reader.close()
 
 
 def test_non_loopback_host_needs_allow_remote(tmp_path):
