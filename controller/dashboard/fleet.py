@@ -47,9 +47,6 @@ class FleetRow(msgspec.Struct, frozen=True, kw_only=True):
     overdue: int
     last_event_at: float | None
     last_event: str | None  # its kind, as a person reads it
-    # When the thread was first seen, and the stop intent holding it (``state`` "stopped").
-    started_at: float | None = None
-    stopped_by: str | None = None
 
 
 #: How long a running turn may go without progress before the fleet calls it stalled,
@@ -198,8 +195,7 @@ def _row(t: ThreadState, seen: Seen, projection: Projection, usage: UsageReport,
         tokens_today=today.tokens.total if today is not None else 0,
         cost_today_usd=today.cost_usd if today is not None else 0.0,
         context_use=context_use(usage, t.thread_id), open_intents=open_intents, overdue=overdue_items,
-        last_event_at=t.last_event_at, last_event=seen.last_kind.replace("_", " ") if seen.last_kind else None,
-        started_at=seen.first_at, stopped_by=t.stopped_by)
+        last_event_at=t.last_event_at, last_event=seen.last_kind.replace("_", " ") if seen.last_kind else None)
 
 
 def call_label(command: str | None, tool: str | None, item_type: str) -> str:

@@ -126,7 +126,6 @@ class ThreadView(msgspec.Struct, frozen=True, kw_only=True):
     counts: dict[str, int]  # every list's full length, for the page's "more"
     page: int
     limit: int
-    labels: dict = {}  # subject -> the owner's verdict: filled by the web layer (``tillerman.ledger.labels``)
 
 
 def thread_view(facts: Facts, seen: dict[str, Seen], usage_today: UsageReport, thread_id: str, now: float, *,
