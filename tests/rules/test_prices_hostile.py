@@ -159,7 +159,7 @@ def _unreadable_midway(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize(("command", "fault", "error"), [
     ("show", _too_long_data_home, "File name too long"),
-    ("import", _unreadable_midway, "good.json: Input/output error"),
+    ("import", _unreadable_midway, "Input/output error"),  # the path before it may be shortened
 ])
 def test_an_unexpected_error_is_one_line_not_a_traceback(tmp_path, data_home, monkeypatch, command, fault,
                                                          error) -> None:
