@@ -24,7 +24,9 @@ from fixtures.claude_cli import ClaudeSession
 from tests.live.daemon_support import OWNER_GRANT
 from tests.live.test_claude_wrapper_live import (
     TILLERMAN,
+    held,
     moves,
+    release,
     propose_intent,
     running_tool,
     steered,
@@ -111,11 +113,15 @@ def test_hooks_and_the_wrapper_on_one_session_are_one_set_of_turns_and_deliver_o
     spool, ledger = spool_daemon
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        session, turn = running_tool(harness, ledger, 4)
+        gate = tmp_path / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         steer = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: mention bananas",
                                expected_turn="active", now=time.time())
         queued = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: say plums",
                                 now=time.time())
+        wait_until(lambda: view(ledger, steer).state == State.QUEUED and view(ledger, queued).state == State.QUEUED,
+                   "the CLI to accept the steer and queue the message")
+        release(gate)
         wait_until(lambda: len(harness.results()) == 2, "the turn and the queued message's turn", timeout=30)
         steered_view = wait_until(lambda: view(ledger, steer).state == State.ACKNOWLEDGED and view(ledger, steer),
                                   "the steer to be acknowledged")

@@ -121,10 +121,35 @@ def moves(found: IntentView) -> list[tuple[str, str, str]]:
     return [(item.kind, str(item.state), item.reason) for item in found.history if item.kind != "decision"]
 
 
-def running_tool(harness: ClaudeSession, ledger: Path, seconds: int) -> tuple[str, str]:
-    """Start a turn whose Bash call sleeps ``seconds``; once the call runs and the
-    wrapper has recorded the turn (steerable), the session and the turn."""
-    turn = harness.user(f"RUN: sleep {seconds}")
+def held(gate: Path) -> str:
+    """A Bash command that runs until the test calls ``release(gate)``: the turn's tool round
+    stays open for a steer to fold into until the test lets it end (a fixed sleep races a
+    loaded machine, where the daemon's decision and the wrapper's pickup may take seconds).
+    ``cat`` of a FIFO in the session's folder: a read the CLI runs without asking."""
+    os.mkfifo(gate)
+    return f"cat {gate}"
+
+
+def release(gate: Path) -> None:
+    """Ends ``held(gate)``'s command: its ``cat`` reads a line and the FIFO's end."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader yet (ENXIO)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        os.write(fd, b"released\n")
+        os.close(fd)
+        return
+
+
+def running_tool(harness: ClaudeSession, ledger: Path, command: str) -> tuple[str, str]:
+    """Start a turn whose Bash call runs ``command``; once the call runs and the wrapper
+    has recorded the turn (steerable), the session and the turn."""
+    turn = harness.user(f"RUN: {command}")
     harness.wait_for(is_tool_use)
     session = harness.session_id
     wait_until(lambda: steerable_turn(ledger, session, turn), "the wrapper's record of the running turn")
@@ -137,9 +162,12 @@ def test_a_steer_is_folded_into_its_turn_and_acknowledged_on_the_cli_s_evidence(
         request: pytest.FixtureRequest) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        session, turn = running_tool(harness, ledger, 3)
+        gate = tmp_path / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: mention bananas",
                                    expected_turn=turn, now=time.time())
+        wait_until(lambda: view(ledger, intent_id).state == State.QUEUED, "the CLI to accept the steer")
+        release(gate)
         result = harness.wait_for(is_result, timeout=20)
         done = wait_until(lambda: settled(ledger, intent_id), "the steer to settle")
         assert harness.close() == 0
@@ -196,7 +224,7 @@ def test_an_interrupt_kills_the_running_tool_and_is_recorded_as_separate_facts(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        session, turn = running_tool(harness, ledger, 20)
+        session, turn = running_tool(harness, ledger, "sleep 20")
         intent_id = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop the sleep",
                                    expected_turn=turn, now=time.time())
         result = harness.wait_for(is_result, timeout=15)  # well before the 20 s the tool would take
@@ -234,9 +262,12 @@ def test_permission_requests_pass_through_and_the_harness_sees_the_cli_s_bytes_a
                        "--permission-prompt-tool", "stdio", env=env) as harness:
         send = harness.send
         harness.send = lambda message: (sent.append(json.dumps(message).encode() + b"\n"), send(message))[1]
-        session, turn = running_tool(harness, ledger, 3)
+        gate = tmp_path / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: touch nothing",
                                    expected_turn=turn, now=time.time())
+        wait_until(lambda: view(ledger, intent_id).state == State.QUEUED, "the CLI to accept the steer")
+        release(gate)
         harness.wait_for(is_result)
         wait_until(lambda: settled(ledger, intent_id), "the steer to settle")
         start = len(harness.lines)
@@ -291,13 +322,15 @@ def test_a_killed_wrapper_resumed_delivers_nothing_twice_and_settles_from_the_tr
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     with ClaudeSession(script, first, anthropic_model.base_url, env=env) as harness:
-        session, turn = running_tool(harness, ledger, 3)
+        gate = first / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: only once",
                                    expected_turn=turn, now=time.time())
         wait_until(lambda: view(ledger, intent_id).state == State.QUEUED, "the CLI to accept the steer")
         cli = cli_child(harness.process.pid)
         harness.process.kill()  # the wrapper dies with the steer accepted, not yet folded in
         harness.process.wait(timeout=10)
+        release(gate)
         wait_until(lambda: gone(cli), "the orphaned CLI to finish its turn and exit", timeout=20)
     assert view(ledger, intent_id).state == State.QUEUED  # nobody saw the fold
     # The same session, resumed under a new wrapper (same HOME and cwd: the transcript is found).
@@ -319,13 +352,16 @@ def test_a_queued_message_runs_as_its_own_turn_and_one_past_its_expiry_is_withdr
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        # The stale message expires 1.5 s after its proposal, well before the tool's turn
-        # ends (under load the wrapper's record of the turn may come seconds after its start).
-        session, turn = running_tool(harness, ledger, 7)
+        # The stale message expires 1.5 s after its proposal; the tool's turn ends once it
+        # has and the other message waits in the CLI's queue.
+        gate = tmp_path / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         later = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: run me after", now=time.time())
         stale = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: never run me", expires=1.5,
                                now=time.time())
         withdrawn = wait_until(lambda: settled(ledger, stale), "the stale message to be withdrawn")
+        wait_until(lambda: view(ledger, later).state == State.QUEUED, "the CLI to queue the other message")
+        release(gate)
         ran = wait_until(lambda: settled(ledger, later), "the queued message to run", timeout=20)
         harness.wait_for(lambda line: is_result(line) and len(harness.results()) == 2)
         assert harness.close() == 0
@@ -346,7 +382,7 @@ def test_an_interrupt_that_cancels_the_queue_drops_our_queued_message(
         claude_cli: Path, anthropic_model: AnthropicModel, tmp_path: Path, ledger: Path, daemon) -> None:
     script, env = wrapped(tmp_path, ledger, claude_cli)
     with ClaudeSession(script, tmp_path, anthropic_model.base_url, env=env) as harness:
-        session, turn = running_tool(harness, ledger, 20)
+        session, turn = running_tool(harness, ledger, "sleep 20")
         queued = propose_intent(ledger, thread_id=session, mode="queue", text="LATER: dropped", now=time.time())
         wait_until(lambda: view(ledger, queued).state == State.QUEUED, "the CLI to queue the message")
         stop = propose_intent(ledger, thread_id=session, mode="interrupt", text="stop, and drop the queue",
@@ -370,11 +406,13 @@ def test_a_wrapper_killed_between_its_dispatch_record_and_the_write_settles_not_
     first.mkdir()
     with ClaudeSession(script, first, anthropic_model.base_url, env={**env, "TILLERMAN_KILL_AT": "dispatch_recorded"}
                        ) as harness:
-        session, turn = running_tool(harness, ledger, 2)
+        gate = first / "ws" / "gate"
+        session, turn = running_tool(harness, ledger, held(gate))
         cli = cli_child(harness.process.pid)
         intent_id = propose_intent(ledger, thread_id=session, mode="steer", text="STEER: never written",
                                    expected_turn=turn, now=time.time())
-        assert harness.process.wait(timeout=10) == -signal.SIGKILL  # at its durable dispatch record
+        assert harness.process.wait(timeout=30) == -signal.SIGKILL  # at its durable dispatch record
+        release(gate)
         wait_until(lambda: gone(cli), "the orphaned CLI to finish its turn and exit", timeout=20)
     assert view(ledger, intent_id).state == State.DISPATCH_UNKNOWN  # sent or not: the ledger cannot tell
     second.mkdir()
