@@ -72,6 +72,7 @@ class ReadGoal(Command):
     """``thread/goal/get``: a stop reads the goal before it pauses it, and after, to verify."""
 
     verifying: bool = False
+    not_before: float = 0.0  # the adapter sends it no earlier (a stop's settled readback)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +80,7 @@ class ReadTurns(Command):
     """A stop's look at the thread's newest turns: is one running?"""
 
     verifying: bool = False
+    not_before: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

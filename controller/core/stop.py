@@ -14,11 +14,17 @@ command the adapter carries out and each preceded by a read of what it changes:
 3. ``ReadTurns``; a running turn → ``Interrupt`` it, then wait for its end.
 4. ``ListTerminals`` → ``Terminate`` every background terminal of the thread (an
    interrupt ends only its own turn's: a stopped thread runs no command at all).
-5. → acknowledged ``stop_applied``; then ``ReadTurns`` + ``ReadGoal`` again: no turn
-   running and no active goal → ``effect_verified`` ``stop_verified``. Work found (a
-   turn that started meanwhile, a goal set active again) → ``work_found`` evidence and
-   the steps again, at most ``STOP_ROUNDS`` readbacks, then ``effect_failed``
-   ``still_working`` and a report.
+5. → acknowledged ``stop_applied``; then, ``SETTLE`` seconds later, ``ReadTurns`` +
+   ``ReadGoal`` again: no turn running and no active goal → ``effect_verified``
+   ``stop_verified``. Work found (a turn that started meanwhile, a goal set active
+   again) → ``work_found`` evidence and the steps again, at most ``STOP_ROUNDS``
+   readbacks, then ``effect_failed`` ``still_working`` and a report.
+
+Why the readback waits: Codex starts a goal's next turn 5–10 ms after a turn ends, and a
+pause that lands in that gap does not undo a start already decided. That turn appears
+after the pause, and without the wait it could appear after a readback made at once,
+which would then verify a thread about to work. After ``SETTLE`` seconds it is found
+running (or done) and the steps end it.
 
 Idempotent by construction: every step reads before it writes, and every write is
 harmless when repeated — pausing a paused goal changes nothing (measured on 0.171.0),
@@ -62,6 +68,10 @@ STOP_ROUNDS = 3
 #: Seconds a step may wait for its answer (or a sent interrupt for its turn's end)
 #: before a ``Reconcile`` starts the steps again from the first read.
 RECHECK_AFTER = 5.0
+#: Seconds between the steps and the verifying readback: a continuation turn Codex had
+#: decided to start before the pause reached it has started by then, even on a loaded
+#: machine (it starts 5–10 ms after the previous turn's end).
+SETTLE = 1.0
 #: The reason recorded with each readback that found work.
 WORK_FOUND = "work_found"
 _STEPPING = frozenset({S.DISPATCH_UNKNOWN, S.ACKNOWLEDGED})
@@ -172,8 +182,9 @@ class StopDelivery(Delivery):
 
     def _verify(self, now: float) -> tuple[Command, ...]:
         self._readback = {}
-        return self._go("verify", now, ReadTurns(**self._ids(), verifying=True),
-                        ReadGoal(**self._ids(), verifying=True))
+        settled = now + SETTLE
+        return self._go("verify", now, ReadTurns(**self._ids(), verifying=True, not_before=settled),
+                        ReadGoal(**self._ids(), verifying=True, not_before=settled))
 
     # -- answers ----------------------------------------------------------------------
 

@@ -150,7 +150,10 @@ class GuardedAdapter:
         self.retain_payloads = retain_payloads  # the verify directory's path goes into evidence
 
     async def execute(self, command: Command) -> Fact:
-        """Check, then send; raises a ``BoundaryRefusal`` (nothing sent) or returns the outcome."""
+        """Check, then send; raises a ``BoundaryRefusal`` (nothing sent) or returns the outcome.
+        A read that names a ``not_before`` waits for it first, and is checked then."""
+        if isinstance(command, ReadGoal | ReadTurns) and (wait := command.not_before - self.clock()) > 0:
+            await anyio.sleep(wait)
         self.check(command)
         if isinstance(command, RunVerify):
             return await self._run_verify(command)

@@ -4,6 +4,7 @@ in-memory fake app-server (no sockets): what is refused sends nothing."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import time
 from itertools import count
 from typing import Any
 
@@ -17,7 +18,15 @@ from tillerman.controller.core.boundary import (
     ReplayedIntent,
     Unauthorized,
 )
-from tillerman.controller.core.commands import Interrupt, QueueList, ResumeQueue, RunVerify, Steer, Terminate
+from tillerman.controller.core.commands import (
+    Interrupt,
+    QueueList,
+    ReadTurns,
+    ResumeQueue,
+    RunVerify,
+    Steer,
+    Terminate,
+)
 from tillerman.controller.core.delivery import Delivery
 from tillerman.controller.core.facts import Dispatch, NoAnswer, Observed, Refused, Replied, Verified
 from tillerman.controller.core.intent_requests import intent_view, proposal_envelopes, transition_envelope
@@ -402,3 +411,18 @@ async def test_verify_runs_only_the_intents_own_readback_command():
     adapter = GuardedAdapter(FakeAppServer(), ledger_with(intent), grants("steer"))
     with pytest.raises(CommandMismatch):
         await adapter.execute(RunVerify(intent_id=intent.id, thread_id=THREAD, command="rm -rf /tmp/x"))
+
+
+async def test_a_settled_readback_goes_out_no_earlier_than_its_moment():
+    """A stop's verifying reads name a moment (``not_before``, ``SETTLE`` seconds after its
+    steps): the adapter holds it until then."""
+    intent = make_intent("stop")
+    recorder = ledger_with(intent)
+    mark_dispatching(recorder, intent)
+    asked_at: list[float] = []
+    server = FakeAppServer(thread__turns__list=lambda _: asked_at.append(time.time()) or {"data": []})
+    adapter = GuardedAdapter(server, recorder, grants("stop"))
+    moment = time.time() + 0.3
+    assert isinstance(await adapter.execute(ReadTurns(intent_id=intent.id, thread_id=THREAD, verifying=True,
+                                                      not_before=moment)), Replied)
+    assert len(asked_at) == 1 and asked_at[0] >= moment

@@ -29,7 +29,14 @@ from tillerman.controller.core.delivery import Delivery
 from tillerman.controller.core.facts import Dispatch, NoAnswer, Observed, Reconcile, Refused, Replied
 from tillerman.controller.core.intent_requests import proposal_envelopes
 from tillerman.controller.core.rpc_errors import Refusal
-from tillerman.controller.core.stop import RECHECK_AFTER, STOP_ROUNDS, StopDelivery, goal_origin, machine_from_view
+from tillerman.controller.core.stop import (
+    RECHECK_AFTER,
+    SETTLE,
+    STOP_ROUNDS,
+    StopDelivery,
+    goal_origin,
+    machine_from_view,
+)
 from tillerman.ledger.events import GoalUpdated, Report, TurnCompleted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.projections import Projection
@@ -125,7 +132,8 @@ class Stop:
                 if steps is not None and len(self.sent) >= steps:
                     return
                 self.sent.append(command)
-                self.now += 0.01
+                # as the adapter does: a read that names a moment goes out no earlier
+                self.now = max(self.now + 0.01, getattr(command, "not_before", 0.0))
                 pending.append(self.thread.answer(command, self.now))
             if not pending and self.thread.ended:
                 turn = self.thread.ended.pop()
@@ -305,4 +313,29 @@ def test_a_stop_interrupts_a_turn_listed_as_starting_and_verifies_only_once_none
     stop = Stop(Starting())
     stop.run(Dispatch(NOW, "a1"))
     assert [c.turn_id for c in stop.thread.writes if isinstance(c, Interrupt)] == ["turn-9"]
+    assert stop.moves()[-1] == ("effect_verified", "stop_verified")
+
+
+def test_a_continuation_decided_before_the_pause_is_found_by_the_settled_readback_and_ended() -> None:
+    """Codex starts a goal's next turn 5-10 ms after a turn ends; a pause landing in that gap
+    does not undo a start already decided. Here the idle thread's continuation starts half a
+    second after the pause (a loaded server), after every step's read: the readback,
+    ``SETTLE`` seconds after the steps, finds it running, and the steps end it."""
+    class DecidedBeforeThePause(Thread):
+        starts_at: float | None = None
+
+        def answer(self, command, now):
+            if isinstance(command, PauseGoal):
+                self.starts_at = now + 0.5
+            if self.starts_at is not None and now >= self.starts_at:
+                self.running, self.starts_at = "turn-continued", None
+            return super().answer(command, now)
+
+    stop = Stop(DecidedBeforeThePause(running=None))
+    stop.run(Dispatch(NOW, "a1"))
+    verifying = [c for c in stop.sent if isinstance(c, ReadTurns | ReadGoal) and c.verifying]
+    applied_at = next(h.at for h in stop.record.view(stop.intent.id).history if h.reason == "stop_applied")
+    assert all(c.not_before == applied_at + SETTLE for c in verifying[:2])
+    assert [e["running_turn"] for e in stop.evidence("work_found")] == ["turn-continued"]
+    assert [c.turn_id for c in stop.thread.writes if isinstance(c, Interrupt)] == ["turn-continued"]
     assert stop.moves()[-1] == ("effect_verified", "stop_verified")
