@@ -392,7 +392,7 @@ class Delivery:
                 found = _client_item(turn, self.client_id)
                 if found is not None:
                     return self._found(turn, found, now)
-            running = any(turn.running for turn in page.turns)
+            running = any(turn.maybe_running for turn in page.turns)
             if self.state is S.QUEUED or not self._behind_ended or running:
                 # Accepted and still waiting in the server's queue, or an add of unknown
                 # outcome before the turn it waits behind ended (or while a turn it may
@@ -410,8 +410,10 @@ class Delivery:
         found = _client_item(turn, self.client_id)
         if found is not None:
             return self._found(turn, found, now)
-        if turn.running:
-            return Output()  # still active: an accepted steer may be pending inside the server
+        if turn.maybe_running:
+            # Still active (or just starting, listed "interrupted" with no end time): an
+            # accepted steer may be pending inside the server.
+            return Output()
         return self._absent({"turn_id": command.turn_id, "turn_status": turn.status}, now)
 
     def _found(self, turn: Turn, ours: int, now: float) -> Output:
@@ -545,6 +547,13 @@ class Delivery:
             return self._out(commands=(self._read_back_token(),))  # queue: the turn our message started
         if event.turn_id is not None and event.turn_id == self._ack_turn and self.intent.mode != "interrupt":
             return self._out(commands=self._verify_command())
+        if self.intent.mode == "queue" and self.state is S.QUEUED and self._delivered_in is None \
+                and event.turn_id != self._behind_turn:
+            # Our accepted message may have started this turn with its echo unseen: the
+            # daemon subscribes to a thread at its `active` status, and the turn's first
+            # items can go by before that resume (after a reconnect, under load). Its end
+            # is seen (live, or in the resume's page), so the turns are read for our message.
+            return self._out(commands=(ReadBack(**self._ids(), client_id=self.client_id, turn_id=None),))
         return Output()
 
     def _expected_turn_ended(self, status: str, now: float) -> Output:
