@@ -35,6 +35,10 @@ from tillerman.ledger.reviews import Call, Escalate, OverBudget, Plan, Recorded,
 from tillerman.rules.review import CHECKPOINTS, Accepted, consequence
 
 
+#: Reviewer calls ``review try --labeled`` makes unless told otherwise: each one costs.
+LABELED_LIMIT = 25
+
+
 @click.group()
 def review() -> None:
     """Reviewers: model judgment at named checkpoints, never an authority."""
@@ -47,12 +51,15 @@ def review() -> None:
 @click.option("--labeled", is_flag=True,
               help="Instead of one intent: every intent the owner labeled (tillerman label), and the reviewer's"
                    " agreement with those labels.")
+@click.option("--limit", type=click.IntRange(min=1), default=LABELED_LIMIT, show_default=True,
+              help="With --labeled: ask about the newest this many labeled intents (each is a reviewer call,"
+                   " which costs).")
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (default: built-in).")
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @json_option
 @ledger_option
 @errors_to_exit_codes
-def review_try(name, checkpoint, intent_id, labeled, rules_path, config_path, as_json, ledger_path):
+def review_try(name, checkpoint, intent_id, labeled, limit, rules_path, config_path, as_json, ledger_path):
     """Run one checkpoint by hand: show the packet, the answer and what the controller
     would do with it. Nothing is recorded. With --labeled, run it for every intent the
     owner labeled and say how often the reviewer's disposition agrees with the label
@@ -69,7 +76,7 @@ def review_try(name, checkpoint, intent_id, labeled, rules_path, config_path, as
         known = ", ".join(r.name for r in effective.reviewers) or "none configured"
         raise Fail(f"no reviewer {name!r} in the config file ({known}); add a [[reviewer]] table named so")
     if labeled:
-        try_labeled(reviewer, checkpoint, effective.ruleset, ledger_path, as_json)
+        try_labeled(reviewer, checkpoint, effective.ruleset, ledger_path, as_json, limit)
         return
     ledger = open_intact_ledger(ledger_path)
     try:
@@ -114,10 +121,10 @@ def review_try(name, checkpoint, intent_id, labeled, rules_path, config_path, as
         raise SystemExit(EXIT_CHECK_FAILED)
 
 
-def try_labeled(reviewer, checkpoint: str, ruleset, ledger_path: str | None, as_json: bool) -> None:
-    """The reviewer over every intent the owner labeled: its disposition against the
-    owner's label (``tillerman.ledger.labels.reviewer_agrees``). Exit 1 when an answer
-    failed closed (it is listed, and not compared)."""
+def try_labeled(reviewer, checkpoint: str, ruleset, ledger_path: str | None, as_json: bool, limit: int) -> None:
+    """The reviewer over the ``limit`` intents the owner labeled last: its disposition
+    against the owner's label (``tillerman.ledger.labels.reviewer_agrees``). Exit 1 when
+    an answer failed closed (it is listed, and not compared)."""
     ledger = open_intact_ledger(ledger_path)
     try:
         labels = fold_labels(ledger.history(kinds=("owner_labeled",)))
@@ -130,8 +137,11 @@ def try_labeled(reviewer, checkpoint: str, ruleset, ledger_path: str | None, as_
         ledger.close()
     if not subjects:
         raise Fail("the owner labeled no intent in this ledger; label some with: tillerman label INTENT VERDICT")
+    labeled, subjects = len(subjects), subjects[-limit:]
     items = []
-    for given, view in subjects:
+    for number, (given, view) in enumerate(subjects, 1):
+        if not as_json:
+            print_line(f"asking {reviewer.name} about {view.intent.id} ({number} of {len(subjects)})", err=True)
         asked = ask(reviewer, checkpoint, packet_for_intent(view, checkpoint, reviewer, ruleset))
         disposition = asked.outcome.answer.disposition if isinstance(asked.outcome, Accepted) else None
         items.append({"intent_id": view.intent.id, "verdict": given.verdict, "disposition": disposition,
@@ -143,7 +153,7 @@ def try_labeled(reviewer, checkpoint: str, ruleset, ledger_path: str | None, as_
                    len(compared), "every answer failed closed")
     if as_json:
         print_json({"reviewer": reviewer.name, "checkpoint": checkpoint, "agreement": figure,
-                    "compared": len(compared), "items": items})
+                    "compared": len(compared), "asked": len(items), "labeled": labeled, "items": items})
     else:
         for item in items:
             said = item["disposition"] or f"failed closed ({item['failed']})"
@@ -152,6 +162,9 @@ def try_labeled(reviewer, checkpoint: str, ruleset, ledger_path: str | None, as_
         shown = figure.value if figure.value is not None else f"n/a ({figure.why})"
         print_line(f"agreement: {shown} ({agreeing} of {len(compared)} compared; {len(items) - len(compared)}"
                    " failed closed)")
+        if labeled > len(items):
+            print_line(f"asked about the newest {len(items)} of {labeled} labeled intents; --limit {labeled} asks"
+                       " about all")
     if len(compared) < len(items):
         raise SystemExit(EXIT_CHECK_FAILED)
 

@@ -166,6 +166,29 @@ def test_try_labeled_measures_the_reviewers_agreement_with_the_owner(ledger, tmp
         assert rec.max_seq() == before  # a try records nothing
 
 
+def test_try_labeled_asks_about_the_newest_labels_up_to_its_limit(ledger, tmp_path):
+    """Each answer is a reviewer call, which costs: --limit (25 unless given) caps them,
+    the intents labeled last first; the output says how many were left out."""
+    ids = []
+    for text in ("Read src/ instead.", "Run the tests first.", "Stop the grep."):
+        code, out = run("intent", "propose", "--thread", "T1", "--expected-turn", "active", "--mode", "steer",
+                        "--text", text, "--json")
+        ids.append(json.loads(out)["id"])
+    for intent, verdict in ((ids[2], "useful"), (ids[0], "useful"), (ids[1], "harmful")):
+        assert run("label", intent, verdict)[0] == 0
+    cfg = labeled_config(tmp_path)
+    args = ("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--labeled", "--config", cfg)
+    code, out = run(*args, "--limit", "2", "--json")
+    data = json.loads(out)
+    assert code == 0 and (data["asked"], data["labeled"]) == (2, 3)
+    assert [item["intent_id"] for item in data["items"]] == [ids[0], ids[1]]  # labeled last
+    code, out = run(*args, "--limit", "2")
+    assert code == 0 and "asked about the newest 2 of 3 labeled intents; --limit 3 asks about all" in out
+    assert json.loads(run(*args, "--json")[1])["asked"] == 3
+    code, out = run(*args, "--limit", "0")
+    assert code == 2 and "--limit" in out
+
+
 def test_try_labeled_counts_a_failed_answer_apart_and_exits_1(ledger, tmp_path):
     assert run("label", intent_id(), "useful")[0] == 0
     code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "before_dispatch", "--labeled",
