@@ -194,7 +194,7 @@ def _row(t: ThreadState, seen: Seen, projection: Projection, usage: UsageReport,
         goal_status=t.goal.status if t.goal is not None else None,
         tokens_today=today.tokens.total if today is not None else 0,
         cost_today_usd=today.cost_usd if today is not None else 0.0,
-        context_use=context_use(usage, t.thread_id), open_intents=open_intents, overdue=overdue_items,
+        context_use=usage.context(t.thread_id)["context_use"], open_intents=open_intents, overdue=overdue_items,
         last_event_at=t.last_event_at, last_event=seen.last_kind.replace("_", " ") if seen.last_kind else None)
 
 
@@ -259,18 +259,6 @@ def name_of(thread_id: str, seen: Seen) -> str:
     started = iso(seen.first_at)
     return " ".join(part for part in (seen.agent or "thread", thread_id[:8], started[:16] if started else None)
                     if part)
-
-
-def context_use(usage: UsageReport, thread_id: str) -> float | None:
-    """How full the thread's context was at its last response, as ``tillerman usage
-    --by session`` says it: the window the source named, else the price table's."""
-    thread = usage.account.threads.get(thread_id)
-    if thread is None or thread.last_input is None:
-        return None
-    window = thread.context_window
-    if window is None and thread.last_model is not None:
-        window = usage.prices.context_window(thread.last_model)
-    return thread.last_input / window if window else None
 
 
 def attention(row: FleetRow) -> tuple:
