@@ -48,7 +48,9 @@ Theory of operation (docs/design.md "Intents: the delivery protocol"):
   refusal). The echo counts only in the turn the current send named.
 * Queue: the server does not deduplicate by ``clientUserMessageId``, so the add is
   preceded by a ``QueueList``; our entry already there → queued, no add. The new
-  turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``).
+  turn's ``userMessage`` with our clientId → acknowledged (``queue_turn_started``);
+  accepted with that echo unseen (the daemon subscribed after the turn's first items),
+  the end of any turn but the one it waits behind reads the thread's turns back for it.
   An add of unknown outcome names no turn, so its "expected turn" is the one it waits
   behind: the turn active when it was dispatched (recorded as ``behind_turn``). The
   server drains its queue when that turn ends, so from then on the readback — the

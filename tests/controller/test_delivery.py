@@ -449,6 +449,45 @@ def test_queue_entry_already_there_is_not_added_again():
     assert rebuilt.handle(Replied(listing, QueuePage(), NOW + 3)) == Output()
 
 
+def _queue_accepted(behind: str | None) -> Run:
+    """A queue add dispatched while ``behind`` runs (None: an idle thread), accepted."""
+    run = Run(make_intent("queue"))
+    [listing] = run.feed(Dispatch(NOW, "a1", behind)).commands
+    [add] = run.feed(Replied(listing, QueuePage(), NOW + 1)).commands
+    run.feed(Replied(add, QueuedSubmission("q1"), NOW + 2))
+    return run
+
+
+@pytest.mark.parametrize(("behind", "ended", "reads_back"), [
+    (None, NEXT_TURN, True),  # added to an idle thread: the turn it started ended, echo unseen
+    (TURN, NEXT_TURN, True),  # the turn after the one it waited behind ended, echo unseen
+    (TURN, TURN, False),  # the turn it waits behind ended: the server only now starts ours
+])
+def test_a_queued_message_whose_echo_went_by_unseen_is_read_back_when_a_turn_ends(behind, ended, reads_back):
+    """After a reconnect the daemon subscribes to a thread at its `active` status, and the
+    first items of the turn our accepted message started can go by before that resume:
+    the turn's end is still seen, and it reads the turns back for our message."""
+    run = _queue_accepted(behind)
+    out = run.feed(turn_completed(turn_id=ended))
+    if not reads_back:
+        assert out == Output() and run.ledger_state() == "queued"
+        return
+    assert out.commands == (ReadBack(intent_id=run.intent.id, thread_id=THREAD,
+                                     client_id=run.intent.client_user_message_id, turn_id=None),)
+    found = run.feed(Replied(out.commands[0], turns_page(turn(NEXT_TURN, "completed", user_item(
+        run.intent.client_user_message_id, "m"))), NOW + 6))
+    move = transition(found)
+    assert (move.from_state, move.to_state, move.reason) == ("queued", "acknowledged", "queue_turn_started")
+    assert move.evidence == {"turn_id": NEXT_TURN, "item_id": "m", "via": "readback"}
+
+
+def test_a_queued_message_seen_echoed_reads_nothing_back_at_its_turns_end():
+    run = _queue_accepted(None)
+    run.feed(echo(run.intent, turn_id=NEXT_TURN))
+    assert run.feed(turn_completed(turn_id=NEXT_TURN)).commands == ()
+    assert run.sent(ReadBack) == []
+
+
 def _queue_add_lost(active_turn: str | None) -> tuple[Run, QueueAdd, Delivery]:
     """A queue add sent while ``active_turn`` runs, its reply lost; then a restart."""
     run = Run(make_intent("queue"))
