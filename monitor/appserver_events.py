@@ -42,7 +42,7 @@ from tillerman.ledger.events import (
 )
 from tillerman.ledger.command_patterns import DEFAULT, CommandPatterns
 from tillerman.ledger.usage import MAX_TOTAL_TOKENS, codex_response_key, codex_tokens, count
-from tillerman.monitor.claude_transcript import MAX_COST_USD, cost_usd
+from tillerman.monitor.costs import MAX_COST_USD, cost_usd
 from tillerman.monitor.codex_wire import Goal, parse_goal, parse_turn_page
 from tillerman.monitor.digest import digest, kept_command, payload, size
 from tillerman.monitor.lines import TooDeep, nested, valid_utf8

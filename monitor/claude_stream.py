@@ -49,7 +49,8 @@ from tillerman.ledger.events import (
     UsageReported,
 )
 from tillerman.ledger.usage import MAX_TOTAL_TOKENS, claude_tokens
-from tillerman.monitor.claude_transcript import INTERRUPT_MARKER, content_blocks, cost_usd, model_usage, tool_status
+from tillerman.monitor.claude_transcript import INTERRUPT_MARKER, content_blocks, model_usage, tool_status
+from tillerman.monitor.costs import cost_usd
 from tillerman.monitor.parser import Call, OpenCalls, Parser, WrongType, command_text, integer, iso_time, items, obj
 from tillerman.monitor.parser import text as field
 from tillerman.monitor.parser import workdir

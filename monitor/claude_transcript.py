@@ -69,6 +69,7 @@ from tillerman.ledger.events import (
     UsageReported,
 )
 from tillerman.ledger.usage import MAX_TOTAL_TOKENS, Tokens, UsageRefused, claude_tokens
+from tillerman.monitor.costs import cost_usd
 from tillerman.monitor.digest import digest
 from tillerman.monitor.lines import WRONG_TYPE, TypedLines, nested
 from tillerman.monitor.parser import (
@@ -607,24 +608,6 @@ def _model_tokens(figures: Any) -> Tokens:
         usage["cache_creation"] = {"ephemeral_5m_input_tokens": figures.get("cacheCreationEphemeral5mInputTokens"),
                                    "ephemeral_1h_input_tokens": figures.get("cacheCreationEphemeral1hInputTokens")}
     return claude_tokens(usage, limit=MAX_TOTAL_TOKENS)
-
-
-#: No session costs this much: a larger figure is forged or corrupt.
-MAX_COST_USD = 1e9
-
-
-def cost_usd(value: Any, field: str) -> float | None:
-    """A vendor's cost in USD: a non-negative number up to ``MAX_COST_USD``, or None
-    when absent; anything else is refused (never read as 0)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UsageRefused(WRONG_TYPE, field, value)
-    if value < 0:
-        raise UsageRefused("usage_negative", field, value)
-    if not value <= MAX_COST_USD:  # also NaN
-        raise UsageRefused("usage_out_of_range", field, value)
-    return float(value)
 
 
 def _usage_text(record: Any, key: str) -> str | None:
