@@ -41,7 +41,7 @@ from tillerman.ledger.usage_account import Dedup
 from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v13"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v14"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes
@@ -173,7 +173,7 @@ class Projection(msgspec.Struct):
     # what every supervised thread spent together on the UTC day of the last counted response
     owner_day: Spent | None = None
     # which reports of a response count, and where each counted one was added (the usage
-    # account's rule, across threads as ccusage dedups)
+    # account's rule, across threads as ccusage dedups), for the last KEPT_DAYS UTC days
     usage_dedup: Dedup[Where] = msgspec.field(default_factory=Dedup)
 
     # -- the fold ---------------------------------------------------------------
@@ -550,7 +550,14 @@ def _usage(p, e: ev.Usage, at, seq, source) -> None:
     """A response's usage, counted once into each budget scope it falls in; a better
     duplicate of a counted one replaces it (``Dedup``, the usage account's rule)."""
     t = _touch(p, e, at, source)
-    if t is None or not p.usage_dedup.first_report(e):
+    if t is None:
+        return
+    # Only a response in the dedup's window is charged: an older one falls in no turn or
+    # day a budget still counts, and its earlier copies' keys may be forgotten already.
+    epoch_day = int(at // 86400) if at is not None else None
+    if epoch_day is not None and not p.usage_dedup.in_window(epoch_day):
+        return
+    if not p.usage_dedup.first_report(e, epoch_day):
         return
     tokens, model, speed = e.tokens, e.model, e.speed
     day = time.strftime("%Y-%m-%d", time.gmtime(at)) if at is not None else None
@@ -558,7 +565,7 @@ def _usage(p, e: ev.Usage, at, seq, source) -> None:
     goal = t.goal if t.goal is not None and t.goal.status != GOAL_CLEARED else None
     where = Where(thread_id=t.thread_id, turn=turn, day=day, goal=goal and (goal.objective_digest or "goal"),
                   owner=t.supervised, model=model, speed=speed)
-    counts, replaced = p.usage_dedup.admit(e, where)
+    counts, replaced = p.usage_dedup.admit(e, where, epoch_day)
     if not counts:
         return
     if replaced is not None:

@@ -12,7 +12,8 @@ and the second calculation beside the sum (docs/design.md "The usage account").
   first stays. A winner that replaces an earlier entry changes the totals by the
   difference, taken back where the earlier one was counted. Codex responses are
   deduplicated by ``response_key``: the live notification and the rollout record of one
-  response count once.
+  response count once. The account keeps every key; the budget fold, saved at every
+  heartbeat, keeps ``KEPT_DAYS`` days of them (``Dedup.in_window``).
 - **Two calculations.** A Codex response carries the thread's cumulative counter after it
   (``total``), so the counter before it is ``total - tokens``. Each response is linked to
   the one whose counter that is (or to the thread's start); a response nothing links to is
@@ -37,6 +38,7 @@ from typing import Generic, TypeVar
 import msgspec
 
 from tillerman.ledger.events import Envelope, Usage, UsageReported
+from tillerman.ledger.id_table import key_of
 from tillerman.ledger.usage import FIELDS, MAX_TOTAL_TOKENS, ZERO, Tokens
 
 #: Causes a mismatch can name (docs/design.md "Counting rules", the two calculations).
@@ -99,15 +101,21 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
 
 P = TypeVar("P")
 
+#: UTC days of responses the budget fold keeps keys for: the newest response's day and
+#: the one before it (``Dedup.in_window``). Every budget window a response is charged in
+#: (its turn, its UTC day, the owner's UTC day) has closed by the time a response is two
+#: days older than the newest, so its keys are forgotten then and a report of it that
+#: late is not charged.
+KEPT_DAYS = 2
 
-class Kept(msgspec.Struct, Generic[P], kw_only=True):
+
+class Kept(msgspec.Struct, Generic[P], kw_only=True, array_like=True):
     """A counted Claude response: enough to withdraw it if a better duplicate arrives.
     ``place`` is wherever its reader counted it (the account's ``Place``, the budget
     fold's scopes)."""
 
     place: P
     tokens: Tokens
-    request_id: str | None
     sidechain: bool
     speed: str | None
 
@@ -124,62 +132,106 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
     account and the budget fold (``tillerman.ledger.projections``) both follow. A
     msgspec Struct so the projection's snapshot keeps it; O(1) per response.
 
-    ``by_request`` holds each kept Claude entry by (message id, request id);
-    ``by_message`` the request ids of a message id's kept entries, in the order they were
-    kept (the slot a winner takes over), for the sidechain lookup by message id alone."""
+    Keys are 64-bit digests of the ids (``tillerman.ledger.id_table.key_of``; two ids of
+    equal digest are one id, as there). ``by_request`` holds each kept Claude entry by
+    the digest of (message id, request id); ``by_message`` the request keys of a message
+    id's kept entries, in the order they were kept (the slot a winner takes over), for
+    the sidechain lookup by message id alone.
 
-    response_keys: set[str] = set()
-    by_request: dict[str, Kept[P]] = {}
-    by_message: dict[str, list[str | None]] = {}
+    A reader that passes ``day`` (the budget fold) has its keys forgotten by age
+    (``in_window``): ``by_day`` lists the keys each UTC day (days since the epoch) added,
+    so the state holds at most ``KEPT_DAYS`` days of responses however long it runs. The
+    usage account passes none: it counts every file ever read, as ccusage does."""
 
-    def first_report(self, event: Usage) -> bool:
+    response_keys: set[int] = set()
+    by_request: dict[int, Kept[P]] = {}
+    by_message: dict[int, list[int]] = {}
+    newest_day: int | None = None
+    by_day: dict[int, list[tuple[int, int | None]]] = {}  # day -> (response or request key, message key)
+
+    def in_window(self, day: int) -> bool:
+        """Whether a response of UTC day ``day`` can still be charged: not more than
+        ``KEPT_DAYS - 1`` days older than the newest one seen. A newer day moves the
+        window and forgets the keys of the days it leaves."""
+        newest = self.newest_day
+        if newest is None or day > newest:
+            self.newest_day = newest = day
+            for old in [d for d in self.by_day if d <= day - KEPT_DAYS]:
+                self._forget(self.by_day.pop(old))
+        return day > newest - KEPT_DAYS
+
+    def first_report(self, event: Usage, day: int | None = None) -> bool:
         """False for a second report of a response the source keyed (``response_key``:
         Codex's live notification and rollout record of one response); True otherwise."""
         if event.response_key is None:
             return True
-        if event.response_key in self.response_keys:
+        key = _digest(event.response_key)
+        if key in self.response_keys:
             return False
-        self.response_keys.add(event.response_key)
+        self.response_keys.add(key)
+        self._added(day, key, None)
         return True
 
-    def admit(self, event: Usage, place: P) -> tuple[bool, Withdrawal[P] | None]:
+    def admit(self, event: Usage, place: P, day: int | None = None) -> tuple[bool, Withdrawal[P] | None]:
         """Claude's (message id, request id) dedup for a response to be counted at
         ``place``: whether it counts, and the earlier duplicate it replaces, to be taken
         back where that was counted (None: counted for the first time, or not at all)."""
         if event.message_id is None:
             return True, None
-        entry = Kept(place=place, tokens=event.tokens, request_id=event.request_id, sidechain=event.sidechain,
-                     speed=event.speed)
-        existing = self._duplicate_of(event.message_id, entry)
-        if existing is None:
-            self.by_request[_request_key(event.message_id, entry.request_id)] = entry
-            self.by_message.setdefault(event.message_id, []).append(entry.request_id)
+        message = _digest(event.message_id)
+        key = _digest(_request_key(event.message_id, event.request_id))
+        entry = Kept(place=place, tokens=event.tokens, sidechain=event.sidechain, speed=event.speed)
+        found = self._duplicate_of(message, key, entry)
+        if found is None:
+            self.by_request[key] = entry
+            self.by_message.setdefault(message, []).append(key)
+            self._added(day, key, message)
             return True, None
+        existing_key, existing = found
         if not _replaces(entry, existing):
             return False, None
-        return True, self._replace(event.message_id, existing, entry)
-
-    def _duplicate_of(self, message_id: str, entry: Kept[P]) -> Kept[P] | None:
-        """ccusage's lookup: the exact (message id, request id) first, then, where either
-        side is a sidechain entry, the first kept entry with the same message id."""
-        exact = self.by_request.get(_request_key(message_id, entry.request_id))
-        if exact is not None:
-            return exact
-        for request_id in self.by_message.get(message_id, ()):
-            kept = self.by_request[_request_key(message_id, request_id)]
-            if entry.sidechain or kept.sidechain:
-                return kept
-        return None
-
-    def _replace(self, message_id: str, existing: Kept[P], entry: Kept[P]) -> Withdrawal[P]:
         # The winner takes the loser's slot: its place among the entries of its message
         # id stays (as in ccusage), only the exact key moves to the winner's request id.
-        withdrawn = Withdrawal(existing.place, existing.tokens)
-        del self.by_request[_request_key(message_id, existing.request_id)]
-        slots = self.by_message[message_id]
-        slots[slots.index(existing.request_id)] = entry.request_id
-        self.by_request[_request_key(message_id, entry.request_id)] = entry
-        return withdrawn
+        del self.by_request[existing_key]
+        slots = self.by_message[message]
+        slots[slots.index(existing_key)] = key
+        self.by_request[key] = entry
+        if key != existing_key:  # the same key stays listed under the day that first added it
+            self._added(day, key, message)
+        return True, Withdrawal(existing.place, existing.tokens)
+
+    def _duplicate_of(self, message: int, key: int, entry: Kept[P]) -> tuple[int, Kept[P]] | None:
+        """ccusage's lookup: the exact (message id, request id) first, then, where either
+        side is a sidechain entry, the first kept entry with the same message id."""
+        exact = self.by_request.get(key)
+        if exact is not None:
+            return key, exact
+        for slot in self.by_message.get(message, ()):
+            kept = self.by_request[slot]
+            if entry.sidechain or kept.sidechain:
+                return slot, kept
+        return None
+
+    def _added(self, day: int | None, key: int, message: int | None) -> None:
+        if day is not None:
+            self.by_day.setdefault(day, []).append((key, message))
+
+    def _forget(self, added: list[tuple[int, int | None]]) -> None:
+        for key, message in added:
+            if message is None:
+                self.response_keys.discard(key)
+                continue
+            slots = self.by_message.get(message)
+            if slots is None or key not in slots:
+                continue  # a winner of a later day took its slot: that day forgets it
+            del self.by_request[key]
+            slots.remove(key)
+            if not slots:
+                del self.by_message[message]
+
+
+def _digest(name: str) -> int:
+    return int.from_bytes(key_of(name), "little")
 
 
 def _request_key(message_id: str, request_id: str | None) -> str:
