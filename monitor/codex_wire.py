@@ -177,11 +177,12 @@ class Turn(msgspec.Struct, frozen=True):
         return self.status == IN_PROGRESS
 
     @property
-    def maybe_running(self) -> bool:
-        """Running, or just starting: Codex 0.171 briefly lists a turn that is starting as
-        "interrupted" with ``completedAt: null`` (46 of 2,152 polls over 40 goal turns, all
-        of which then ran). An interrupted turn that ended has its end time."""
-        return self.running or (self.status == "interrupted" and self.no_end_time)
+    def undecided(self) -> bool:
+        """Listed "interrupted" with ``completedAt: null``: Codex 0.171 lists a turn that is
+        just starting so for a few milliseconds (46 of 2,152 polls over 40 goal turns, all
+        of which then ran), and a turn that died with its server so for good. One listing
+        cannot tell which (``tillerman.controller.dispatch.turn_listing`` reads again)."""
+        return self.status == "interrupted" and self.no_end_time
 
 
 class TurnPage(msgspec.Struct, frozen=True):

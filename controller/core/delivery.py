@@ -394,7 +394,7 @@ class Delivery:
                 found = _client_item(turn, self.client_id)
                 if found is not None:
                     return self._found(turn, found, now)
-            running = any(turn.maybe_running for turn in page.turns)
+            running = any(turn.running for turn in page.turns)
             if self.state is S.QUEUED or not self._behind_ended or running:
                 # Accepted and still waiting in the server's queue, or an add of unknown
                 # outcome before the turn it waits behind ended (or while a turn it may
@@ -412,10 +412,8 @@ class Delivery:
         found = _client_item(turn, self.client_id)
         if found is not None:
             return self._found(turn, found, now)
-        if turn.maybe_running:
-            # Still active (or just starting, listed "interrupted" with no end time): an
-            # accepted steer may be pending inside the server.
-            return Output()
+        if turn.running:
+            return Output()  # still active: an accepted steer may be pending inside the server
         return self._absent({"turn_id": command.turn_id, "turn_status": turn.status}, now)
 
     def _found(self, turn: Turn, ours: int, now: float) -> Output:

@@ -131,19 +131,15 @@ def seen(projection: Projection, thread_id: str, turns: Iterable[Turn], source: 
     """What a resume or a readback shows that notifications may not have: the thread
     exists (a thread idle when we attached is otherwise unknown to the fold), and which
     listed turns have ended (a resume reveals only a running turn). Only what the fold
-    does not know yet; no time stamp, so recording it twice is a silent no-op.
-
-    A turn listed ``interrupted`` with no end time has not ended: Codex 0.171 lists a turn
-    that is just starting so (``Turn.maybe_running``). Recorded as ended, it would hide
-    the running turn from the fold for good: a daemon attaching in that moment saw the
-    turn's later ``inProgress`` and items as those of an ended turn."""
+    does not know yet; no time stamp, so recording it twice is a silent no-op. The
+    listing is one read again past a turn that was just starting (``settled_listing``)."""
     snapshot = projection.snapshot(thread_id)
     out = [] if snapshot.known else [Envelope(
         event_id=f"rb-thread-seen:{thread_id}", source=source, at=None,
         event=ev.ThreadStarted(thread_id=thread_id, source_format="appserver"))]
     for turn in turns:
         turn_id, status = turn.id, turn.status
-        if turn_id is not None and status in get_args(ev.TurnStatus) and not turn.maybe_running \
+        if turn_id is not None and status in get_args(ev.TurnStatus) \
                 and snapshot.turn_state(turn_id) not in ENDED_TURN_STATES:
             out.append(Envelope(event_id=f"rb-turn-ended:{thread_id}:{turn_id}:{status}", source=source,
                                 at=None, event=ev.TurnCompleted(thread_id=thread_id, turn_id=turn_id, status=status)))

@@ -348,8 +348,9 @@ class StopDelivery(Delivery):
 
 
 def _running(page: TurnPage) -> str | None:
-    """The turn the listing shows running, or starting (``Turn.maybe_running``)."""
-    return next((turn.id for turn in page.turns if turn.maybe_running), None)
+    """The turn the listing shows running (a settled listing: a turn still listed
+    ``interrupted`` without an end time has ended, ``turn_listing``)."""
+    return next((turn.id for turn in page.turns if turn.running), None)
 
 
 def _joined(first: Output, second: Output) -> Output:

@@ -65,6 +65,7 @@ from tillerman.controller.daemon.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.dispatch.leases_keeper import LeaseKeeper
+from tillerman.controller.dispatch.turn_listing import settled_listing
 from tillerman.controller.notify.notices import Notifier
 from tillerman.controller.notify.sinks import SinkRunner
 from tillerman.controller.notify.usage_report import UsageReport
@@ -465,7 +466,10 @@ class Daemon:
         envelopes += [e for e in self.tap.resumed(result, self.clock())
                       if known is None or known.turn_state(e.event.turn_id) is None]
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
-        envelopes += seen(self.projection, thread_id, wire.parse_turn_page(page).turns, self.tap.source)
+        # The thread runs a turn (it is resumed only then), so its newest turn listed
+        # undecided is that turn starting, not one that ended.
+        listed = [turn for turn in wire.parse_turn_page(page).turns if not turn.undecided]
+        envelopes += seen(self.projection, thread_id, listed, self.tap.source)
         await self._send_envelopes(envelopes)
 
     async def _send_envelopes(self, envelopes: list[Envelope]) -> None:
@@ -775,8 +779,8 @@ class Daemon:
         """The thread's latest turns (``thread/turns/list``), or None when the server did
         not answer."""
         try:
-            page = await client.request(*wire.turns_list(thread_id, limit),
-                                        timeout=self.options.request_timeout)
+            page = await settled_listing(lambda: client.request(*wire.turns_list(thread_id, limit),
+                                                                timeout=self.options.request_timeout))
         except (RpcError, TimeoutError, AppServerDisconnected) as exc:
             log.info("cannot read back the turns of thread %s (%s)", thread_id, exc)
             return None

@@ -49,6 +49,7 @@ from tillerman.controller.core.commands import (
 )
 from tillerman.controller.core.delivery import READBACK_PAGE
 from tillerman.controller.core.facts import Fact, NoAnswer, Refused, Replied, Verified
+from tillerman.controller.dispatch.turn_listing import settled_listing
 from tillerman.controller.core.intent_requests import intent_view
 from tillerman.controller.core.rpc_errors import classify
 from tillerman.ledger import projections
@@ -159,7 +160,10 @@ class GuardedAdapter:
             return await self._run_verify(command)
         method, params = request_for(command)
         try:
-            result = await self.client.request(method, params, timeout=self.timeout)
+            if isinstance(command, ReadBack | ReadTurns):
+                result = await settled_listing(lambda: self.client.request(method, params, timeout=self.timeout))
+            else:
+                result = await self.client.request(method, params, timeout=self.timeout)
         except RpcError as error:
             read = classify(error)
             if read.refusal is None:

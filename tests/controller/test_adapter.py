@@ -21,6 +21,7 @@ from tillerman.controller.core.boundary import (
 from tillerman.controller.core.commands import (
     Interrupt,
     QueueList,
+    ReadBack,
     ReadTurns,
     ResumeQueue,
     RunVerify,
@@ -426,3 +427,20 @@ async def test_a_settled_readback_goes_out_no_earlier_than_its_moment():
     assert isinstance(await adapter.execute(ReadTurns(intent_id=intent.id, thread_id=THREAD, verifying=True,
                                                       not_before=moment)), Replied)
     assert len(asked_at) == 1 and asked_at[0] >= moment
+
+
+async def test_a_readback_listing_a_turn_as_just_starting_is_read_again(monkeypatch):
+    """Codex 0.171 lists a starting turn ``interrupted`` with ``completedAt: null`` for a few
+    milliseconds: the adapter reads such a listing once more before the machine sees it."""
+    from tillerman.controller.dispatch import turn_listing
+    monkeypatch.setattr(turn_listing, "RELIST_AFTER", 0.0)
+    intent = make_intent("queue")
+    recorder = ledger_with(intent)
+    mark_dispatching(recorder, intent)
+    pages = iter([{"data": [{"id": NEXT_TURN, "status": "interrupted", "completedAt": None, "items": []}]},
+                  {"data": [{"id": NEXT_TURN, "status": "inProgress", "completedAt": None, "items": []}]}])
+    server = FakeAppServer(thread__turns__list=lambda _: next(pages))
+    reply = await adapter_for(recorder, server, grants("queue")).execute(
+        ReadBack(intent_id=intent.id, thread_id=THREAD, client_id=intent.client_user_message_id, turn_id=None))
+    assert server.methods() == ["thread/turns/list", "thread/turns/list"]
+    assert [turn.status for turn in reply.result.turns] == ["inProgress"]

@@ -282,9 +282,6 @@ def test_readback_of_a_turn_still_in_progress_settles_nothing():
     readback = ReadBack(intent_id=run.intent.id, thread_id=THREAD, client_id=run.intent.client_user_message_id,
                         turn_id=TURN)
     assert run.feed(Replied(readback, turns_page(turn(TURN, "inProgress")), NOW + 6)) == Output()
-    # listed as Codex 0.171 lists a turn that is starting: not ended either
-    starting = Turn(TURN, "interrupted", no_end_time=True)
-    assert run.feed(Replied(readback, turns_page(starting), NOW + 7)) == Output()
     assert run.ledger_state() == "dispatch_unknown"
 
 
@@ -533,10 +530,6 @@ def test_queue_add_of_unknown_outcome_is_not_delivered_once_the_turn_it_waits_be
     ended = Reconcile(NOW + 20, behind_turn_state="completed")
     started = _read_back_queue(rebuilt, ended, [], turns_page(turn(NEXT_TURN, "inProgress"), turn(TURN)))
     assert started == Output()  # a turn it may have started is still running
-    # a turn just starting, listed "interrupted" with no end time and no items yet (0.171):
-    # the add may have started it, so nothing is concluded
-    starting = Turn(NEXT_TURN, "interrupted", no_end_time=True)
-    assert _read_back_queue(rebuilt, ended, [], turns_page(starting, turn(TURN))) == Output()
     gone = _read_back_queue(rebuilt, ended, [], turns_page(turn(NEXT_TURN), turn(TURN)))
     move = transition(gone)
     assert (move.to_state, move.reason, move.evidence["behind_turn"]) == ("expired", "not_delivered", TURN)

@@ -78,14 +78,6 @@ def test_seen_records_an_unknown_thread_and_only_turns_with_a_known_status() -> 
     assert seen(Projection(), "t-9", parse_turn_page(None).turns, SOURCE)[1:] == []
 
 
-def test_a_turn_listed_as_just_starting_is_not_recorded_ended() -> None:
-    """Codex 0.171 lists a turn that is just starting as ``interrupted`` with
-    ``completedAt: null``; a daemon attaching then must not take it for ended (its later
-    ``inProgress`` would be a stale copy of an ended turn, the turn hidden from the fold)."""
-    listed = parse_turn_page({"data": [{"id": "starting", "status": "interrupted", "completedAt": None},
-                                       {"id": "ended", "status": "interrupted", "completedAt": 1796585511}]}).turns
-    assert [e.event.turn_id for e in seen(Projection(), "t-9", listed, SOURCE)[1:]] == ["ended"]
-
 
 # -- what to reconcile ------------------------------------------------------------------
 

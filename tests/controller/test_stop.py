@@ -50,7 +50,6 @@ from tillerman.monitor.codex_wire import (
     Terminated,
     Turn,
     TurnPage,
-    parse_turn_page,
 )
 
 OURS = "tillerman-in-00000000000000000001"  # another intent's queued message
@@ -289,30 +288,20 @@ def test_a_stop_given_to_the_other_modes_machine_is_rejected_not_half_carried_ou
                                                         {"mode": "stop", "machine": "delivery"})
 
 
-@pytest.mark.parametrize(("listed", "maybe_running"), [
-    ({"id": "t", "status": "interrupted", "completedAt": None}, True),  # 0.171: a turn just starting
-    ({"id": "t", "status": "interrupted", "completedAt": 1796562365}, False),
-    ({"id": "t", "status": "interrupted"}, False),  # a release that lists no end time
-    ({"id": "t", "status": "inProgress", "completedAt": None}, True),
-    ({"id": "t", "status": "completed", "completedAt": None}, False),
-])
-def test_a_turn_listed_interrupted_without_an_end_time_may_be_running(listed: dict, maybe_running: bool) -> None:
-    [turn] = parse_turn_page({"data": [listed]}).turns
-    assert turn.maybe_running is maybe_running
-
-
-def test_a_stop_interrupts_a_turn_listed_as_starting_and_verifies_only_once_none_may_run() -> None:
-    class Starting(Thread):
-        """Lists its running turn as Codex 0.171 lists one that is just starting."""
-
+def test_a_turn_that_died_with_its_server_is_not_waited_for_and_the_stop_verifies() -> None:
+    """A restarted server lists a turn that died with the old one as ``interrupted`` with
+    no end time, for good; the adapter reads such a listing again (``turn_listing``), so
+    what reaches the machine still listed so has ended: nothing to interrupt, and the
+    readback finds no work (it was "maybe running" once, and such a stop never verified)."""
+    class DiedWithItsServer(Thread):
         def answer(self, command, now):
-            if isinstance(command, ReadTurns) and self.running:
-                return Replied(command, TurnPage((Turn(self.running, "interrupted", no_end_time=True),)), now)
+            if isinstance(command, ReadTurns):
+                return Replied(command, TurnPage((Turn("turn-dead", "interrupted", no_end_time=True),)), now)
             return super().answer(command, now)
 
-    stop = Stop(Starting())
+    stop = Stop(DiedWithItsServer(running=None))
     stop.run(Dispatch(NOW, "a1"))
-    assert [c.turn_id for c in stop.thread.writes if isinstance(c, Interrupt)] == ["turn-9"]
+    assert not [c for c in stop.thread.writes if isinstance(c, Interrupt)]
     assert stop.moves()[-1] == ("effect_verified", "stop_verified")
 
 
