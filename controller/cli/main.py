@@ -105,6 +105,7 @@ class LazyGroup(click.Group):
     "usage": "tillerman.controller.cli.usage:usage",  # the usage account: by day, session, model, turn
     "dashboard": "tillerman.controller.cli.dashboard:dashboard",  # the fleet on a local live web page
     "label": "tillerman.controller.cli.label:label",  # the owner's verdicts rules and reviewers are measured by
+    "labels": "tillerman.controller.cli.label:labels",  # and the list of them
 })
 @click.version_option(package_name="tillerman")
 def main() -> None:

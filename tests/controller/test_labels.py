@@ -84,6 +84,32 @@ def test_label_records_one_chained_event_and_the_latest_stands(ledger):
     assert history[0].thread == "T1"
 
 
+def test_labels_lists_the_standing_label_of_each_subject_and_with_history_every_one(ledger):
+    path, intent = ledger
+    for args in ((intent, "useful", "--by", "ann", "--note", "good\x1b[2J call"), ("finding:f1", "not_useful"),
+                 (intent, "harmful", "--by", "bob"), ("review:cp1", "useful", "--by", "ann")):
+        assert run("label", *args)[0] == 0
+    code, out = run("labels", "--json")
+    assert code == 0, out
+    assert [(r["subject"], r["verdict"], r["by"]) for r in json.loads(out)] == [  # the latest first
+        ("review:cp1", "useful", "ann"), (f"intent:{intent}", "harmful", "bob"),
+        ("finding:f1", "not_useful", json.loads(run("labels", "--kind", "finding", "--json")[1])[0]["by"])]
+    code, out = run("labels", "--history", "--kind", "intent", "--json")
+    assert [(r["verdict"], r["standing"]) for r in json.loads(out)] == [("useful", False), ("harmful", True)]
+    code, out = run("labels", "--history", "--by", "ann")
+    assert code == 0 and "replaced" in out and "yes" in out and "\x1b" not in out  # a note cannot act on the terminal
+    assert [r["subject"] for r in json.loads(run("labels", "--verdict", "useful", "--json")[1])] == ["review:cp1"]
+    code, out = run("labels", "--verdict", "not_useful", "--by", "nobody")
+    assert code == 0 and "no labels match" in out
+
+
+def test_labels_on_a_ledger_without_labels_says_how_to_give_one(ledger):
+    code, out = run("labels")
+    assert code == 0 and "no labels; give one with: tillerman label SUBJECT VERDICT" in out
+    code, out = run("labels", "--ledger", str(ledger[0].parent / "missing.sqlite3"))
+    assert code == 2 and "no ledger at" in out
+
+
 def test_by_defaults_to_the_local_login(ledger):
     from tillerman.rules.owner import local_login
     code, out = run("label", "finding:f1", "not_useful", "--json")
