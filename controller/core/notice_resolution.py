@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import msgspec
 
 from tillerman.controller.core.intent_requests import SOURCE, intent_view
-from tillerman.controller.core.overdue import OVERDUE_SUBJECT, deadline, resolution_covers
+from tillerman.controller.core.overdue import OVERDUE_SUBJECT, deadline, overdue_subject, resolution_covers
 from tillerman.controller.core.printable import printable
 from tillerman.controller.core.timefmt import iso
 from tillerman.ledger.events import Entry, Envelope, NoticeResolved
@@ -34,10 +34,6 @@ class Resolution(msgspec.Struct, frozen=True, kw_only=True):
     by: str
     at: float
     note: str | None = None
-
-
-def subject_of(intent_id: str) -> str:
-    return f"{OVERDUE_SUBJECT}{intent_id}"
 
 
 def intent_of(subject: str) -> str:
@@ -73,7 +69,7 @@ def resolve(recorder: Recorder, intent_id: str, *, by: str, now: float, note: st
     step, due_at = due
     if now < due_at:
         raise NoticeError(f"intent {intent_id} is not overdue: its {step} deadline is {iso(due_at)}")
-    subject = subject_of(intent_id)
+    subject = overdue_subject(intent_id)
     earlier = read_resolutions(recorder).get(subject)
     if earlier is not None and resolution_covers(earlier.at, due_at):
         raise NoticeError(f"the overdue notice of intent {intent_id} was resolved by {earlier.by}"

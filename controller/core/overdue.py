@@ -28,6 +28,11 @@ _WHY = {
 OVERDUE_SUBJECT = "overdue:"
 
 
+def overdue_subject(intent_id: str) -> str:
+    """The subject of ``intent_id``'s overdue notice."""
+    return f"{OVERDUE_SUBJECT}{intent_id}"
+
+
 class Overdue(msgspec.Struct, frozen=True, kw_only=True):
     intent_id: str
     thread_id: str
@@ -51,7 +56,7 @@ def overdue(projection: Projection, now: float, resolved_at: Mapping[str, float]
         due = deadline(view)
         if due is None or now < due[1]:
             continue
-        if resolution_covers((resolved_at or {}).get(OVERDUE_SUBJECT + view.intent.id), due[1]):
+        if resolution_covers((resolved_at or {}).get(overdue_subject(view.intent.id)), due[1]):
             continue
         intent, state = view.intent, view.state
         why = _WHY.get(state, state.value)

@@ -19,6 +19,7 @@ import msgspec
 from tillerman.controller.core import intent_requests, labeling, notice_resolution
 from tillerman.controller.core.printable import printable
 from tillerman.ledger.errors import IllegalTransition, UnknownIntent
+from tillerman.ledger.labels import subject_of
 from tillerman.ledger.recorder import Recorder
 
 ACTIONS: tuple[str, ...] = ("steer", "queue", "interrupt", "stop", "cancel", "resolve", "label")
@@ -74,14 +75,14 @@ def _proposal(mode: str) -> Callable[[Recorder, Mapping[str, str], str, float], 
             request["expected_turn"] = _field(form, "expected_turn", required=False) or "active"
         intent = intent_requests.propose(recorder, now=now, **request)
         return ActionResult(ok=True, message=f"proposed {mode} {intent.id} on thread {intent.thread_id}",
-                            intent_id=intent.id, subject=f"intent:{intent.id}")
+                            intent_id=intent.id, subject=subject_of("intent", intent.id))
     return propose
 
 
 def _cancel(recorder: Recorder, form: Mapping[str, str], owner: str, now: float) -> ActionResult:
     intent_id = _field(form, "intent")
     intent_requests.cancel(recorder, intent_id, now=now)
-    return ActionResult(ok=True, message=f"cancelled {intent_id}", intent_id=intent_id, subject=f"intent:{intent_id}")
+    return ActionResult(ok=True, message=f"cancelled {intent_id}", intent_id=intent_id, subject=subject_of("intent", intent_id))
 
 
 def _resolve(recorder: Recorder, form: Mapping[str, str], owner: str, now: float) -> ActionResult:

@@ -39,7 +39,7 @@ import msgspec
 
 from tillerman.controller.core.notice_resolution import KIND as RESOLUTION_KIND
 from tillerman.controller.core.notice_resolution import Resolution, resolutions
-from tillerman.controller.core.overdue import OVERDUE_SUBJECT, Overdue, overdue, resolution_covers
+from tillerman.controller.core.overdue import OVERDUE_SUBJECT, Overdue, overdue, overdue_subject, resolution_covers
 from tillerman.controller.core.render import overdue_json
 from tillerman.controller.core.timefmt import iso
 from tillerman.controller.notify.usage_report import UsageReport, describe
@@ -220,7 +220,7 @@ class Notifier:
             return []
         current: dict[str, dict] = {}
         for item in found if "overdue" in self.kinds else ():
-            subject = f"overdue:{item.intent_id}"
+            subject = overdue_subject(item.intent_id)
             current[subject] = overdue_json(item)
             self.state.alerts[subject] = Alert(kind="overdue", thread_id=item.thread_id, step=item.deadline,
                                                at=now, facts={"intent": item.intent_id})
