@@ -27,6 +27,7 @@ from tillerman.ledger import projections
 from tillerman.ledger.events import Envelope, Report
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import Intent
+from tillerman.ledger.projections import HistoryItem, IntentView
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.appserver_client import AppServerClient
 from tillerman.monitor.appserver_events import AppServerEvents, natural_key
@@ -225,6 +226,12 @@ async def test_interrupt_ends_the_turn_and_terminates_only_its_command(
         assert [t["itemId"] for t in listed["data"]] == [earlier_item]
 
 
+def acknowledgment(view: IntentView) -> HistoryItem:
+    """The move to ``acknowledged``: not the last record, when a readback settled the
+    intent before the live echo, which then follows as evidence."""
+    return next(h for h in view.history if h.kind == "transition" and h.state == State.ACKNOWLEDGED)
+
+
 async def test_queue_intent_is_added_once_and_acknowledged_when_its_turn_starts(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
@@ -252,7 +259,7 @@ async def test_queue_intent_is_added_once_and_acknowledged_when_its_turn_starts(
         assert [e["clientUserMessageId"] for e in queue["data"]] == [later.intent.client_user_message_id]
 
         await tm.until(lambda: later.state is State.ACKNOWLEDGED)
-        acknowledged = intent_view(tm.recorder, later.intent.id).history[-1]
+        acknowledged = acknowledgment(intent_view(tm.recorder, later.intent.id))
         assert acknowledged.reason == "queue_turn_started"
         assert acknowledged.evidence["turn_id"] not in (None, first_turn)
         await log.wait_for(_turn_completed(thread["id"], acknowledged.evidence["turn_id"]))
@@ -281,7 +288,7 @@ async def test_queue_add_of_unknown_outcome_outlives_its_ack_deadline_and_is_fou
 
         await slow.land()  # the add lands late: it waits behind the running turn, then starts its own
         await tm.until(lambda: queued.state is State.ACKNOWLEDGED)
-        acknowledged = intent_view(tm.recorder, queued.intent.id).history[-1]
+        acknowledged = acknowledgment(intent_view(tm.recorder, queued.intent.id))
         assert (acknowledged.reason, acknowledged.evidence["turn_id"] != turn_id) == ("echo", True)
         await log.wait_for(_turn_completed(thread["id"], acknowledged.evidence["turn_id"]))
     assert _reached_model(scripted_model, "a late add: then tag the release") == 1
