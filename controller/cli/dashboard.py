@@ -26,6 +26,9 @@ from tillerman.rules.notify import is_loopback
 from tillerman.rules.owner import local_login
 
 DEFAULT_PORT = 8765
+#: Seconds the server waits, once told to stop, for open requests (a page's event stream
+#: never ends by itself) before it cuts them.
+SHUTDOWN_GRACE = 1
 SAFE_WAY = ("reach a remote machine's dashboard through an SSH tunnel (ssh -L 8765:127.0.0.1:8765 HOST)"
             " or a private network (WireGuard, Tailscale), never plain HTTP on a public interface")
 
@@ -60,8 +63,6 @@ def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_sec
 
     Example: tillerman dashboard --ledger ledger.sqlite3
     """
-    import uvicorn
-
     from tillerman.controller.dashboard.app import make_app
 
     if not is_loopback(host) and not allow_remote:
@@ -105,8 +106,27 @@ def dashboard(ledger_path, host, port, allow_remote, names, secret_file, new_sec
             print_line(f"ledger: {where}; actions proposed as {owner}; Ctrl-C stops")
         if allow_remote:
             print_line(f"the page is plain HTTP: {SAFE_WAY}", err=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
-        # uvicorn shuts down on SIGINT/SIGTERM (closing the open streams), then raises the
-        # signal again: Ctrl-C comes back as KeyboardInterrupt, the end asked for
+        server = _server(app)
+        # uvicorn shuts down on SIGINT/SIGTERM, then raises the signal again: Ctrl-C comes
+        # back as KeyboardInterrupt, the end asked for
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[sock])
+
+
+def _server(app):
+    """uvicorn's server for the dashboard ``app``: told to stop (Ctrl-C, SIGTERM), it ends
+    every page's event stream at once (uvicorn waits for open requests before it stops,
+    and a stream never ends by itself: a tab left open held the server up), and cuts
+    what is still open after ``SHUTDOWN_GRACE`` seconds."""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            with contextlib.suppress(RuntimeError):  # no loop running yet: no stream open
+                asyncio.get_running_loop().call_soon_threadsafe(app.end_streams)
+            super().handle_exit(sig, frame)
+
+    return Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False,
+                                 timeout_graceful_shutdown=SHUTDOWN_GRACE))

@@ -130,7 +130,7 @@ def _today(now: float) -> str:
 
 def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_names: tuple[str, ...] = (),
              owner: str, perform_action: Perform = perform, clock: Callable[[], float] = time.time,
-             live: Live | None = None, prices: PriceTable | None = None) -> Starlette:
+             live: Live | None = None, prices: PriceTable | None = None) -> Dashboard:
     """The dashboard for ``recorder``, answering as ``host:port`` (and ``remote_names``)
     to a browser holding ``secret``; its actions are proposed as ``owner``. ``prices``:
     the price table in force (``tillerman dashboard`` gives the config's overrides too)."""
@@ -326,7 +326,23 @@ def make_app(recorder: Recorder, *, secret: str, host: str, port: int, remote_na
         Route("/events", events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ])], lifespan=lifespan)
-    return GuardMiddleware(app, guard)
+    return Dashboard(GuardMiddleware(app, guard), live)
+
+
+class Dashboard:
+    """The dashboard's ASGI app, and what its server does to it when told to stop: end
+    every page's event stream (``Live.end_streams``). uvicorn waits for open requests
+    before it stops, and a page's stream never ends by itself: Ctrl-C with a tab open
+    hung until the tab closed."""
+
+    def __init__(self, app: GuardMiddleware, live: Live) -> None:
+        self.app, self.live = app, live
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+    def end_streams(self) -> None:
+        self.live.end_streams()
 
 
 class GuardMiddleware:

@@ -84,6 +84,7 @@ class Live:
         self._threads: set[str] = set()
         self._intents: set[str] = set()
         self._pages: set[MemoryObjectSendStream[Change]] = set()
+        self._ended = False  # the server is stopping: streams end (``end_streams``)
         self._woken = anyio.Event()
         self._loop: tuple[int, anyio.lowlevel.EventLoopToken] | None = None  # (thread id, token) once running
 
@@ -196,12 +197,23 @@ class Live:
                 self._pages.discard(page)
                 page.close()
 
+    def end_streams(self) -> None:
+        """End every page's stream, and any opened later (the server is stopping): in the
+        event loop's thread."""
+        self._ended = True
+        for page in list(self._pages):
+            page.close()
+        self._pages.clear()
+
     async def events(self, *, keepalive: float = KEEPALIVE) -> AsyncIterator[str]:
         """One page's stream, as ``text/event-stream`` text: first the seq it starts from,
         then a ``change`` event per message, and a comment when quiet; it ends when the
         page fell ``SUBSCRIBER_BUFFER`` messages behind."""
         send, receive = anyio.create_memory_object_stream[Change](SUBSCRIBER_BUFFER)
-        self._pages.add(send)
+        if self._ended:
+            send.close()
+        else:
+            self._pages.add(send)
         try:
             yield sse("hello", Change(seq=self.projection.seq))
             while True:

@@ -38,6 +38,7 @@ class Served:
     client: httpx.Client
     page: httpx.URL  # the fleet page, under the secret root, reached after the login redirect
     secret: str
+    process: subprocess.Popen  # the running ``tillerman dashboard``
 
     def headers(self) -> dict[str, str]:
         """What the page's forms send with a POST: its Origin (scheme and host of the
@@ -66,7 +67,7 @@ def serving(ledger: str, tmp_path: Path) -> Iterator[Served]:
         with httpx.Client(timeout=PATIENCE, follow_redirects=True) as client:
             login = client.get(url)  # follows the redirect, keeps the cookie
             assert login.status_code == 200 and "?token" not in str(login.url)
-            yield Served(client=client, page=login.url, secret=secrets_file.load(secret_file))
+            yield Served(client=client, page=login.url, secret=secrets_file.load(secret_file), process=proc)
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=PATIENCE) == 0  # Ctrl-C ends it cleanly

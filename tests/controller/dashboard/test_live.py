@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
-from tests.controller.dashboard.served import next_change, serving, started
+from tests.controller.dashboard.served import PATIENCE, next_change, serving, started
 from tillerman.controller.cli.main import main
 from tillerman.controller.dashboard import secret as secrets_file
 from tillerman.controller.dashboard.live import SUBSCRIBER_BUFFER, Change, Live
@@ -220,6 +220,42 @@ def test_the_command_serves_live_events(tmp_path):
             assert next(lines) == "event: hello"
             writer.append([started("new", 1)])
             assert next_change(lines) == 2
+
+
+def test_ctrl_c_with_a_page_open_ends_its_stream_and_the_server(tmp_path):
+    """A page's event stream never ends by itself, and uvicorn waits for open requests
+    before it stops: Ctrl-C with a tab open held the server up until the tab closed."""
+    path = tmp_path / "ledger.sqlite3"
+    with open_recorder(path) as writer:
+        writer.append([started("old")])
+    with serving(str(path), tmp_path) as served, \
+            served.client.stream("GET", str(served.page.join("events"))) as events:
+        lines = events.iter_lines()
+        assert next(lines) == "event: hello"
+        served.process.send_signal(signal.SIGINT)
+        assert served.process.wait(timeout=PATIENCE) == 0  # the stream open: ended, not waited for
+        assert [line for line in lines if line.startswith("event:")] == []  # it ended, nothing more sent
+
+
+def test_a_stream_ends_once_the_server_is_stopping_and_one_opened_then_ends_at_once(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    reader = open_recorder(path)
+    live = Live(reader, coalesce=0.01)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        stream = live.events(keepalive=0)
+        first = [await anext(stream)]
+        live.end_streams()
+        with anyio.fail_after(10):
+            first.extend([message async for message in stream])
+            late = [message async for message in live.events(keepalive=0)]
+        return first, late
+
+    first, late = anyio.run(scenario)
+    assert [m.split("\n")[0] for m in first] == ["event: hello"]
+    assert [m.split("\n")[0] for m in late] == ["event: hello"]
+    assert not live._pages
+    reader.close()
 
 
 def test_the_printed_url_is_listening_before_the_server_starts(tmp_path, monkeypatch):
