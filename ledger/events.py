@@ -260,9 +260,10 @@ class StatusChanged(Event, tag="status_changed"):
 
 
 #: The status recorded when a source says a Claude Code session ended (its ``SessionEnd``
-#: hook, or the CLI under ``tillerman claude`` exited); Codex's own word for a thread no
-#: longer loaded is ``notLoaded``.
+#: hook, or the CLI under ``tillerman claude`` exited).
 SESSION_ENDED = "ended"
+#: Codex's status of a thread no longer loaded: its session ended (``thread/closed``).
+NOT_LOADED = "notLoaded"
 
 
 class ThreadNamed(Event, tag="thread_named"):

@@ -28,6 +28,7 @@ from tillerman.ledger.events import (
     GoalUpdated,
     ItemCompleted,
     ItemStarted,
+    NOT_LOADED,
     ModelUsage,
     QueueChanged,
     StatusChanged,
@@ -275,7 +276,7 @@ class AppServerEvents:
         """``thread/closed {threadId}``: the server unloaded the thread (no subscriber
         left, or shut down), after which it reports it ``notLoaded``: its session ended
         until a ``thread/resume`` loads it again."""
-        return [StatusChanged(thread_id=text(params, "threadId"), status="notLoaded")]
+        return [StatusChanged(thread_id=text(params, "threadId"), status=NOT_LOADED)]
 
     def _goal_cleared(self, params: dict) -> list[Event]:
         return [GoalCleared(thread_id=text(params, "threadId"))]

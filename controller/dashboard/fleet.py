@@ -76,7 +76,7 @@ _SOURCE_RANK = {label: i for i, label in enumerate(dict.fromkeys(SOURCES.values(
 #: The statuses of a thread whose session ended: Codex's ``notLoaded`` (no app-server
 #: holds it: ``thread/closed``, or a status change saying so) and ``SESSION_ENDED`` (a
 #: Claude Code ``SessionEnd`` hook, or the CLI under ``tillerman claude`` exited).
-DONE_STATUSES = frozenset({"notLoaded", ev.SESSION_ENDED})
+DONE_STATUSES = frozenset({ev.NOT_LOADED, ev.SESSION_ENDED})
 
 
 class Seen(msgspec.Struct, kw_only=True):
