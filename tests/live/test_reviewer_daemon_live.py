@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.codex_server import AppServer, watched_connection
+from fixtures.codex_server import AppServer, held_command, watched_connection
 from fixtures.rule_texts import grant, reviewer, rule
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import SETTLED, reached_model, session, wait_until
@@ -69,19 +69,29 @@ def _effective(tmp_path: Path, *, reviewer_grant: bool):
     return load_effective(tmp_path / "rules.toml", tmp_path / "config.toml")
 
 
+async def steer_taken(s, turn: str, gate: Path):
+    """The stall rule's steer on ``turn`` once the server took it; then the held command
+    (``held_command(gate)``) is let go, so that the turn ends with the steer in it, however
+    long the rule's quiet window, the review and the dispatch took on a loaded machine."""
+    def stall_intent():
+        return next((v for v in s.projection().intents.values()
+                     if v.intent.producer == "rule:stall" and v.intent.expected_turn_id == turn), None)
+
+    steer = await wait_until(stall_intent, "the stall rule to propose its steer")
+    await s.wait_state(steer.intent.id, {"queued", "action_started"} | SETTLED, timeout=60.0)
+    gate.touch()
+    return steer
+
+
 async def test_a_reviewers_correction_is_carried_out_through_the_normal_guards_and_refused_without_a_grant(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     effective = _effective(tmp_path, reviewer_grant=True)
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(effective.ruleset, reviewers=effective.reviewers)
-        thread, turn = await s.start_command(workspace, "RUN: sleep 3")
-
-        def stall_intent():
-            return next((v for v in s.projection().intents.values()
-                         if v.intent.producer == "rule:stall" and v.intent.expected_turn_id == turn), None)
-
-        steer = await wait_until(stall_intent, "the stall rule to propose its steer")
+        gate = workspace / "release"
+        thread, turn = await s.start_command(workspace, held_command(gate))
+        steer = await steer_taken(s, turn, gate)
         await s.wait_state(steer.intent.id, SETTLED | {"action_started"})
         assert await s.turn_completed(thread, turn) == "completed"
 
@@ -124,8 +134,9 @@ async def test_a_reviewers_correction_without_its_grant_is_never_sent(
     before = reached_model(scripted_model, "zq-correction-41")  # one model serves the module's tests
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(effective.ruleset, reviewers=effective.reviewers)
-        # long enough to be quiet for the rule's 1 s on a loaded machine too
-        thread, turn = await s.start_command(workspace, "RUN: sleep 4 # zq-42")
+        gate = workspace / "release"
+        thread, turn = await s.start_command(workspace, held_command(gate))
+        await steer_taken(s, turn, gate)
         assert await s.turn_completed(thread, turn) == "completed"
 
         def recommended():
