@@ -60,6 +60,7 @@ from tillerman.ledger.events import Entry, Envelope, ReviewCommitted
 from tillerman.ledger.intent_states import State
 from tillerman.ledger.intents import intent_id_from
 from tillerman.ledger.projections import IntentView, Projection
+from tillerman.ledger.snapshot import ENDED_TURN_STATES
 from tillerman.ledger.recorder import Recorder
 from tillerman.ledger.reviews import (
     REVIEW_HELD,
@@ -120,6 +121,9 @@ class Checkpoints:
         # (rule, thread, turn) -> the intents the rule proposed there, in order: the second is a rescue
         self.fired: dict[tuple[str, str, str | None], list[str]] = {}
         self.ended_turns: list[tuple[str, str]] = []  # (thread, turn) ended since the last round
+        # (thread, turn) a rule's intent was acknowledged in since the last round: a turn that
+        # had ended by then (its end folded before the acknowledgment) is reviewed as ended
+        self.acknowledged_in: list[tuple[str, str]] = []
 
     # -- the fold --------------------------------------------------------------------
 
@@ -141,6 +145,13 @@ class Checkpoints:
         elif isinstance(event, ev.TurnCompleted) and event.thread_id in self.by_thread and event.turn_id \
                 and self.reviewers:  # ``due`` takes them; with no reviewer nothing would
             self.ended_turns.append((event.thread_id, event.turn_id))
+        elif isinstance(event, ev.IntentTransition) and event.to_state == State.ACKNOWLEDGED \
+                and event.thread_id in self.by_thread and self.reviewers \
+                and isinstance(turn_id := event.evidence.get("turn_id"), str):
+            # The echo's fact may be folded after the turn's end (the delivery machine
+            # records it once its round committed): that end came before there was anything
+            # to review, so the acknowledgment names the turn again.
+            self.acknowledged_in.append((event.thread_id, turn_id))
 
     # -- which reviewer, which checkpoint ----------------------------------------------
 
@@ -186,6 +197,9 @@ class Checkpoints:
             if _overdue_twice(view, now):
                 jobs += self._job(view, "overdue", reviewer, ruleset, now)
         ended, self.ended_turns = self.ended_turns, []
+        acknowledged, self.acknowledged_in = self.acknowledged_in, []
+        ended += [(thread_id, turn_id) for thread_id, turn_id in acknowledged
+                  if projection.snapshot(thread_id).turn_state(turn_id) in ENDED_TURN_STATES]
         for thread_id, turn_id in ended:
             kept = []
             for intent_id in self.by_thread.get(thread_id, ()):

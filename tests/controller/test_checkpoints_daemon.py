@@ -361,6 +361,42 @@ def test_a_turn_that_ended_is_reviewed_and_a_correction_becomes_the_reviewers_in
     assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
 
 
+def test_a_turn_whose_end_was_folded_before_the_acknowledgment_is_still_reviewed(tmp_path):
+    """The delivery machine records the echo once its round committed, so the turn's end
+    may be folded first, while the intent is still ``queued``: that end offered nothing to
+    review, and the acknowledgment naming the ended turn must bring the review (before, it
+    never came: seen live under load)."""
+    path = tmp_path / "ledger.sqlite3"
+    intent_id = _ledger(path)
+    reviewer = by_checkpoint(tmp_path, {"before_dispatch": GOOD, "review": {
+        "disposition": "return_to_executor", "reason": "the tests were not run", "confidence": 0.8,
+        "required_corrections": [{"correction": "run the tests", "proof": "pytest exits 0"}]}})
+    rules = ruleset(Grant(subject="reviewer:script", actions=frozenset({"queue"})))
+    run = Run(path, rules, (reviewer,))
+    run.until(lambda: run.dispatched)
+    intent = run.daemon.projection.intents[intent_id].intent
+    with SQLiteRecorder(path) as rec:  # accepted; then the turn ends before the echo is on record
+        rec.append([intent_requests.transition_envelope(intent, State.PROPOSED, State.DISPATCH_UNKNOWN, "dispatching"),
+                    intent_requests.transition_envelope(intent, State.DISPATCH_UNKNOWN, State.QUEUED, "accepted"),
+                    Envelope(event_id="end", event=TurnCompleted(thread_id="T1", turn_id="u1"),
+                             source="appserver:x", at=time.time())])
+    run = Run(path, rules, (reviewer,))
+    acknowledged = []
+
+    def reviewed() -> bool:
+        checkpoints = run.daemon.checkpoints  # its round took the turn's end, with nothing to review yet
+        if not acknowledged and run.daemon.projection.snapshot("T1").turn_state("u1") == "completed" \
+                and not checkpoints.ended_turns and intent_id in checkpoints.by_thread.get("T1", ()):
+            with SQLiteRecorder(path) as rec:
+                rec.append([intent_requests.transition_envelope(intent, State.QUEUED, State.ACKNOWLEDGED, "echo",
+                                                                {"turn_id": "u1", "item_id": "i9"})])
+            acknowledged.append(True)
+        return any(v.intent.producer == "reviewer:script" for v in run.daemon.projection.intents.values())
+
+    run.until(reviewed)
+    assert [c.checkpoint for c in committed(run)] == ["before_dispatch", "review"]
+
+
 def by_checkpoint(tmp_path: Path, answers: dict, **keys) -> Reviewer:
     """A reviewer answering each checkpoint its own way."""
     path = tmp_path / "answers.json"
