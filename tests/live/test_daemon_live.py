@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fixtures.codex_server import AppServer, is_item, text_input, watched_connection
+from fixtures.codex_server import AppServer, held_command, is_item, text_input, watched_connection
 from fixtures.rule_texts import grant, rule
 from fixtures.scripted_model import ScriptedModel
 from tests.live.daemon_support import (
@@ -71,12 +71,15 @@ async def test_granted_steer_lands_in_its_turn_is_acknowledged_and_verified(
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread, turn = await s.start_command(workspace, "RUN: sleep 1")
+        gate = workspace / "release"
+        thread, turn = await s.start_command(workspace, held_command(gate))
 
         intent = intent_requests.propose(
             s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
             text="Write the marker file. CREATE: marker.txt verified-by-readback",
             verify=f'test "$(cat {workspace}/marker.txt)" = verified-by-readback')
+        await s.wait_state(intent.id, {"queued", *SETTLED})
+        gate.touch()  # the command ends once the server took the steer: the turn goes on with it
         done = await s.wait_state(intent.id, {"effect_verified", "effect_failed", "expired", "rejected"})
         assert await s.turn_completed(thread, turn) == "completed"
 
@@ -170,7 +173,7 @@ async def test_steer_accepted_then_interrupted_by_the_harness_expires_lost_after
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread, turn = await s.start_command(workspace, "RUN: sleep 3")
+        thread, turn = await s.start_command(workspace, held_command(workspace / "never"))  # interrupted below
 
         intent = intent_requests.propose(s.recorder, thread_id=thread, expected_turn=turn, mode="steer", owner=OWNER,
                                  text="accepted but never heard zq3")
@@ -219,7 +222,8 @@ async def test_reconnect_mid_turn_and_duplicate_notifications_record_each_fact_o
     async with session(app_server, tmp_path) as s:
         daemon = await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
         thread = await s.start_thread(workspace)
-        turn = await s.start_turn(thread, "RUN: sleep 2.5")
+        gate = workspace / "release"
+        turn = await s.start_turn(thread, held_command(gate))
         await wait_until(lambda: any(e.turn_id == turn for e in s.events(TurnStarted)), "the daemon to subscribe")
         subscribed = len(s.log.messages)  # from here on, the daemon's connection got each of these too
         await wait_until(lambda: s.sees_command_started(thread, turn), "the daemon to see the command")
@@ -238,6 +242,7 @@ async def test_reconnect_mid_turn_and_duplicate_notifications_record_each_fact_o
         assert not any(m.method == "turn/completed" for m in _thread_messages(s, thread, 0))  # still mid-turn
         assert await _deliver_again(s, _thread_messages(s, thread, subscribed)) > 0  # everything so far, again
 
+        gate.touch()
         assert await s.turn_completed(thread, turn) == "completed"
         await s.wait_state(intent.id, SETTLED)
         assert await _deliver_again(s, _thread_messages(s, thread, subscribed)) > 0  # again after the end
@@ -273,7 +278,8 @@ async def test_only_our_client_id_acknowledges_a_steer_interleaved_with_human_me
 ) -> None:
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread, turn = await s.start_command(workspace, "RUN: sleep 1.5")
+        gate = workspace / "release"
+        thread, turn = await s.start_command(workspace, held_command(gate))
 
         # The human steers first, with their own clientUserMessageId, then tillerman, then
         # the human again with a plain message (no clientUserMessageId).
@@ -285,6 +291,7 @@ async def test_only_our_client_id_acknowledges_a_steer_interleaved_with_human_me
         await s.wait_state(intent.id, {"queued", *SETTLED})
         await s.harness.request("turn/steer", {"threadId": thread, "expectedTurnId": turn,
                                                "input": text_input("human plain note")})
+        gate.touch()
         done = await s.wait_state(intent.id, SETTLED)
         assert await s.turn_completed(thread, turn) == "completed"
         await anyio.sleep(0.2)
@@ -372,7 +379,8 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
 
     async with session(app_server, tmp_path) as s:
         await s.start_daemon(ruleset_from(tmp_path, NO_RULES, OWNER_GRANT))
-        thread, turn = await s.start_command(workspace, "RUN: sleep 1.5")
+        gate = workspace / "release"
+        thread, turn = await s.start_command(workspace, held_command(gate))
         requests_before = len(scripted_model.requests)
 
         # The adapter alone, over its own connection and ledger: the ledger shows the intent
@@ -411,6 +419,7 @@ async def test_intent_without_a_grant_is_refused_at_the_adapter_and_by_the_daemo
         done = await s.wait_state(unauthorized.id, SETTLED)
         assert (done.state, done.history[-1].reason) == ("rejected", "no_grant")
         assert "dispatch_unknown" not in [h.state for h in done.history]
+        gate.touch()
         assert await s.turn_completed(thread, turn) == "completed"
         assert s.sent("turn/steer") == []
         for intent in (mallory, second, unauthorized):
