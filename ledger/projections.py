@@ -184,6 +184,12 @@ class Projection(msgspec.Struct):
     def apply_envelope(self, env: Envelope, seq: int) -> None:
         """``apply`` of the row ``env`` is (or will be) at ``seq``, without its ``Entry``."""
         at = env.at if env.at is not None else env.observed_at
+        if isinstance(env.event, ev.Usage) and at is not None and env.observed_at is not None:
+            # A response is not charged to a time after it was seen: a forged far-future
+            # time would move the budget fold's window (``Dedup.in_window``) past every
+            # later response, and no budget would count again. Replay observes each
+            # record at its own time or later (its clock only moves forward): unchanged.
+            at = min(at, env.observed_at)
         self.seq = seq
         _APPLY.get(type(env.event), _ignore)(self, env.event, at, seq, env.source)
 

@@ -115,3 +115,12 @@ def test_any_interleaving_of_copies_counts_as_each_response_once(responses, rand
     expected = fold(once).threads["t"].usage.thread
     assert projection.threads["t"].usage.thread.tokens == expected.tokens
     assert projection.threads["t"].usage.thread.responses == expected.responses == len(responses)
+
+
+def test_a_forged_far_future_time_does_not_stop_later_responses_from_being_charged():
+    """A transcript line anyone can write, dated in the year 9999: seen now, it is charged
+    now, and the window stays where the responses are."""
+    forged = msgspec.structs.replace(claude(1, calendar.timegm((9999, 1, 1, 0, 0, 0))), observed_at=DAY + HOUR)
+    later = [msgspec.structs.replace(claude(n, DAY + n * HOUR), observed_at=DAY + n * HOUR + 1) for n in (2, 3)]
+    projection = fold([forged, *later])
+    assert projection.threads["t"].usage.thread.tokens.total == 3 * 110  # the forged one, then both later
