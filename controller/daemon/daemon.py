@@ -65,7 +65,7 @@ from tillerman.controller.daemon.reload import POLL_EVERY, RuleReloader
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_at
 from tillerman.controller.dispatch.leases_keeper import LeaseKeeper
-from tillerman.controller.dispatch.turn_listing import settled_listing
+from tillerman.controller.dispatch.turn_listing import settled_listing, starting
 from tillerman.controller.notify.notices import Notifier
 from tillerman.controller.notify.sinks import SinkRunner
 from tillerman.controller.notify.usage_report import UsageReport
@@ -468,8 +468,8 @@ class Daemon:
         page = result.get("initialTurnsPage") if isinstance(result, dict) else None
         # The thread runs a turn (it is resumed only then), so its newest turn listed
         # undecided is that turn starting, not one that ended.
-        listed = [turn for turn in wire.parse_turn_page(page).turns if not turn.undecided]
-        envelopes += seen(self.projection, thread_id, listed, self.tap.source)
+        listed = wire.parse_turn_page(page).turns
+        envelopes += seen(self.projection, thread_id, listed[1:] if starting(listed) else listed, self.tap.source)
         await self._send_envelopes(envelopes)
 
     async def _send_envelopes(self, envelopes: list[Envelope]) -> None:

@@ -8,17 +8,19 @@ running turn, and a queued message that had just started it would be settled
 ``not_delivered``), the second has ended (a steer accepted into it was lost, and a stop
 must not wait for it). So a listing that shows such a turn is read once more,
 ``RELIST_AFTER`` seconds later: a starting turn is ``inProgress`` by then, and a turn
-still listed so has ended. The deciding code downstream reads a settled listing.
+still listed so has ended. Only the newest listed turn can be starting (the listing is
+newest first): an undecided turn below another has ended, and costs no second read.
+The deciding code downstream reads a settled listing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
 
-from tillerman.monitor.codex_wire import parse_turn_page
+from tillerman.monitor.codex_wire import Turn, parse_turn_page
 
 #: Seconds before a listing with an undecided turn is read again: far longer than the
 #: milliseconds a turn is listed so while it starts, even on a loaded machine.
@@ -27,9 +29,14 @@ RELIST_AFTER = 0.5
 
 async def settled_listing(request: Callable[[], Awaitable[Any]]) -> Any:
     """The reply of ``request()`` (a ``thread/turns/list``), asked again once after
-    ``RELIST_AFTER`` seconds when it lists an undecided turn."""
+    ``RELIST_AFTER`` seconds when its newest turn is undecided."""
     reply = await request()
-    if any(turn.undecided for turn in parse_turn_page(reply).turns):
+    if starting(parse_turn_page(reply).turns):
         await anyio.sleep(RELIST_AFTER)
         reply = await request()
     return reply
+
+
+def starting(turns: Sequence[Turn]) -> bool:
+    """Whether the newest of ``turns`` (a listing, newest first) may be just starting."""
+    return bool(turns) and turns[0].undecided

@@ -54,6 +54,7 @@ def no_wait(monkeypatch) -> None:
     ([{"data": [RUNNING]}], 1, RUNNING),  # nothing undecided: one read
     ([{"data": [STARTING]}, {"data": [RUNNING]}], 2, RUNNING),  # it was starting: running now
     ([{"data": [STARTING]}], 2, STARTING),  # still so: it died with its server, and has ended
+    ([{"data": [RUNNING, STARTING]}], 1, RUNNING),  # below a newer turn it has ended: one read
     ([{"data": "garbage"}], 1, None),  # unreadable: no second read, the caller judges it
 ])
 async def test_a_listing_with_an_undecided_turn_is_read_once_more(pages, asked, settled) -> None:
