@@ -41,7 +41,7 @@ from tillerman.ledger.usage_account import Dedup
 from tillerman.ledger.writers import WriterFact
 
 HOOK_FORMAT = "claude-hooks"  # the source format of Claude Code hook payloads (tillerman hook claude)
-SNAPSHOT_NAME = "projection-v14"  # bump when Projection changes shape
+SNAPSHOT_NAME = "projection-v15"  # bump when Projection changes shape
 #: Turns a thread keeps by id (``ThreadState.turn_states``). Older ones, all ended, move
 #: to ``ThreadState.earlier_turns``: a turn is still known there (a late copy of its
 #: start or end is recognised, an intent that expected it is refused) at about 14 bytes

@@ -102,10 +102,10 @@ class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
 P = TypeVar("P")
 
 #: UTC days of responses the budget fold keeps keys for: the newest response's day and
-#: the one before it (``Dedup.in_window``). Every budget window a response is charged in
-#: (its turn, its UTC day, the owner's UTC day) has closed by the time a response is two
-#: days older than the newest, so its keys are forgotten then and a report of it that
-#: late is not charged.
+#: the one before it (``Dedup.in_window``). A response two days older than the newest is
+#: past its turn, its UTC day and the owner's UTC day; its keys are forgotten then, and a
+#: report of it that late is charged to no budget (its thread's and goal's figures, which
+#: never close, miss it: docs/usage/usage-and-budgets.md, "How long a copy is recognised").
 KEPT_DAYS = 2
 
 
@@ -139,15 +139,18 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
     the sidechain lookup by message id alone.
 
     A reader that passes ``day`` (the budget fold) has its keys forgotten by age
-    (``in_window``): ``by_day`` lists the keys each UTC day (days since the epoch) added,
-    so the state holds at most ``KEPT_DAYS`` days of responses however long it runs. The
-    usage account passes none: it counts every file ever read, as ccusage does."""
+    (``in_window``): ``days`` holds the newest UTC day (days since the epoch) a copy of
+    each key was seen on, and ``by_day`` lists the keys each day saw, so a key is
+    forgotten with the last day a copy of it came on (one response's copies can straddle
+    midnight) and the state holds at most ``KEPT_DAYS`` days of responses however long it
+    runs. The usage account passes none: it counts every file ever read, as ccusage does."""
 
     response_keys: set[int] = set()
     by_request: dict[int, Kept[P]] = {}
     by_message: dict[int, list[int]] = {}
     newest_day: int | None = None
     by_day: dict[int, list[tuple[int, int | None]]] = {}  # day -> (response or request key, message key)
+    days: dict[int, int] = {}  # response or request key -> the newest day a copy of it was seen
 
     def in_window(self, day: int) -> bool:
         """Whether a response of UTC day ``day`` can still be charged: not more than
@@ -157,7 +160,7 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
         if newest is None or day > newest:
             self.newest_day = newest = day
             for old in [d for d in self.by_day if d <= day - KEPT_DAYS]:
-                self._forget(self.by_day.pop(old))
+                self._forget(old, self.by_day.pop(old))
         return day > newest - KEPT_DAYS
 
     def first_report(self, event: Usage, day: int | None = None) -> bool:
@@ -166,10 +169,10 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
         if event.response_key is None:
             return True
         key = _digest(event.response_key)
+        self._seen(day, key, None)
         if key in self.response_keys:
             return False
         self.response_keys.add(key)
-        self._added(day, key, None)
         return True
 
     def admit(self, event: Usage, place: P, day: int | None = None) -> tuple[bool, Withdrawal[P] | None]:
@@ -185,10 +188,11 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
         if found is None:
             self.by_request[key] = entry
             self.by_message.setdefault(message, []).append(key)
-            self._added(day, key, message)
+            self._seen(day, key, message)
             return True, None
         existing_key, existing = found
         if not _replaces(entry, existing):
+            self._seen(day, existing_key, message)  # a copy on a later day keeps the key that long
             return False, None
         # The winner takes the loser's slot: its place among the entries of its message
         # id stays (as in ccusage), only the exact key moves to the winner's request id.
@@ -196,8 +200,10 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
         slots = self.by_message[message]
         slots[slots.index(existing_key)] = key
         self.by_request[key] = entry
-        if key != existing_key:  # the same key stays listed under the day that first added it
-            self._added(day, key, message)
+        later = self.days.pop(existing_key, None) if key != existing_key else None
+        self._seen(day, key, message)
+        if later is not None:  # the winner is kept as long as the copy it replaced would have been
+            self._seen(later, key, message)
         return True, Withdrawal(existing.place, existing.tokens)
 
     def _duplicate_of(self, message: int, key: int, entry: Kept[P]) -> tuple[int, Kept[P]] | None:
@@ -212,18 +218,23 @@ class Dedup(msgspec.Struct, Generic[P], kw_only=True):
                 return slot, kept
         return None
 
-    def _added(self, day: int | None, key: int, message: int | None) -> None:
-        if day is not None:
+    def _seen(self, day: int | None, key: int, message: int | None) -> None:
+        """A copy of ``key`` came on ``day``: listed under it, unless a later day saw one."""
+        if day is not None and self.days.get(key, day - 1) < day:
+            self.days[key] = day
             self.by_day.setdefault(day, []).append((key, message))
 
-    def _forget(self, added: list[tuple[int, int | None]]) -> None:
-        for key, message in added:
+    def _forget(self, day: int, seen: list[tuple[int, int | None]]) -> None:
+        for key, message in seen:
+            if self.days.get(key) != day:
+                continue  # seen again on a later day (that day forgets it), or replaced
+            del self.days[key]
             if message is None:
                 self.response_keys.discard(key)
                 continue
             slots = self.by_message.get(message)
             if slots is None or key not in slots:
-                continue  # a winner of a later day took its slot: that day forgets it
+                continue  # a winner took its slot
             del self.by_request[key]
             slots.remove(key)
             if not slots:

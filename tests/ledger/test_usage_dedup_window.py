@@ -124,3 +124,34 @@ def test_a_forged_far_future_time_does_not_stop_later_responses_from_being_charg
     later = [msgspec.structs.replace(claude(n, DAY + n * HOUR), observed_at=DAY + n * HOUR + 1) for n in (2, 3)]
     projection = fold([forged, *later])
     assert projection.threads["t"].usage.thread.tokens.total == 3 * 110  # the forged one, then both later
+
+
+def test_copies_of_one_response_on_two_days_are_remembered_until_the_later_day_leaves():
+    """One response's copies can straddle UTC midnight (Claude Code writes a line per
+    content block; Codex's live notification and its rollout record): its key is kept
+    until the later day leaves the window, so a session resumed then, copying the later
+    line, does not count it again."""
+    midnight = DAY + 86400
+    other_day = DAY + 2 * 86400 + HOUR  # a response on day 2 moves the window past day 0
+    first, later = claude(1, midnight - 1), claude(1, midnight + 1, copy=1)
+    resumed = msgspec.structs.replace(claude(1, midnight + 1, copy=2),
+                                      event=msgspec.structs.replace(later.event, thread_id="resumed"))
+    projection = fold([first, later, claude(9, other_day), resumed])
+    assert projection.threads["resumed"].usage is None  # a copy: not charged again
+    x = fold([codex(1, midnight - 0.1), codex(1, midnight + 0.2, copy=1), codex(2, other_day),
+              codex(1, midnight + 0.2, copy=2)])
+    assert x.threads["x"].usage.thread.responses == 2
+
+
+def test_a_winner_is_remembered_as_long_as_the_copy_it_replaced():
+    """A sidechain copy seen on day 1, then the main thread's copy of that message (its own
+    request id) dated day 0 replaces it; the sidechain line copied again on day 1, once
+    the window left day 0, is still a copy."""
+    midnight = DAY + 86400
+    side = claude(1, midnight + 1, sidechain=True)
+    main = msgspec.structs.replace(claude(1, midnight - 1, copy=1),
+                                   event=msgspec.structs.replace(side.event, request_id="req_main", sidechain=False))
+    again = msgspec.structs.replace(claude(1, midnight + 1, copy=2, sidechain=True),
+                                    event=msgspec.structs.replace(side.event, thread_id="resumed"))
+    projection = fold([side, main, claude(9, DAY + 2 * 86400 + HOUR), again])
+    assert projection.threads["resumed"].usage is None
