@@ -51,9 +51,9 @@ def review() -> None:
 @click.option("--labeled", is_flag=True,
               help="Instead of one intent: every intent the owner labeled (tillerman label), and the reviewer's"
                    " agreement with those labels.")
-@click.option("--limit", type=click.IntRange(min=1), default=LABELED_LIMIT, show_default=True,
-              help="With --labeled: ask about the newest this many labeled intents (each is a reviewer call,"
-                   " which costs).")
+@click.option("--limit", type=click.IntRange(min=1),
+              help=f"With --labeled: ask about the newest this many labeled intents (each is a reviewer call,"
+                   f" which costs; default {LABELED_LIMIT}).")
 @click.option("--rules", "rules_path", type=PathType(dir_okay=False, exists=True), help="Rule file (default: built-in).")
 @click.option("--config", "config_path", type=PathType(dir_okay=False, exists=True), help=CONFIG_HELP)
 @json_option
@@ -70,13 +70,15 @@ def review_try(name, checkpoint, intent_id, labeled, limit, rules_path, config_p
     """
     if (intent_id is None) == (not labeled):
         raise Fail("give --intent ID, or --labeled for every intent the owner labeled (not both)")
+    if limit is not None and not labeled:
+        raise Fail("--limit counts the labeled intents asked about: give it with --labeled")
     effective = load_rules_or_fail(rules_path, config_path)
     reviewer = effective.reviewer(name)
     if reviewer is None:
         known = ", ".join(r.name for r in effective.reviewers) or "none configured"
         raise Fail(f"no reviewer {name!r} in the config file ({known}); add a [[reviewer]] table named so")
     if labeled:
-        try_labeled(reviewer, checkpoint, effective.ruleset, ledger_path, as_json, limit)
+        try_labeled(reviewer, checkpoint, effective.ruleset, ledger_path, as_json, limit or LABELED_LIMIT)
         return
     ledger = open_intact_ledger(ledger_path)
     try:

@@ -202,6 +202,7 @@ def test_try_labeled_counts_a_failed_answer_apart_and_exits_1(ledger, tmp_path):
     ((), "give --intent ID, or --labeled"),
     (("--intent", "in-x", "--labeled"), "give --intent ID, or --labeled"),
     (("--labeled",), "the owner labeled no intent in this ledger"),
+    (("--intent", "in-x", "--limit", "3"), "--limit counts the labeled intents asked about"),
 ])
 def test_try_needs_one_intent_or_the_labeled_ones(ledger, tmp_path, args, error):
     code, out = run("review", "try", "--reviewer", "script", "--checkpoint", "rescue", *args,
