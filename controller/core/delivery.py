@@ -177,6 +177,9 @@ class Delivery:
         self._target_turn: str | None = intent.expected_turn_id
         self._refused_turns: set[str] = set()
         self._waiting: tuple[str, str] | None = None  # waiting after a refusal: (refused turn, why)
+        # The turn the server said was running when it refused (``found_turn_id``): newer
+        # than the refused one, so the next send may name it though the fold lags behind.
+        self._found_turn: str | None = None
         self._retargets = 0
 
     @classmethod
@@ -205,6 +208,7 @@ class Delivery:
             refused = str(item.evidence.get("from_turn"))
             self._refused_turns.add(refused)
             self._target_turn, self._waiting = None, (refused, str(item.evidence.get("why")))
+            self._found_turn = _str(item.evidence.get("found_turn_id"))
         elif item.kind == "evidence" and item.reason == "retargeted":
             self._attempt, self._target_turn = _str(item.evidence.get("attempt")), _str(item.evidence.get("to_turn"))
             self._waiting = None
@@ -306,24 +310,33 @@ class Delivery:
             return self._out(self._move(S.REJECTED, refusal, evidence, fact.now))
         self._refused_turns.add(command.expected_turn_id)
         self._target_turn, self._waiting = None, (command.expected_turn_id, refusal)
+        self._found_turn = _str(fact.evidence.get("found_turn_id"))
         return self._out(self._evidence("retarget_waiting", {
             "from_turn": command.expected_turn_id, "why": refusal, "attempt": command.attempt, **evidence},
             f"retarget_waiting:{command.attempt}", fact.now))
 
     def _retarget(self, fact: Reconcile) -> Output:
         """Waiting after a refusal: send again to the turn running now, if the intent may
-        follow to it, nothing holds a send, and the fact brings a fresh attempt token."""
+        follow to it, nothing holds a send, and the fact brings a fresh attempt token.
+
+        The turn running now is the one the server named in its refusal, when it named
+        one: that turn was running after the refused one, which the intent could follow
+        to, so it started later still. The fold's running turn is used otherwise; under a
+        goal thread's short turns the fold can lag far behind the server, and a steer that
+        sent only to the fold's turn was refused turn after turn and never landed."""
         refused_turn, refusal = self._waiting
         if fact.now >= self.intent.expires_at:
             return self._out(self._move(S.REJECTED, refusal, {"retarget": "expires_at_passed"}, fact.now))
+        found = self._found_turn if self._found_turn not in self._refused_turns else None
+        target = found or fact.active_turn
         if fact.held_by is not None or fact.attempt is None \
-                or not self._may_follow_to(fact.active_turn, fact.active_turn_started_at):
+                or (found is None and not self._may_follow_to(target, fact.active_turn_started_at)):
             return Output()
         self._retargets += 1
         record = self._evidence("retargeted", {
-            "attempt": fact.attempt, "from_turn": refused_turn, "to_turn": fact.active_turn,
+            "attempt": fact.attempt, "from_turn": refused_turn, "to_turn": target,
             "why": refusal, "retarget": self._retargets}, f"retargeted:{self._retargets}", fact.now)
-        self._attempt, self._target_turn, self._waiting = fact.attempt, fact.active_turn, None
+        self._attempt, self._target_turn, self._waiting, self._found_turn = fact.attempt, target, None, None
         # Durable, like the first dispatch record: a crash never leaves a send unrecorded.
         return Output(record, (self._steer(fact.attempt),), durable=True)
 

@@ -95,6 +95,25 @@ def test_a_refusal_for_a_turn_that_ended_waits_and_the_next_turn_gets_one_new_se
     assert run.ledger_state() == "acknowledged"
 
 
+def test_a_refusal_naming_the_running_turn_sends_there_though_the_fold_lags_behind():
+    """A goal thread's turns last tens of milliseconds; a loaded daemon's fold can lag many
+    turns behind, and a send to the fold's running turn is refused again and again (300
+    times in a minute, seen live). The refusal names the server's running turn: newer than
+    the refused one, so the next send names it, rebuilt from the ledger too."""
+    run = Run(following())
+    [first] = dispatch(run).commands
+    run.feed(Refused(first, Refusal.STALE_TURN, {"expected_turn_id": TURN, "found_turn_id": T3}, NOW + 0.2))
+    [rebuilt_send] = run.rebuilt().handle(turn_now(T2, AFTER, attempt="r0")).commands
+    assert rebuilt_send.expected_turn_id == T3  # what the ledger kept of the refusal
+    [second] = run.feed(turn_now(OLD, NOW - 5)).commands  # the fold's turn: older than the proposal
+    assert second.expected_turn_id == T3
+    # refused for it too, naming no running turn: the fold's running turn, by the rule
+    run.feed(Refused(second, Refusal.NO_ACTIVE_TURN, {}, NOW + 2))
+    assert run.feed(turn_now(OLD, NOW - 5, attempt="r3")) == Output()
+    [third] = run.feed(turn_now(T2, AFTER, attempt="r4")).commands
+    assert third.expected_turn_id == T2
+
+
 def test_the_echo_counts_only_in_the_turn_the_current_send_named():
     run = Run(following())
     [first] = dispatch(run).commands
