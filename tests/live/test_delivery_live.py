@@ -167,8 +167,10 @@ async def test_steer_at_a_stale_turn_is_rejected_and_reaches_no_model(
     app_server: AppServer, scripted_model: ScriptedModel, workspace: Path, tmp_path: Path
 ) -> None:
     async with _harness_and_supervisor(app_server) as (harness, _, supervisor, log):
-        thread, first_turn = await _start_turn(harness, workspace, "hello")
+        gate = workspace / "release-first"
+        thread, first_turn = await _start_turn(harness, workspace, f"WAIT: {gate}")  # running until subscribed
         await _subscribe(supervisor, log, thread["id"])
+        gate.touch()
         await log.wait_for(_turn_completed(thread["id"], first_turn))
         second = await harness.request("turn/start", {"threadId": thread["id"], "input": [
             {"type": "text", "text": "RUN: sleep 1"}]})
