@@ -53,13 +53,14 @@ from tillerman.controller.core.commands import Command, Interrupt, ListTerminals
 from tillerman.controller.core.delivery import Delivery
 from tillerman.controller.core.facts import Dispatch, Fact, NoAnswer, Replied
 from tillerman.controller.core.intent_requests import evidence_envelope, intent_view, transition_envelope
-from tillerman.controller.core.reconcile import observed, reconcile_fact, turn_items, under_way
+from tillerman.controller.core.reconcile import as_intent_names, observed, reconcile_fact, turn_items, under_way
 from tillerman.controller.dispatch.adapter import GuardedAdapter
 from tillerman.controller.dispatch.driver import StaleDelivery, carry_out, kill_at
 from tillerman.ledger import events as ev
 from tillerman.ledger.errors import IllegalTransition, OperationalError
 from tillerman.ledger.events import Envelope
 from tillerman.ledger.intent_states import State
+from tillerman.ledger.intents import Intent
 from tillerman.ledger.projections import CLAUDE_WRAPPER_SOURCE, IntentView, Projection
 from tillerman.ledger.recorder import Recorder
 from tillerman.monitor import codex_wire as wire
@@ -397,7 +398,7 @@ class Wrapper:
                 continue
             decided = view.last_decision is not None and view.last_decision[0] == intent.mode
             if decided and self._ready(view):
-                self._drive(tg, intent.id, Dispatch(self.clock(), uuid.uuid4().hex, self.relay.turn))
+                self._drive(tg, intent.id, self._dispatch_fact(intent))
         for ours in self.relay.queued():
             view = self.projection.intents.get(ours.intent_id)
             if view is not None and view.state in (State.EXPIRED, State.REJECTED):
@@ -406,6 +407,16 @@ class Wrapper:
                 # The daemon found it past expires_at. Codex cannot take an accepted
                 # message back, so it only reports; the CLI can, and says so.
                 tg.start_soon(self._withdraw, ours, "expires_at_passed")
+
+    def _dispatch_fact(self, intent: Intent) -> Dispatch:
+        """The turn running now, named as the intent names it: the relay knows it by
+        stream-json's uuid, an intent proposed for ``active`` by the hooks' ``prompt_id``
+        when the hooks saw the turn first. Named by the relay's id, a steer that follows
+        the active turn took the running turn for another, older one and was never sent."""
+        snapshot = self.projection.snapshot(intent.thread_id)
+        running = as_intent_names(snapshot, intent, self.relay.turn)
+        started = snapshot.active_turn_started_at if snapshot.same_turn(snapshot.active_turn_id, running) else None
+        return Dispatch(self.clock(), uuid.uuid4().hex, running, started)
 
     def _ready(self, view: IntentView) -> bool:
         intent = view.intent

@@ -222,6 +222,19 @@ def test_an_intent_named_by_the_hooks_prompt_id_is_sent_in_the_wrappers_turn(tmp
     wrapper.recorder.close()
 
 
+def test_a_steer_for_the_active_turn_named_by_the_hooks_is_dispatched_into_the_wrappers_turn(tmp_path):
+    """The dispatch names the running turn as the intent names it: by the relay's uuid, a
+    steer that follows the active turn took it for a turn older than its proposal and
+    sent nothing, its machine kept, so it was never claimed again (the hooks-and-wrapper
+    live test waited 45 s for the steer)."""
+    wrapper, intent = three_sources(tmp_path)
+    fact = wrapper._dispatch_fact(wrapper.projection.intents[intent.id].intent)
+    [steer] = Delivery(intent).handle(fact).commands
+    assert (fact.active_turn, steer.expected_turn_id) == (PROMPT_ID, PROMPT_ID)
+    assert wrapper._turn_ids("S", steer.expected_turn_id) == (PROMPT_ID, STREAM_UUID)  # what the relay waits for
+    wrapper.recorder.close()
+
+
 def test_the_steer_s_echo_and_its_turn_s_end_are_read_through_the_alias_table(tmp_path):
     """The CLI's evidence names the turn by stream-json's uuid: the echo acknowledges the
     steer (was ``echo_in_other_turn``, never acknowledged) and the turn's end withdraws
