@@ -410,9 +410,10 @@ class Wrapper:
 
     def _dispatch_fact(self, intent: Intent) -> Dispatch:
         """The turn running now, named as the intent names it: the relay knows it by
-        stream-json's uuid, an intent proposed for ``active`` by the hooks' ``prompt_id``
-        when the hooks saw the turn first. Named by the relay's id, a steer that follows
-        the active turn took the running turn for another, older one and was never sent."""
+        stream-json's uuid, an intent proposed for ``active`` may name it by the hooks'
+        ``prompt_id`` (the fold's id of the turn once the alias ties the two). Named by the
+        relay's id, a steer that follows the active turn took the running turn for another,
+        older one and was never sent."""
         snapshot = self.projection.snapshot(intent.thread_id)
         running = as_intent_names(snapshot, intent, self.relay.turn)
         started = snapshot.active_turn_started_at if snapshot.same_turn(snapshot.active_turn_id, running) else None
