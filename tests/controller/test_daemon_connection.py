@@ -12,7 +12,7 @@ import pytest
 
 import tillerman.controller.daemon.daemon as daemon_module
 from tillerman.controller.daemon.daemon import BATCH, Daemon, DaemonOptions
-from tillerman.ledger.events import ThreadStarted, TurnStarted
+from tillerman.ledger.events import ThreadStarted, TurnCompleted, TurnStarted
 from tillerman.ledger.sqlite import SQLiteRecorder
 from tillerman.monitor.jsonrpc import Notification, RpcError
 from tillerman.rules.files import default_ruleset
@@ -81,13 +81,16 @@ def test_a_backlog_longer_than_a_batch_is_cut_at_the_batch(monkeypatch):
 class _LateServer:
     """A server the daemon attaches to after thread T1 started: a turn runs in it.
     ``ephemeral``: T1 is Codex's own housekeeping; ``refuse_resume``: it cannot be
-    subscribed to yet; ``status``: T1's loaded status."""
+    subscribed to yet; ``status``: T1's loaded status; ``listed``: how the resume's first
+    page lists the running turn."""
 
-    def __init__(self, *, ephemeral: bool = False, refuse_resume: bool = False, status: str = "active") -> None:
+    def __init__(self, *, ephemeral: bool = False, refuse_resume: bool = False, status: str = "active",
+                 listed: dict | None = None) -> None:
         self.keep_open, self.incoming = anyio.create_memory_object_stream(math.inf)
         self.initialize_result = {"userAgent": "fake/0.163.0 (x)"}
         self.ephemeral, self.refuse_resume, self.status = ephemeral, refuse_resume, status
         self.methods: list[str] = []
+        self.listed = listed or {"status": "inProgress"}
 
     async def request(self, method, params=None, timeout=10.0):
         self.methods.append(method)
@@ -102,7 +105,7 @@ class _LateServer:
                 raise RpcError(-32600, "no rollout found for thread id T1")
             await anyio.sleep(0.2)  # the brain would judge the read's answer meanwhile
             return {"thread": {"id": "T1"},
-                    "initialTurnsPage": {"data": [{"id": "turn-1", "status": "inProgress", "items": []}]}}
+                    "initialTurnsPage": {"data": [{"id": "turn-1", "items": [], **self.listed}]}}
         return {"data": []}
 
 
@@ -111,6 +114,14 @@ def test_a_thread_read_late_reaches_the_brain_with_its_running_turn(monkeypatch)
     to a thread it took for idle, waiting behind no turn (so no readback could settle it)."""
     (first,) = _inbox(monkeypatch, _LateServer(), bool)  # the first list the brain gets of T1
     assert [type(e.event) for e in first][:2] == [ThreadStarted, TurnStarted]  # with its running turn
+
+
+def test_a_resumed_threads_turn_listed_as_just_starting_is_not_recorded_ended(monkeypatch):
+    """Codex 0.171 lists a turn that is just starting as interrupted with no end time; the
+    resume goes only to a thread that runs a turn, so that turn is running, not over."""
+    server = _LateServer(listed={"status": "interrupted", "completedAt": None})
+    (first,) = _inbox(monkeypatch, server, bool)
+    assert not [e for e in first if isinstance(e.event, TurnCompleted)]
 
 
 @pytest.mark.parametrize("server", [_LateServer(ephemeral=True), _LateServer(refuse_resume=True)],
